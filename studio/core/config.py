@@ -1,0 +1,410 @@
+"""The run configuration: one schema of frozen dataclasses, saved as YAML.
+
+Every field carries its documentation in ``metadata["doc"]``; ``reference_markdown()``
+turns it into docs/config.md and ``studio config --help`` prints the same text.
+Loading collects every problem (type errors, unknown keys, bad choices) with its
+field path and YAML line before raising once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+from studio.core.errors import Problem, ProblemsError
+
+SCHEMA_VERSION = 1
+
+Precision = Literal["fp32", "bf16", "fp16"]
+Method = Literal["full", "lora", "qlora"]
+Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
+Scheduler = Literal["constant", "linear", "cosine"]
+DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text"]
+Template = Literal["auto", "tokenizer", "chatml", "alpaca"]
+WeightDtype = Literal["auto", "float32", "bfloat16", "float16"]
+LoadIn = Literal["auto", "none", "4bit", "8bit"]
+QuantType = Literal["nf4", "fp4"]
+
+
+def _field(default: Any, doc: str, **kwargs: Any) -> Any:
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple for sequence defaults: the config is frozen")
+    return field(default=default, metadata={"doc": doc, **kwargs})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which base model to fine-tune and how to load it."""
+
+    name_or_path: str = _field("", "Local model folder or Hugging Face Hub id (e.g. Qwen/Qwen2.5-0.5B).")
+    revision: str = _field("", "Hub revision (branch, tag or commit); empty means the default branch.")
+    dtype: WeightDtype = _field(
+        "auto",
+        "Dtype the weights are loaded in. auto: float32 for full fine-tuning (the optimizer needs "
+        "fp32 master weights), the precision's 16-bit type for LoRA/QLoRA's frozen base.",
+    )
+    trust_remote_code: bool = _field(
+        False, "Run Python code shipped with the model. Only for models you trust; off by default."
+    )
+    attn_implementation: Literal["sdpa", "eager"] = _field(
+        "sdpa", "Attention kernel: sdpa (memory-efficient, default) or eager (plain matmuls)."
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The training data and how it becomes tokens."""
+
+    train_files: tuple[str, ...] = _field(
+        (), "Training data files: .jsonl, .json, .csv, .parquet or .txt. Relative paths are read "
+        "from the config file's folder."
+    )
+    format: DataFormat = _field(
+        "auto",
+        "Row format. instruction: alpaca instruction/input/output; chat: OpenAI messages "
+        "(role/content) or ShareGPT conversations (from/value); prompt_completion: prompt/completion; "
+        "text: plain text. auto detects it from the columns.",
+    )
+    template: Template = _field(
+        "auto",
+        "How instruction and chat rows are rendered. auto: the tokenizer's chat template if it has "
+        "one, else chatml. tokenizer: require the tokenizer's template. chatml / alpaca: built-in.",
+    )
+    eval_files: tuple[str, ...] = _field((), "Held-out files for eval loss; empty: split off eval_fraction.")
+    eval_fraction: float = _field(
+        0.0, "Fraction of the training rows held out for eval loss when no eval_files are given (0 to 0.5)."
+    )
+    max_length: int = _field(512, "Maximum tokens per example; longer examples are truncated (and counted).")
+    train_on_prompt: bool = _field(
+        False, "Also compute the loss on prompt tokens. Off: loss only on the response tokens."
+    )
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapter settings (method lora or qlora)."""
+
+    r: int = _field(16, "Rank of the low-rank update: more capacity, more memory.")
+    alpha: float = _field(32.0, "Scaling numerator: the update is scaled by alpha/r (alpha/sqrt(r) with rsLoRA).")
+    dropout: float = _field(0.05, "Dropout on the adapter input; costs activation memory when > 0.")
+    target_modules: tuple[str, ...] = _field(
+        ("all-linear",),
+        "Module names to adapt. all-linear: every linear layer of the transformer blocks, found "
+        "per architecture (the output head excluded).",
+    )
+    use_rslora: bool = _field(False, "Rank-stabilized LoRA: scale by alpha/sqrt(r), better at high ranks.")
+    use_dora: bool = _field(False, "DoRA: weight-decomposed LoRA; a little better, slower and more memory.")
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Loading the frozen base model quantized with bitsandbytes (QLoRA)."""
+
+    load_in: LoadIn = _field(
+        "auto", "Quantize the base weights: 4bit, 8bit or none. auto: 4bit for qlora, none otherwise."
+    )
+    quant_type: QuantType = _field("nf4", "4-bit data type: nf4 (normal float, QLoRA's default) or fp4.")
+    double_quant: bool = _field(True, "Quantize the 4-bit scales too: saves about 0.4 bits per parameter.")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The optimization loop."""
+
+    precision: Precision = _field(
+        "bf16", "Compute precision: bf16 or fp16 autocast (mixed precision), or fp32."
+    )
+    gradient_checkpointing: bool = _field(
+        False, "Recompute activations in the backward pass: much less memory, about 30 % slower."
+    )
+    micro_batch_size: int = _field(4, "Examples per forward/backward pass.")
+    gradient_accumulation_steps: int = _field(
+        1, "Micro-batches per optimizer step; effective batch = micro_batch_size x this."
+    )
+    epochs: float = _field(1.0, "Passes over the training data (used when max_steps is 0).")
+    max_steps: int = _field(0, "Optimizer steps to run; 0 means derive from epochs.")
+    optimizer: Optimizer = _field(
+        "adamw",
+        "adamw (16 bytes per trainable parameter with its weight and gradient), adamw_8bit and "
+        "paged_adamw_8bit (bitsandbytes, 6 bytes less), sgd (momentum), adafactor (factored, least).",
+    )
+    learning_rate: float = _field(2e-4, "Peak learning rate.")
+    lr_scheduler: Scheduler = _field("cosine", "Learning-rate schedule after warmup.")
+    warmup_ratio: float = _field(0.03, "Fraction of the steps spent warming the learning rate up from 0.")
+    weight_decay: float = _field(0.0, "Decoupled weight decay.")
+    max_grad_norm: float = _field(1.0, "Clip the gradient norm to this; 0 disables clipping.")
+    seed: int = _field(42, "Random seed for initialization, shuffling and dropout.")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """When to log, evaluate and save."""
+
+    log_every: int = _field(1, "Emit a step event every this many optimizer steps.")
+    eval_every: int = _field(0, "Evaluate every this many steps; 0: only at the end (if there is eval data).")
+    save_every: int = _field(0, "Save a checkpoint every this many steps; 0: only at the end and on stop.")
+    keep_checkpoints: int = _field(2, "Keep the newest this many complete checkpoints.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A complete fine-tuning run."""
+
+    schema_version: int = _field(SCHEMA_VERSION, "Version of this schema; written by the app.")
+    name: str = _field("run", "Short name, used in the run directory's name.")
+    method: Method = _field(
+        "lora", "full: train every weight. lora: train a low-rank adapter on a frozen base. "
+        "qlora: LoRA on a 4-bit quantized base."
+    )
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "The base model."})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "The data."})
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"doc": "LoRA settings."})
+    quantization: QuantizationConfig = field(
+        default_factory=QuantizationConfig, metadata={"doc": "Base-model quantization."}
+    )
+    training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"doc": "The optimizer loop."})
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"doc": "Logging and saving."})
+
+    @property
+    def effective_load_in(self) -> str:
+        """The quantization actually used: ``auto`` resolved by the method."""
+        if self.quantization.load_in == "auto":
+            return "4bit" if self.method == "qlora" else "none"
+        return self.quantization.load_in
+
+    @property
+    def uses_adapter(self) -> bool:
+        return self.method != "full"
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.training.micro_batch_size * self.training.gradient_accumulation_steps
+
+    def replace(self, **sections: Any) -> "RunConfig":
+        """A copy with some fields changed; nested sections take dicts of their fields.
+
+        ``cfg.replace(training={"micro_batch_size": 2})`` changes one field.
+        """
+        changes = {}
+        for name, value in sections.items():
+            current = getattr(self, name)
+            if isinstance(value, dict) and dataclasses.is_dataclass(current):
+                value = dataclasses.replace(current, **value)
+            changes[name] = value
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------- (de)serialization
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain dicts/lists for YAML and JSON (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def dump_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True)
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    Path(path).write_text(dump_yaml(config), encoding="utf-8")
+
+
+def load_config(path: Path) -> RunConfig:
+    """Read a YAML config file; raises ProblemsError naming every bad field and its line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProblemsError([Problem(str(path), f"cannot read the file: {exc}", "check the path")], "config")
+    config = parse_config(text, source=str(path))
+    return _resolve_paths(config, path.parent)
+
+
+def parse_config(text: str, source: str = "<config>") -> RunConfig:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ProblemsError([Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax")], "config")
+    if data is None:
+        data = {}
+    lines = _key_lines(node)
+    return from_dict(data, source=source, lines=lines)
+
+
+def from_dict(data: Any, source: str = "<config>", lines: dict[str, int] | None = None) -> RunConfig:
+    """Build a RunConfig from plain data, collecting every problem before raising."""
+    problems: list[Problem] = []
+    lines = lines or {}
+
+    def where(path: str) -> str:
+        line = lines.get(path)
+        return f"{path} ({source}:{line})" if line else path
+
+    if not isinstance(data, dict):
+        raise ProblemsError([Problem(source, "the top level must be a mapping of sections", "see docs/config.md")], "config", source)
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        problems.append(Problem(where("schema_version"), f"written by a newer Finetune Studio (schema {version}, this one reads {SCHEMA_VERSION})", "upgrade finetune-studio"))
+    config = _build(RunConfig, data, "", problems, where)
+    if problems:
+        raise ProblemsError(problems, "config", source)
+    return config
+
+
+def _build(cls: type, data: dict, prefix: str, problems: list[Problem], where) -> Any:
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known fields: {', '.join(fields)}"
+            problems.append(Problem(where(path), "unknown field", hint))
+            continue
+        kwargs[key] = _convert(hints[key], value, path, problems, where)
+    try:
+        return cls(**{k: v for k, v in kwargs.items() if v is not _INVALID})
+    except TypeError as exc:  # only reachable through a schema bug
+        problems.append(Problem(prefix.rstrip("."), str(exc)))
+        return cls()
+
+
+_INVALID = object()
+
+
+def _convert(tp: Any, value: Any, path: str, problems: list[Problem], where) -> Any:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(Problem(where(path), f"expected a section of fields, got {value!r}", "indent its fields under it"))
+            return _INVALID
+        return _build(tp, value, path + ".", problems, where)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "choose one of: " + ", ".join(map(str, choices))
+            problems.append(Problem(where(path), f"{value!r} is not one of {', '.join(map(str, choices))}", hint))
+            return _INVALID
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            problems.append(Problem(where(path), f"expected a list of strings, got {value!r}", "write it as [a, b]"))
+            return _INVALID
+        return tuple(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            problems.append(Problem(where(path), f"expected true or false, got {value!r}"))
+            return _INVALID
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(Problem(where(path), f"expected a whole number, got {value!r}"))
+            return _INVALID
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML reads 2e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(Problem(where(path), f"expected a number, got {value!r}"))
+            return _INVALID
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            problems.append(Problem(where(path), f"expected text, got {value!r}", "put it in quotes"))
+            return _INVALID
+        return value
+    raise TypeError(f"unsupported config type {tp} at {path}")  # schema bug, not user input
+
+
+def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:
+    """Map each dotted key path in a composed YAML tree to its 1-based line."""
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = f"{prefix}{key_node.value}"
+            lines[path] = key_node.start_mark.line + 1
+            lines.update(_key_lines(value_node, path + "."))
+    return lines
+
+
+def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
+    """Make data paths (and a local model path) absolute, relative to the config's folder."""
+
+    def absolute(p: str) -> str:
+        return str((base / p).resolve()) if p and not Path(p).is_absolute() else p
+
+    model_path = config.model.name_or_path
+    if model_path and (base / model_path).exists():
+        model_path = absolute(model_path)
+    return config.replace(
+        model={"name_or_path": model_path},
+        data={
+            "train_files": tuple(absolute(p) for p in config.data.train_files),
+            "eval_files": tuple(absolute(p) for p in config.data.eval_files),
+        },
+    )
+
+
+# ---------------------------------------------------------------- reference
+
+
+def _type_text(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return ", ".join(map(str, get_args(tp)))
+    if origin is tuple:
+        return "list of text"
+    if isinstance(tp, type):
+        return {"str": "text", "int": "integer", "float": "number", "bool": "true/false"}.get(tp.__name__, tp.__name__)
+    if isinstance(tp, types.UnionType) or origin is typing.Union:
+        return " or ".join(_type_text(a) for a in get_args(tp))
+    return str(tp)
+
+
+def _default_text(value: Any) -> str:
+    value = to_dict(value)
+    return "(empty)" if value in ("", []) else f"`{value}`"
+
+
+def reference_markdown() -> str:
+    """The documentation of every field, generated from the schema."""
+    out = ["# Run configuration reference", "",
+           "Generated from `studio/core/config.py` by `studio config reference > docs/config.md`; `studio config --help` prints the same.", ""]
+    default = RunConfig()
+    top = [f for f in dataclasses.fields(RunConfig) if not dataclasses.is_dataclass(getattr(default, f.name))]
+    sections = [f for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(getattr(default, f.name))]
+    hints = get_type_hints(RunConfig)
+    out += ["## Top level", "", "| field | type | default | meaning |", "|---|---|---|---|"]
+    for f in top:
+        out.append(f"| `{f.name}` | {_type_text(hints[f.name])} | {_default_text(getattr(default, f.name))} | {f.metadata['doc']} |")
+    for section in sections:
+        obj = getattr(default, section.name)
+        cls = type(obj)
+        sh = get_type_hints(cls)
+        out += ["", f"## `{section.name}`: {cls.__doc__.strip()}", "", "| field | type | default | meaning |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            out.append(f"| `{section.name}.{f.name}` | {_type_text(sh[f.name])} | {_default_text(getattr(obj, f.name))} | {f.metadata['doc']} |")
+    return "\n".join(out) + "\n"

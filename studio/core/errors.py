@@ -1,0 +1,49 @@
+"""Errors that reach the user: each names where the problem is and what to do about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the user's input.
+
+    ``where`` is a field path (``training.learning_rate``), a file with a line
+    (``data.jsonl:12``) or both; ``hint`` says what to change.
+    """
+
+    where: str
+    message: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class StudioError(Exception):
+    """An error with a readable message and a hint; never shown as a traceback.
+
+    ``kind`` is a short machine-readable category (``config``, ``data``,
+    ``model``, ``oom``, ...) that the worker puts into its ``error`` event.
+    """
+
+    def __init__(self, message: str, hint: str = "", kind: str = "error"):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ProblemsError(StudioError):
+    """Several problems found at once (validation reports all, not the first)."""
+
+    def __init__(self, problems: list[Problem], kind: str, source: str = ""):
+        self.problems = list(problems)
+        head = f"{len(self.problems)} problem(s) in {source}" if source else f"{len(self.problems)} problem(s)"
+        body = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{head}:\n{body}", hint="fix the fields named above and try again", kind=kind)

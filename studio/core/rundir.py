@@ -1,0 +1,143 @@
+"""The run directory: the unit of everything a run makes.
+
+    RUN_DIR/
+      config.yaml          the resolved config the worker ran with
+      events.jsonl         the event stream (studio.core.events)
+      train.log            the human-readable log
+      worker.json          pid, host and command of the worker (for re-attaching)
+      STOP / ABORT         control files: a stop request saves and exits; abort exits at once
+      checkpoints/step-000120/   complete checkpoints (each has a COMPLETE marker)
+      exports/adapter/, exports/merged/
+
+Folders that must never be seen half-written (checkpoints, exports) are written
+into a staging folder beside their destination, synced, renamed into place, and
+only then marked complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+import platformdirs
+
+COMPLETE_MARKER = "COMPLETE"
+STOP_FILE = "STOP"
+ABORT_FILE = "ABORT"
+_CHECKPOINT_RE = re.compile(r"^step-(\d+)$")
+
+
+def default_runs_root() -> Path:
+    """Where runs go when the user names no run directory."""
+    override = os.environ.get("STUDIO_RUNS_DIR")
+    return Path(override) if override else platformdirs.user_data_path("finetune-studio") / "runs"
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    config = property(lambda self: self.path / "config.yaml")
+    events = property(lambda self: self.path / "events.jsonl")
+    log = property(lambda self: self.path / "train.log")
+    worker_info = property(lambda self: self.path / "worker.json")
+    checkpoints_dir = property(lambda self: self.path / "checkpoints")
+    exports_dir = property(lambda self: self.path / "exports")
+    stop_file = property(lambda self: self.path / STOP_FILE)
+    abort_file = property(lambda self: self.path / ABORT_FILE)
+
+    @classmethod
+    def create(cls, name: str, root: Path | None = None) -> "RunDir":
+        """A new, empty run directory ``<root>/<name>-<YYYYmmdd-HHMMSS>`` (suffixed if taken)."""
+        root = Path(root) if root else default_runs_root()
+        root.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for attempt in range(1000):
+            path = root / (f"{safe}-{stamp}" + (f"-{attempt}" if attempt else ""))
+            try:
+                path.mkdir()
+                return cls(path)
+            except FileExistsError:
+                continue
+        raise RuntimeError(f"cannot create a run directory under {root}")
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.checkpoints_dir / f"step-{step:06d}"
+
+    def complete_checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first. Torn or staging folders are never listed."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = []
+        for child in self.checkpoints_dir.iterdir():
+            match = _CHECKPOINT_RE.match(child.name)
+            if match and (child / COMPLETE_MARKER).is_file():
+                found.append((int(match.group(1)), child))
+        return [path for _, path in sorted(found)]
+
+    def latest_checkpoint(self) -> Path | None:
+        complete = self.complete_checkpoints()
+        return complete[-1] if complete else None
+
+    def prune_checkpoints(self, keep: int) -> None:
+        for old in self.complete_checkpoints()[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def write_worker_info(self, command: list[str]) -> None:
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "started": time.time()}
+        self.worker_info.write_text(json.dumps(info), encoding="utf-8")
+
+    def request_stop(self, abort: bool = False) -> None:
+        """Ask the worker to stop (save, then exit) or abort (exit now). Works on every OS."""
+        (self.abort_file if abort else self.stop_file).write_text(str(time.time()), encoding="utf-8")
+
+    def clear_control_files(self) -> None:
+        for path in (self.stop_file, self.abort_file):
+            path.unlink(missing_ok=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def atomic_folder(destination: Path, replace: bool = False) -> Iterator[Path]:
+    """Yield a staging folder; on success it becomes ``destination`` with a COMPLETE marker.
+
+    On any exception the staging folder is removed and ``destination`` (if it existed)
+    is left untouched. With ``replace`` an existing destination is swapped out only
+    after the new folder is complete.
+    """
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = destination.parent / f".staging-{destination.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        _fsync_tree(staging)
+        if destination.exists():
+            if not replace:
+                raise FileExistsError(f"{destination} already exists")
+            retired = destination.parent / f".old-{destination.name}-{os.getpid()}"
+            shutil.rmtree(retired, ignore_errors=True)
+            destination.rename(retired)
+            staging.rename(destination)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(destination)
+        (destination / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

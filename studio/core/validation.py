@@ -1,0 +1,114 @@
+"""Semantic checks of a RunConfig: every problem at once, each with its field and a hint.
+
+Types and choices are checked while loading (config.py); this module checks values
+and combinations. The GUI calls it on every change to disable impossible choices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from studio.core.config import RunConfig
+from studio.core.errors import Problem, ProblemsError
+
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+
+
+def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
+    """Return every problem with ``config``; an empty list means it can run."""
+    problems: list[Problem] = []
+    problems += _check_model(config)
+    problems += _check_data(config, check_files)
+    problems += _check_method(config)
+    problems += _check_training(config)
+    problems += _check_schedule(config)
+    return problems
+
+
+def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True) -> None:
+    problems = validate(config, check_files)
+    if problems:
+        raise ProblemsError(problems, "config", source)
+
+
+def _positive(value: float, where: str, what: str) -> list[Problem]:
+    return [] if value > 0 else [Problem(where, f"must be greater than 0, got {value}", f"set a positive {what}")]
+
+
+def _check_model(config: RunConfig) -> list[Problem]:
+    if not config.model.name_or_path:
+        return [Problem("model.name_or_path", "no model chosen", "give a local model folder or a Hub id")]
+    return []
+
+
+def _check_data(config: RunConfig, check_files: bool) -> list[Problem]:
+    data = config.data
+    problems: list[Problem] = []
+    if not data.train_files:
+        problems.append(Problem("data.train_files", "no training data", "list at least one data file"))
+    for key, files in (("data.train_files", data.train_files), ("data.eval_files", data.eval_files)):
+        for index, name in enumerate(files):
+            where = f"{key}[{index}]"
+            if Path(name).suffix.lower() not in DATA_SUFFIXES:
+                problems.append(Problem(where, f"{name}: unsupported file type", "use " + ", ".join(DATA_SUFFIXES)))
+            elif check_files and not Path(name).is_file():
+                problems.append(Problem(where, f"{name}: no such file", "check the path (relative paths start at the config's folder)"))
+    if not 0.0 <= data.eval_fraction <= 0.5:
+        problems.append(Problem("data.eval_fraction", f"must be between 0 and 0.5, got {data.eval_fraction}"))
+    if data.eval_files and data.eval_fraction:
+        problems.append(Problem("data.eval_fraction", "set together with data.eval_files", "use one of the two"))
+    if data.max_length < 8:
+        problems.append(Problem("data.max_length", f"must be at least 8 tokens, got {data.max_length}"))
+    return problems
+
+
+def _check_method(config: RunConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    load_in = config.effective_load_in
+    if config.method == "full" and load_in != "none":
+        problems.append(Problem("quantization.load_in", f"{load_in} weights cannot be fully fine-tuned",
+                                "use method lora/qlora, or set quantization.load_in to none"))
+    if config.method == "qlora" and load_in == "none":
+        problems.append(Problem("quantization.load_in", "qlora needs a quantized base", "set it to 4bit or 8bit, or use method lora"))
+    if config.uses_adapter:
+        lora = config.lora
+        problems += _positive(lora.r, "lora.r", "rank such as 8 or 16")
+        problems += _positive(lora.alpha, "lora.alpha", "alpha such as 2 x r")
+        if not 0.0 <= lora.dropout < 1.0:
+            problems.append(Problem("lora.dropout", f"must be in [0, 1), got {lora.dropout}"))
+        if not lora.target_modules:
+            problems.append(Problem("lora.target_modules", "empty", "use all-linear or name the modules"))
+    if config.method == "full" and config.model.dtype in ("float16", "bfloat16") and config.training.optimizer != "adafactor":
+        problems.append(Problem("model.dtype", f"full fine-tuning with {config.model.dtype} weights loses small updates",
+                                "keep model.dtype auto (fp32 master weights) and use training.precision bf16"))
+    return problems
+
+
+def _check_training(config: RunConfig) -> list[Problem]:
+    t = config.training
+    problems: list[Problem] = []
+    problems += _positive(t.micro_batch_size, "training.micro_batch_size", "micro-batch size")
+    problems += _positive(t.gradient_accumulation_steps, "training.gradient_accumulation_steps", "number of micro-batches")
+    problems += _positive(t.learning_rate, "training.learning_rate", "learning rate such as 2e-4")
+    if t.max_steps < 0:
+        problems.append(Problem("training.max_steps", f"must be 0 or more, got {t.max_steps}"))
+    if t.max_steps == 0 and t.epochs <= 0:
+        problems.append(Problem("training.epochs", "no training length", "set epochs > 0 or max_steps > 0"))
+    if not 0.0 <= t.warmup_ratio < 1.0:
+        problems.append(Problem("training.warmup_ratio", f"must be in [0, 1), got {t.warmup_ratio}"))
+    if t.weight_decay < 0:
+        problems.append(Problem("training.weight_decay", f"must be 0 or more, got {t.weight_decay}"))
+    if t.max_grad_norm < 0:
+        problems.append(Problem("training.max_grad_norm", f"must be 0 or more, got {t.max_grad_norm}"))
+    return problems
+
+
+def _check_schedule(config: RunConfig) -> list[Problem]:
+    s = config.schedule
+    problems: list[Problem] = []
+    problems += _positive(s.log_every, "schedule.log_every", "interval in steps")
+    for name in ("eval_every", "save_every"):
+        if getattr(s, name) < 0:
+            problems.append(Problem(f"schedule.{name}", "must be 0 or more"))
+    problems += _positive(s.keep_checkpoints, "schedule.keep_checkpoints", "number of checkpoints to keep")
+    return problems

@@ -1,0 +1,95 @@
+"""The run config: YAML round trip, every problem reported with its field and line, the reference doc."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import yaml
+
+from studio.core.config import RunConfig, load_config, parse_config, reference_markdown, save_config
+from studio.core.errors import ProblemsError
+from studio.core.presets import demo_config
+from studio.core.validation import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_yaml_round_trip_keeps_every_field(tmp_path):
+    config = demo_config().replace(lora={"target_modules": ("q_proj", "v_proj")}, training={"learning_rate": 3e-5})
+    save_config(config, tmp_path / "run.yaml")
+    assert load_config(tmp_path / "run.yaml") == config
+
+
+def test_relative_data_paths_are_read_from_the_config_folder(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "run.yaml").write_text("model: {name_or_path: some/model}\ndata: {train_files: [data.jsonl]}\n")
+    config = load_config(tmp_path / "run.yaml")
+    assert config.data.train_files == (str(tmp_path / "data.jsonl"),)
+    assert config.model.name_or_path == "some/model"  # a Hub id stays a Hub id
+
+
+def test_every_problem_is_reported_at_once_with_field_and_line():
+    text = "model:\n  name_or_path: m\n  dtype: bf16\ntraining:\n  micro_batch: 3\n  optimizer: adam\n  epochs: many\n"
+    with pytest.raises(ProblemsError) as caught:
+        parse_config(text, "my.yaml")
+    message = str(caught.value)
+    assert len(caught.value.problems) == 4
+    assert "model.dtype (my.yaml:3)" in message and "did you mean 'bfloat16'" in message
+    assert "training.micro_batch (my.yaml:5): unknown field" in message and "training.micro_batch_size" in message
+    assert "training.optimizer (my.yaml:6)" in message and "'adamw'" in message
+    assert "training.epochs (my.yaml:7): expected a number" in message
+
+
+def test_broken_yaml_names_the_line():
+    with pytest.raises(ProblemsError) as caught:
+        parse_config("model:\n  name_or_path: [unclosed\n", "bad.yaml")
+    assert "bad.yaml:" in str(caught.value) and "not valid YAML" in str(caught.value)
+
+
+def test_a_newer_schema_is_refused_with_a_hint():
+    with pytest.raises(ProblemsError, match="newer Finetune Studio"):
+        parse_config("schema_version: 99\n")
+
+
+def test_scientific_learning_rate_without_a_dot_is_a_number():
+    assert parse_config("training: {learning_rate: 2e-4}").training.learning_rate == 2e-4
+
+
+def test_validation_collects_value_and_combination_problems(tmp_path):
+    config = RunConfig().replace(
+        method="full", quantization={"load_in": "4bit"},
+        data={"train_files": (str(tmp_path / "missing.jsonl"), "notes.docx"), "max_length": 2},
+        training={"micro_batch_size": 0, "learning_rate": -1.0},
+    )
+    where = {p.where for p in validate(config)}
+    assert {"model.name_or_path", "data.train_files[0]", "data.train_files[1]", "data.max_length",
+            "quantization.load_in", "training.micro_batch_size", "training.learning_rate"} <= where
+
+
+def test_qlora_defaults_to_a_4bit_base():
+    assert RunConfig(method="qlora").effective_load_in == "4bit"
+    assert RunConfig(method="lora").effective_load_in == "none"
+
+
+def test_demo_config_is_valid():
+    assert validate(demo_config()) == []
+
+
+def test_reference_doc_is_generated_from_the_schema():
+    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), "regenerate: studio config reference > docs/config.md"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+                    max_leaves=12))
+def test_loader_never_crashes_on_arbitrary_yaml(data):
+    """Any YAML document either loads or raises ProblemsError: never a raw exception."""
+    try:
+        config = parse_config(yaml.safe_dump(data))
+    except ProblemsError:
+        return
+    assert isinstance(config, RunConfig)
+
