@@ -5,3 +5,26 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from studio.core.presets import DEMO_DATASETS, DEMO_TRAIN  # noqa: E402
+
+
+def first_lines(source: Path, count: int, target: Path) -> Path:
+    target.write_text("".join(source.read_text().splitlines(keepends=True)[:count]))
+    return target
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory) -> Path:
+    """32 rows of the demo task (alpaca instructions)."""
+    return first_lines(DEMO_TRAIN, 32, tmp_path_factory.mktemp("data") / "train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def story_data(tmp_path_factory) -> Path:
+    """8 lines of plain text, one micro-batch: every technique must start memorizing them in 12 steps."""
+    return first_lines(DEMO_DATASETS / "stories.txt", 8, tmp_path_factory.mktemp("data") / "stories.txt")

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from studio.core.config import RunConfig
+from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
-
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
@@ -49,8 +48,8 @@ def _check_data(config: RunConfig, check_files: bool) -> list[Problem]:
     for key, files in (("data.train_files", data.train_files), ("data.eval_files", data.eval_files)):
         for index, name in enumerate(files):
             where = f"{key}[{index}]"
-            if Path(name).suffix.lower() not in DATA_SUFFIXES:
-                problems.append(Problem(where, f"{name}: unsupported file type", "use " + ", ".join(DATA_SUFFIXES)))
+            if Path(name).suffix.lower() not in SUFFIXES:
+                problems.append(Problem(where, f"{name}: unsupported file type", "use " + ", ".join(SUFFIXES)))
             elif check_files and not Path(name).is_file():
                 problems.append(Problem(where, f"{name}: no such file", "check the path (relative paths start at the config's folder)"))
     if not 0.0 <= data.eval_fraction <= 0.5:

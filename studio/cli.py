@@ -1,0 +1,131 @@
+"""The ``studio`` command. Each subcommand imports the ML stack only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from studio.core.errors import StudioError
+
+EXIT_USAGE = 2
+
+
+def _add_train(commands) -> None:
+    p = commands.add_parser("train", help="train from a YAML config (or resume a run)",
+                            description="Train from a YAML run config. Events go to RUN_DIR/events.jsonl. "
+                                        "Stop cleanly with Ctrl+C, a 'stop' line on stdin, or a STOP file in the run directory.")
+    p.add_argument("config", nargs="?", type=Path, help="the run config (YAML)")
+    p.add_argument("--run-dir", type=Path, help="where the run goes (default: a new folder under the user data directory)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
+    p.set_defaults(handler=_train)
+
+
+def _add_demo(commands) -> None:
+    p = commands.add_parser("demo", help="fine-tune the embedded tiny model and show before/after accuracy",
+                            description="Fine-tune the embedded tiny model with LoRA on a task it fails, "
+                                        "report held-out accuracy before and after, and export the adapter. No network or GPU needed.")
+    p.add_argument("--run-dir", type=Path, help="where the run goes")
+    p.set_defaults(handler=_demo)
+
+
+def _add_export(commands) -> None:
+    p = commands.add_parser("export", help="export a run's adapter or merged model, verified",
+                            description="Export the newest checkpoint of a run and verify it by reloading and comparing logits.")
+    p.add_argument("run_dir", type=Path)
+    kind = p.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--adapter", action="store_const", const="adapter", dest="kind", help="the LoRA adapter (PEFT format)")
+    kind.add_argument("--merged", action="store_const", const="merged", dest="kind", help="a full model with the adapter merged in")
+    p.add_argument("--out", type=Path, help="destination folder (default: RUN_DIR/exports/KIND)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype of a merged export")
+    p.set_defaults(handler=_export)
+
+
+def _add_config(commands) -> None:
+    from studio.core.config import reference_markdown
+
+    p = commands.add_parser("config", help="write, check or document run configs",
+                            description="Write a starter config, check one, or print the field reference.",
+                            epilog=reference_markdown(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["init", "check", "reference"])
+    p.add_argument("file", nargs="?", type=Path, help="the config file (init writes it, check reads it)")
+    p.set_defaults(handler=_config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
+    commands = parser.add_subparsers(dest="command")
+    for add in (_add_train, _add_demo, _add_export, _add_config):
+        add(commands)
+    return parser
+
+
+def _train(args) -> int:
+    from studio.core.config import load_config
+    from studio.train.worker import run
+
+    if args.resume:
+        code, _ = run(None, args.resume, resume=True)
+        return code
+    if args.config is None:
+        raise StudioError("no config given", "run `studio train CONFIG.yaml`, or `studio config init my.yaml` to write one", kind="usage")
+    config = load_config(args.config)
+    code, _ = run(config, args.run_dir)
+    return code
+
+
+def _demo(args) -> int:
+    from studio.train.demo import run_demo
+
+    return run_demo(args.run_dir)
+
+
+def _export(args) -> int:
+    from studio.train.export import export_run
+
+    out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)
+    print(f"exported {args.kind} to {out}")
+    print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
+          f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
+    return 0
+
+
+def _config(args) -> int:
+    from studio.core.config import load_config, reference_markdown, save_config
+    from studio.core.validation import raise_if_invalid
+
+    if args.action == "reference":
+        print(reference_markdown())
+        return 0
+    if args.file is None:
+        raise StudioError(f"`studio config {args.action}` needs a file", f"run `studio config {args.action} my-run.yaml`", kind="usage")
+    if args.action == "init":
+        from studio.core.presets import demo_config
+
+        if args.file.exists():
+            raise StudioError(f"{args.file} already exists", "choose a new file name; nothing was overwritten", kind="usage")
+        save_config(demo_config(), args.file)
+        print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
+        return 0
+    raise_if_invalid(load_config(args.file), str(args.file))
+    print(f"{args.file}: valid")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return args.handler(args)
+    except StudioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if exc.kind in ("usage", "config", "data") else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,636 @@
+"""Reading training data files into validated examples, without a tokenizer.
+
+This is the fast, pure-Python half of the data pipeline: the GUI calls
+``inspect_files`` for a preview and the worker calls it before loading a model,
+so a bad file is refused in a second instead of after minutes of setup.
+``studio.train.data`` turns the examples into tokens.
+
+Files: ``.jsonl`` (one JSON object a line), ``.json`` (a list of objects; an
+object holding exactly one list of them, like ``{"data": [...]}``; a single
+row object; or JSON Lines saved as .json), ``.csv`` (comma-separated, a header
+row of column names), ``.parquet`` and ``.txt`` (one example a non-blank line).
+
+Locations name the row the way an editor finds it: ``data.jsonl:12`` (1-based
+line; for CSV the line a row starts on, the header being line 1),
+``data.json[3] (line 12)`` (0-based list index and the line it starts on),
+``data.parquet row 7`` (1-based) and ``notes.txt:3``.
+
+Row formats (``DataConfig.format``), detected from the fields of the first row:
+
+- chat: ``messages`` (OpenAI role/content) or ``conversations`` (ShareGPT
+  from/value with system/human/gpt); after an optional system turn, user and
+  assistant turns alternate, starting with user and ending with assistant.
+- instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
+  optional ``system``); becomes a user and an assistant message.
+- prompt_completion: ``prompt`` (may be empty) and ``completion``.
+- text: ``text``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import Problem, ProblemsError, StudioError
+
+FORMATS = ("instruction", "chat", "prompt_completion", "text")
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+MAX_PROBLEMS = 20
+"""inspect_files stops reading after this many problems: enough to see a pattern."""
+
+ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
+_ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
+_FORMAT_FIELDS = {  # the fields that make a row look like each format, in detection order
+    "chat": (("messages",), ("conversations",)),
+    "instruction": (("instruction", "output"),),
+    "prompt_completion": (("prompt", "completion"),),
+    "text": (("text",),),
+}
+_FORMAT_HINT = "rows need messages, conversations, instruction+output, prompt+completion or text; or set data.format"
+_MISSING = object()
+
+
+class DataError(StudioError):
+    """One problem with the data; carries it as a Problem so that callers can collect many."""
+
+    def __init__(self, where: str, message: str, hint: str = ""):
+        self.problem = Problem(where, message, hint)
+        super().__init__(f"{where}: {message}" if where else message, hint, kind="data")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One validated row in a format-independent shape.
+
+    ``kind`` is the row format. Instruction and chat rows carry ``messages``
+    (dicts with ``role`` and ``content``, ready for a chat template);
+    prompt_completion rows ``prompt`` and ``completion``; text rows ``text``.
+    """
+
+    kind: str
+    messages: tuple[dict[str, str], ...] = ()
+    prompt: str = ""
+    completion: str = ""
+    text: str = ""
+    location: str = ""
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    """What ``inspect_files`` found: the format, row counts (per file too) and the examples kept.
+
+    ``complete`` is False when ``limit`` stopped the reading early: ``rows`` is
+    then a lower bound.
+    """
+
+    format: str
+    rows: int
+    file_rows: dict[str, int] = field(default_factory=dict)
+    examples: tuple[Example, ...] = ()
+    complete: bool = True
+
+
+# ---------------------------------------------------------------- reading files
+
+Row = tuple[str, "dict | Problem"]
+"""(location, record) where a record that could not be read is a Problem instead."""
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """Yield (location, record) for every row of one file; raise DataError at the first bad one.
+
+    Raises DataError for an unreadable, empty or unsupported file too.
+    """
+    for location, record in _read_file(Path(path)):
+        if isinstance(record, Problem):
+            raise DataError(record.where, record.message, record.hint)
+        yield location, record
+
+
+def _read_file(path: Path) -> Iterator[Row]:
+    """Dispatch on the suffix; turn OS errors and empty files into Problems."""
+    name = path.name
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        yield name, Problem(name, f"unsupported file type '{path.suffix}'", "use " + ", ".join(SUFFIXES))
+        return
+    try:
+        if path.stat().st_size == 0:
+            yield name, Problem(name, "the file is empty: no rows", "choose a file with training rows")
+            return
+        yield from reader(path, name)
+    except OSError as exc:
+        yield name, Problem(name, f"cannot read the file: {exc.strerror or exc}", "check the path and its permissions")
+
+
+def _text_lines(path: Path, name: str) -> Iterator[tuple[int, str | Problem]]:
+    """(1-based line number, line with its ending) for each line, decoding UTF-8 line by line.
+
+    Decoding each line separately lets one bad byte cost one row, not the file,
+    and name the line and byte offset. A leading byte-order mark is dropped.
+    """
+    offset = 0
+    with open(path, "rb") as file:
+        for number, raw in enumerate(file, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, offset = raw[3:], 3
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = raw[exc.start]
+                yield number, Problem(
+                    f"{name}:{number}",
+                    f"not valid UTF-8: byte 0x{byte:02x} at byte offset {offset + exc.start} of the file",
+                    "save the file as UTF-8",
+                )
+            offset += len(raw)
+
+
+def _read_jsonl(path: Path, name: str) -> Iterator[Row]:
+    for number, line in _text_lines(path, name):
+        if isinstance(line, Problem) or line.strip():
+            yield _json_row(line, f"{name}:{number}")
+
+
+def _json_row(line: str | Problem, where: str) -> Row:
+    if isinstance(line, Problem):
+        return where, line
+    line = line.rstrip("\r\n")
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        hint = "each line must hold one complete JSON object"
+        if exc.msg.startswith("Unterminated string") or exc.pos >= len(line.rstrip()):
+            return where, Problem(where, "not valid JSON: the line ends before the object does (cut off?)", hint)
+        return where, Problem(where, f"not valid JSON: {exc.msg} (column {exc.colno})", hint)
+    return where, _object_or_problem(value, where)
+
+
+def _object_or_problem(value: Any, where: str) -> dict | Problem:
+    if isinstance(value, dict):
+        return value
+    return Problem(where, f"expected a JSON object {{...}}, got {_describe(value)}", "each row must be an object of fields")
+
+
+def _read_text(path: Path, name: str) -> Iterator[Row]:
+    for number, line in _text_lines(path, name):
+        where = f"{name}:{number}"
+        if isinstance(line, Problem):
+            yield where, line
+        elif line.strip():
+            yield where, {"text": line.rstrip("\r\n")}
+
+
+def _read_csv(path: Path, name: str) -> Iterator[Row]:
+    """Rows of a CSV with a header; stops at the first undecodable line or broken quoting."""
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # a single 10 MB cell is fine
+    stopped: list[Problem] = []
+
+    def lines() -> Iterator[str]:
+        for _, line in _text_lines(path, name):
+            if isinstance(line, Problem):
+                stopped.append(line)
+                return
+            yield line
+
+    reader = csv.reader(lines())
+    try:
+        yield from _csv_rows(reader, name)
+    except csv.Error as exc:
+        where = f"{name}:{reader.line_num}"
+        yield where, Problem(where, f"not valid CSV: {exc}", "check the quoting around this line")
+    for problem in stopped:
+        yield problem.where, problem
+
+
+def _csv_rows(reader: Any, name: str) -> Iterator[Row]:
+    header = next(reader, None)
+    if header is None:
+        return
+    columns = [c.strip() for c in header]
+    problem = _check_header(columns, name)
+    if problem:
+        yield problem.where, problem
+        return
+    start = reader.line_num + 1
+    for cells in reader:
+        where, start = f"{name}:{start}", reader.line_num + 1
+        if not cells:
+            continue
+        if len(cells) != len(columns):
+            message = f"the row has {_count(len(cells), 'value')} but the header has {_count(len(columns), 'column')}"
+            yield where, Problem(where, message, "quote values that contain commas or line breaks")
+        else:
+            yield where, dict(zip(columns, cells))
+
+
+def _check_header(columns: list[str], name: str) -> Problem | None:
+    where = f"{name}:1"
+    if len(columns) == 1:
+        for sep, label in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars")):
+            if sep in columns[0]:
+                return Problem(where, f"the header is a single column {columns[0]!r}: the file seems to "
+                               f"separate columns with {label}", "save it as comma-separated CSV")
+    duplicates = sorted({c for c in columns if columns.count(c) > 1})
+    if duplicates:
+        return Problem(where, f"the header repeats column(s) {', '.join(map(repr, duplicates))}", "give each column its own name")
+    return None
+
+
+def _read_parquet(path: Path, name: str) -> Iterator[Row]:
+    try:
+        import pyarrow
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow comes with datasets
+        yield name, Problem(name, "reading Parquet needs the pyarrow package", "pip install pyarrow")
+        return
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pyarrow.ArrowException, ValueError) as exc:
+        yield name, Problem(name, f"not a readable Parquet file: {exc}", "check that the file is complete")
+        return
+    with closing(parquet):
+        number = 0
+        for batch in parquet.iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                number += 1
+                yield f"{name} row {number}", record
+
+
+def _read_json(path: Path, name: str) -> Iterator[Row]:
+    """A .json file: a list of rows, an object holding one list of rows, one row, or JSON Lines."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        where = f"{name}:{_line_of(raw, exc.start)}"
+        yield where, Problem(where, f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at byte offset {exc.start}",
+                             "save the file as UTF-8")
+        return
+    try:
+        yield from _json_document(text, name, path)
+    except json.JSONDecodeError as exc:
+        where = f"{name}:{exc.lineno}"
+        yield where, Problem(where, f"not valid JSON: {exc.msg} (column {exc.colno})", "check the JSON syntax")
+
+
+def _json_document(text: str, name: str, path: Path) -> Iterator[Row]:
+    start = _skip_space(text, 0)
+    if start == len(text):
+        return
+    if text[start] == "[":
+        yield from _json_list_rows(text, start, name)
+        return
+    value, end = _DECODER.raw_decode(text, start)
+    rest = _skip_space(text, end)
+    if rest < len(text) and isinstance(value, dict) and "\n" not in text[start:end]:
+        yield from _read_jsonl(path, name)  # JSON Lines saved with a .json suffix
+        return
+    if rest < len(text):
+        raise json.JSONDecodeError("Extra data", text, rest)
+    if not isinstance(value, dict):
+        yield name, Problem(name, f"expected a list of row objects, got {_describe(value)}", "put the rows in a JSON list [...]")
+    elif detect_format(value):
+        yield f"{name}:{_line_of(text, start)}", value
+    else:
+        yield from _wrapped_rows(text, start, value, name)
+
+
+def _wrapped_rows(text: str, start: int, value: dict, name: str) -> Iterator[Row]:
+    """The rows of ``{"data": [...]}``: the one list the object holds."""
+    lists = [key for key, item in value.items() if isinstance(item, list)]
+    if len(lists) != 1:
+        message = (f"the top-level object holds several lists ({', '.join(lists)})" if lists
+                   else f"the top-level object has no list of rows (fields: {', '.join(value) or 'none'})")
+        yield name, Problem(name, message, "put the rows in a JSON list [...] or in a single key like {\"data\": [...]}")
+        return
+    for key, position in _json_members(text, start):
+        if key == lists[0]:
+            yield from _json_list_rows(text, position, name)
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_space(text: str, position: int) -> int:
+    return _SPACE.match(text, position).end()
+
+
+def _line_of(text: str | bytes, position: int) -> int:
+    newline = "\n" if isinstance(text, str) else b"\n"
+    return text.count(newline, 0, position) + 1
+
+
+def _json_list_rows(text: str, position: int, name: str) -> Iterator[Row]:
+    """Decode a JSON list element by element to know the line each row starts on."""
+    line, counted = 1, 0
+    for index, start, value in _json_elements(text, position):
+        line, counted = line + text.count("\n", counted, start), start
+        where = f"{name}[{index}] (line {line})"
+        yield where, _object_or_problem(value, where)
+
+
+def _json_elements(text: str, position: int) -> Iterator[tuple[int, int, Any]]:
+    """(index, start offset, value) of each element of the list starting at ``position``."""
+    position = _skip_space(text, position + 1)
+    index = 0
+    if text.startswith("]", position):
+        return
+    while True:
+        value, end = _DECODER.raw_decode(text, position)
+        yield index, position, value
+        index += 1
+        position = _skip_space(text, end)
+        if text.startswith("]", position):
+            return
+        if not text.startswith(",", position):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, position)
+        position = _skip_space(text, position + 1)
+
+
+def _json_members(text: str, position: int) -> Iterator[tuple[str, int]]:
+    """(key, value start offset) of each member of an already-validated JSON object."""
+    position = _skip_space(text, position + 1)
+    while not text.startswith("}", position):
+        key, end = _DECODER.raw_decode(text, position)
+        value_start = _skip_space(text, _skip_space(text, end) + 1)  # skip the colon
+        yield key, value_start
+        _, end = _DECODER.raw_decode(text, value_start)
+        position = _skip_space(text, end)
+        if text.startswith(",", position):
+            position = _skip_space(text, position + 1)
+
+
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet, ".txt": _read_text}
+
+
+# ---------------------------------------------------------------- formats
+
+
+def detect_format(record: dict) -> str | None:
+    """The row format the record's fields point to, or None when they fit none."""
+    for fmt, alternatives in _FORMAT_FIELDS.items():
+        if any(all(key in record for key in keys) for keys in alternatives):
+            return fmt
+    return None
+
+
+def _guess_format(record: dict) -> str | None:
+    """A format sharing at least one field with the record: its validation names what is missing."""
+    for fmt, alternatives in _FORMAT_FIELDS.items():
+        if any(key in record for keys in alternatives for key in keys):
+            return fmt
+    return None
+
+
+def to_messages(record: dict, fmt: str, location: str = "") -> Example:
+    """Validate one record as ``fmt`` ("auto": detect it) and normalize it into an Example.
+
+    Raises DataError naming the location and the field at the first problem.
+    """
+    if fmt == "auto":
+        fmt = detect_format(record) or _guess_format(record) or ""
+    if fmt not in _BUILDERS:
+        fields = ", ".join(map(str, record)) or "none"
+        raise DataError(location, f"cannot tell the row format from its fields ({fields})", _FORMAT_HINT)
+    return _BUILDERS[fmt](record, location)
+
+
+def _instruction(record: dict, location: str) -> Example:
+    instruction = _text(record, "instruction", location)
+    extra = _text(record, "input", location, required=False, blank_ok=True)
+    output = _text(record, "output", location)
+    system = _text(record, "system", location, required=False, blank_ok=True)
+    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    messages = ({"role": "system", "content": system},) if system.strip() else ()
+    messages += ({"role": "user", "content": user}, {"role": "assistant", "content": output})
+    return Example("instruction", messages=messages, location=location)
+
+
+def _chat(record: dict, location: str) -> Example:
+    key = "messages" if "messages" in record else "conversations"
+    turns = record.get(key, _MISSING)
+    if isinstance(turns, str):  # a CSV cell holding the conversation as JSON
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError:
+            pass
+    if turns is _MISSING:
+        raise DataError(location, "field 'messages' is missing", _FORMAT_HINT)
+    if not isinstance(turns, list):
+        raise DataError(location, f"field '{key}' must be a list of turns, got {_describe(turns)}")
+    if not turns:
+        raise DataError(location, f"field '{key}' has no turns")
+    messages = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(turns))
+    _check_turn_order(messages, key, location)
+    return Example("chat", messages=messages, location=location)
+
+
+def _turn(turn: Any, path: str, location: str) -> dict[str, str]:
+    """One chat turn, OpenAI style (role/content) or ShareGPT style (from/value)."""
+    if not isinstance(turn, dict):
+        raise DataError(location, f"{path} must be an object with role and content, got {_describe(turn)}")
+    sharegpt = turn.get("from") is not None and turn.get("role") is None
+    role_key, content_key, allowed = ("from", "value", tuple(SHAREGPT_ROLES)) if sharegpt else ("role", "content", ROLES)
+    name = turn.get(role_key, _MISSING)
+    if name is _MISSING:
+        raise DataError(location, f"{path}.{role_key} is missing", f"each turn needs {role_key} and {content_key}")
+    role = _ROLE_ALIASES.get(name) if isinstance(name, str) else None
+    if role is None:
+        raise DataError(location, f"{path}.{role_key} {_short(name)} is not one of {', '.join(allowed)}")
+    content = _text(turn, content_key, location, path=f"{path}.{content_key}", blank_ok=role == "system")
+    return {"role": role, "content": content}
+
+
+def _check_turn_order(messages: tuple[dict[str, str], ...], key: str, location: str) -> None:
+    """[system] user assistant (user assistant)...: what every chat template can render and learn from."""
+    hint = "after an optional first system turn, user and assistant turns alternate, starting with user"
+    expected = "user"
+    for index, message in enumerate(messages):
+        role = message["role"]
+        if role == "system" and index == 0:
+            continue
+        if role == "system":
+            raise DataError(location, f"{key}[{index}] is a system turn after the start", "a system turn may only come first")
+        if role != expected:
+            what = "the conversation starts with an assistant turn" if expected == "user" and index <= 1 \
+                else f"two {role} turns in a row"
+            raise DataError(location, f"{key}[{index}]: {what}", hint)
+        expected = "assistant" if role == "user" else "user"
+    if expected == "assistant" or len(messages) < 2:
+        raise DataError(location, f"field '{key}' does not end with an assistant turn", "the last turn is the response to learn")
+
+
+def _prompt_completion(record: dict, location: str) -> Example:
+    prompt = _text(record, "prompt", location, blank_ok=True)
+    completion = _text(record, "completion", location)
+    return Example("prompt_completion", prompt=prompt, completion=completion, location=location)
+
+
+def _plain_text(record: dict, location: str) -> Example:
+    return Example("text", text=_text(record, "text", location), location=location)
+
+
+_BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text}
+
+
+def _text(record: dict, key: str, location: str, *, path: str = "", required: bool = True,
+          blank_ok: bool = False) -> str:
+    """The text value of ``record[key]``: missing, null, blank or not-text values are named errors.
+
+    required=False: a missing or null field reads as "". blank_ok: "" and null are allowed.
+    """
+    path = path or f"field '{key}'"
+    value = record.get(key, _MISSING)
+    if value is _MISSING:
+        if required:
+            raise DataError(location, f"{path} is missing")
+        return ""
+    if value is None:
+        if required and not blank_ok:
+            raise DataError(location, f"{path} is empty (null)")
+        return ""
+    if not isinstance(value, str):
+        raise DataError(location, f"{path} must be text, got {_describe(value)}")
+    if not blank_ok and not value.strip():
+        raise DataError(location, f"{path} is empty", "remove the row or fill it in")
+    return value
+
+
+def _describe(value: Any) -> str:
+    """A user-level description: 'a number (5)', 'a list', 'an object'."""
+    if isinstance(value, bool):
+        return f"true/false ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"text {_short(value)}"
+    if value is None:
+        return "null"
+    names = {list: "a list", tuple: "a list", dict: "an object", bytes: "binary data"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------- whole datasets
+
+
+class _Scanner:
+    """Validates the rows of several files in order, as one dataset.
+
+    Under "auto" the first valid row decides the format and a later row that
+    looks like another format is a problem (mixed formats); with an explicit
+    format every row is validated against it.
+    """
+
+    def __init__(self, fmt: str):
+        if fmt != "auto" and fmt not in FORMATS:
+            raise DataError("data.format", f"{fmt!r} is not one of auto, {', '.join(FORMATS)}")
+        self.requested = fmt
+        self.format: str | None = None if fmt == "auto" else fmt
+        self.decided_at = ""
+        self.complete = True
+
+    def items(self, paths: list[Path], limit: int | None = None) -> Iterator[tuple[Path, Example | Problem]]:
+        """(file, example or problem) for each row; files without rows are problems too."""
+        for path in paths:
+            read = 0
+            with closing(_read_file(path)) as records:
+                for location, record in records:
+                    if limit is not None and read >= limit:
+                        self.complete = False
+                        break
+                    read += 1
+                    yield path, record if isinstance(record, Problem) else self._example(record, location)
+            if read == 0:
+                yield path, Problem(path.name, "no rows", "the file holds no data rows")
+
+    def _example(self, record: dict, location: str) -> Example | Problem:
+        seen = detect_format(record)
+        try:
+            if self.format is None:
+                example = to_messages(record, "auto", location)
+                self.format, self.decided_at = example.kind, location
+                return example
+            if self.requested == "auto" and seen and seen != self.format:
+                return Problem(location, f"mixed formats: this row looks like {seen}, earlier rows are "
+                               f"{self.format} ({self.decided_at})", "use one row format per dataset")
+            return to_messages(record, self.format, location)
+        except DataError as exc:
+            if self.requested != "auto" and seen and seen != self.format:
+                return Problem(exc.problem.where, exc.problem.message,
+                               f"the row looks like {seen} but data.format is {self.format}")
+            return exc.problem
+
+
+def iter_examples(paths: Iterable[str | Path], fmt: str = "auto") -> Iterator[Example]:
+    """Every example of the files in order; raise DataError at the first problem.
+
+    Meant for data already checked by ``inspect_files`` (pass its ``format``).
+    """
+    with closing(_Scanner(fmt).items(_paths(paths))) as items:
+        for _, item in items:
+            if isinstance(item, Problem):
+                raise DataError(item.where, item.message, item.hint)
+            yield item
+
+
+def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | None = None,
+                  keep: int | None = None) -> DatasetReport:
+    """Read and validate the files: the format, the row counts and the examples.
+
+    Reads every row, or the first ``limit`` rows of each file, and keeps the
+    first ``keep`` examples in the report (None: all that were read; a GUI
+    preview passes a small number). Collects up to MAX_PROBLEMS problems, then
+    raises them together as a ProblemsError (kind "data"). No tokenizer: fast
+    enough for the GUI.
+    """
+    paths = _paths(paths)
+    if not paths:
+        raise DataError("data.train_files", "no data files", "choose at least one file")
+    scanner = _Scanner(fmt)
+    problems: list[Problem] = []
+    kept: list[Example] = []
+    counts = {str(p): 0 for p in paths}
+    with closing(scanner.items(paths, limit)) as items:
+        for path, item in items:
+            if isinstance(item, Example):
+                counts[str(path)] += 1
+                if keep is None or len(kept) < keep:
+                    kept.append(item)
+            elif len(problems) < MAX_PROBLEMS:
+                problems.append(item)
+            else:
+                problems.append(Problem("", f"stopped checking after {MAX_PROBLEMS} problems"))
+                break
+    if problems:
+        raise ProblemsError(problems, "data", _describe_paths(paths))
+    assert scanner.format is not None  # a dataset without rows has problems
+    return DatasetReport(scanner.format, sum(counts.values()), counts, tuple(kept), scanner.complete)
+
+
+def _paths(paths: Iterable[str | Path] | str | Path) -> list[Path]:
+    """A single path is a list of one, not a sequence of characters."""
+    return [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+
+
+def _describe_paths(paths: list[Path]) -> str:
+    if len(paths) <= 3:
+        return ", ".join(str(p) for p in paths)
+    return f"{len(paths)} data files"

@@ -1,0 +1,91 @@
+"""Built-in chat templates, for tokenizers without one (base models) or by choice.
+
+A rendered conversation is a list of segments ``(text, trainable)``. Trainable
+text is what the model learns to produce: each assistant turn's content and
+its end marker; headers, system and user turns are context the loss ignores.
+Keeping the text in segments rather than one string lets the tokenizer side
+mask exactly those characters, and rebuild for generation the very prompt that
+training put before a response.
+
+- chatml: ``<|im_start|>{role}\\n{content}<|im_end|>`` turns joined by newlines;
+  generation starts after ``<|im_start|>assistant\\n``.
+- alpaca: ``### Instruction:\\n{user}\\n\\n### Response:\\n{assistant}{eos}``,
+  with the system turn (if any) as a preamble; single-turn only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from studio.core.dataset import DataError
+
+Segment = tuple[str, bool]
+Message = dict[str, str]
+BUILTIN_TEMPLATES = ("chatml", "alpaca")
+CHATML_END = "<|im_end|>"
+
+
+def render(template: str, messages: Sequence[Message], eos_token: str = "") -> list[Segment]:
+    """Render a conversation with a built-in template into merged segments.
+
+    ``eos_token`` ends the response where the template has no end marker of
+    its own (alpaca), so that the model learns to stop.
+    """
+    renderers = {"chatml": _chatml, "alpaca": _alpaca}
+    if template not in renderers:
+        raise DataError("data.template", f"{template!r} is not a built-in template", "use " + " or ".join(BUILTIN_TEMPLATES))
+    return merge_segments(renderers[template](messages, eos_token))
+
+
+def generation_prompt(template: str, messages: Sequence[Message], eos_token: str = "") -> str:
+    """The text a model continues to answer the conversation's last user turn.
+
+    A final assistant turn (the reference answer) is left out; the result is
+    the same text that training put before that turn, ending with the
+    assistant header.
+    """
+    context = list(messages[:-1] if messages and messages[-1]["role"] == "assistant" else messages)
+    segments = render(template, context + [{"role": "assistant", "content": ""}], eos_token)
+    return "".join(text for text, _ in prompt_segments(segments))
+
+
+def prompt_segments(segments: Sequence[Segment]) -> list[Segment]:
+    """The segments before the last trainable one: the prompt of the final response."""
+    trainable = [index for index, (_, flag) in enumerate(segments) if flag]
+    if not trainable:
+        raise DataError("", "the rendered example has no response to learn")
+    return list(segments[: trainable[-1]])
+
+
+def merge_segments(segments: Sequence[Segment]) -> list[Segment]:
+    """Join neighbours with the same flag: fewer, longer pieces tokenize as the model reads them."""
+    merged: list[Segment] = []
+    for text, trainable in segments:
+        if merged and merged[-1][1] == trainable:
+            merged[-1] = (merged[-1][0] + text, trainable)
+        else:
+            merged.append((text, trainable))
+    return merged
+
+
+def _chatml(messages: Sequence[Message], eos_token: str) -> list[Segment]:
+    segments: list[Segment] = []
+    for index, message in enumerate(messages):
+        head = ("\n" if index else "") + f"<|im_start|>{message['role']}\n"
+        if message["role"] == "assistant":
+            segments += [(head, False), (message["content"] + CHATML_END, True)]
+        else:
+            segments.append((head + message["content"] + CHATML_END, False))
+    return segments
+
+
+def _alpaca(messages: Sequence[Message], eos_token: str) -> list[Segment]:
+    has_system = bool(messages) and messages[0]["role"] == "system"
+    system, turns = (messages[0]["content"], messages[1:]) if has_system else ("", messages)
+    if [m["role"] for m in turns] != ["user", "assistant"]:
+        raise DataError("", f"the alpaca template renders one instruction and its response; this conversation "
+                        f"has {len(turns)} user and assistant turns",
+                        "use template chatml or the tokenizer's template for multi-turn chats")
+    preamble = f"{system}\n\n" if system.strip() else ""
+    prompt = f"{preamble}### Instruction:\n{turns[0]['content']}\n\n### Response:\n"
+    return [(prompt, False), (turns[1]["content"] + eos_token, True)]

@@ -1,0 +1,65 @@
+"""``studio demo``: a real LoRA fine-tune of the embedded tiny model, with before/after accuracy.
+
+The base model was pretrained to reverse word lists in plain sentences but has never
+seen the instruction "Reverse the order of the words." (resources/README.md). The
+demo measures held-out exact match of the base, trains an adapter like any other
+run, measures again and exports the adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from studio.core.dataset import inspect_files
+from studio.core.events import EventWriter
+from studio.core.presets import DEMO_HELDOUT, demo_config
+from studio.core.rundir import RunDir
+from studio.train.checkpoint import load_weights
+from studio.train.evaluate import exact_match
+from studio.train.export import export_run
+from studio.train.model import build_model, load_base_model, load_tokenizer
+from studio.train.worker import EXIT_OK, run
+
+log = logging.getLogger("studio.train")
+
+
+def heldout_accuracy(config, checkpoint: Path | None) -> float:
+    """Exact match on the held-out file: of the base model, or of a checkpoint's adapter."""
+    device = torch.device("cpu")
+    tokenizer = load_tokenizer(config)
+    if checkpoint is None:
+        model = load_base_model(config, device)
+    else:
+        model = build_model(config, device)
+        load_weights(checkpoint, model)
+    examples = inspect_files((str(DEMO_HELDOUT),), config.data.format).examples
+    return exact_match(model, tokenizer, examples, config.data.template)
+
+
+def run_demo(run_dir: Path | None = None) -> int:
+    config = demo_config()
+    print("Finetune Studio demo: teach the embedded tiny model to reverse word order with LoRA")
+    before = heldout_accuracy(config, None)
+    print(f"held-out exact match before training: {before:.1%}")
+    code, rd = run(config, run_dir, watch_stdin=False)
+    if code != EXIT_OK or rd.latest_checkpoint() is None:
+        print(f"training did not finish; see {rd.log}")
+        return code or 1
+    after = heldout_accuracy(config, rd.latest_checkpoint())
+    _record_accuracy(rd, before, after)
+    print(f"held-out exact match after training:  {after:.1%}")
+    out, verification = export_run(rd.path, "adapter")
+    print(f"adapter exported to {out} (verified: max logit difference {verification.max_abs_diff:.2g})")
+    print(f"run directory: {rd.path}")
+    return 0
+
+
+def _record_accuracy(rd: RunDir, before: float, after: float) -> None:
+    events = EventWriter(rd.events)
+    try:
+        events.emit("eval", step=None, heldout_exact_match_before=before, heldout_exact_match=after)
+    finally:
+        events.close()

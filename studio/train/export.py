@@ -1,0 +1,171 @@
+"""Exporting a run: a LoRA adapter or a merged model, each verified before it is kept.
+
+The trained model is rebuilt from the run's newest complete checkpoint. The export
+is written into a staging folder, reloaded the way a user would load it (plain
+``PeftModel.from_pretrained`` or ``AutoModelForCausalLM.from_pretrained``) and its
+logits compared with the trained model's on a few training examples. Only an
+export that passes is renamed into place; a failed or interrupted export leaves no
+folder behind and an earlier export untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from studio.core.config import RunConfig, load_config
+from studio.core.dataset import inspect_files
+from studio.core.errors import StudioError
+from studio.core.events import EventWriter
+from studio.core.rundir import RunDir, atomic_folder
+from studio.train.checkpoint import load_weights
+from studio.train.data import encode, render_segments
+from studio.train.model import attach_adapter, build_model, load_base_model, load_tokenizer
+
+log = logging.getLogger("studio.train")
+
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXACT_TOLERANCE = 1e-3  # max |logit difference| for exports that involve no rounding
+MIN_TOP1_AGREEMENT = 0.9  # for 16-bit or dequantized exports: next-token choices that must agree
+
+
+@dataclass(frozen=True)
+class Verification:
+    max_abs_diff: float  # export vs trained model
+    top1_agreement: float
+    base_max_abs_diff: float  # untrained base vs trained model: what an unmerged export would show
+    exact: bool  # whether the export should reproduce the logits to rounding error
+    passed: bool
+    samples: int
+
+
+def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "auto") -> tuple[Path, Verification]:
+    """Export ``kind`` ("adapter" or "merged") of a run; returns the folder and its verification."""
+    rd = RunDir(run_dir)
+    if not rd.config.is_file():
+        raise StudioError(f"{rd.path} is not a run directory (no config.yaml)", "pass the folder of a run", kind="export")
+    config = load_config(rd.config)
+    checkpoint = rd.latest_checkpoint()
+    if checkpoint is None:
+        raise StudioError(f"{rd.path} has no complete checkpoint yet", "train (or stop-and-save) the run first", kind="export")
+    if kind == "adapter" and not config.uses_adapter:
+        raise StudioError("a full fine-tune has no adapter", "export it with --merged", kind="export")
+    out = Path(out) if out else rd.exports_dir / kind
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    tokenizer = load_tokenizer(config)
+    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device)
+    load_weights(checkpoint, trained)
+    trained.eval()
+    inputs = _verification_inputs(config, tokenizer, device)
+    reference = _logits(trained, inputs)
+    base_diff = _base_difference(trained, inputs, reference)
+
+    export_dtype = _export_dtype(config, dtype)
+    with atomic_folder(out, replace=True) as staging:
+        if kind == "adapter":
+            trained.save_pretrained(staging)
+            reloaded = _reload_adapter(config, staging, device)
+            exact = True
+        else:
+            _save_merged(config, checkpoint, tokenizer, staging, export_dtype, device)
+            reloaded = _reload_merged(staging, export_dtype, device)
+            exact = export_dtype == torch.float32 and config.effective_load_in == "none"
+        verification = _verify(reloaded, inputs, reference, base_diff, exact)
+        info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
+                "base_model": config.model.name_or_path, "verification": asdict(verification)}
+        (staging / "studio_export.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        if not verification.passed:
+            raise StudioError(f"the exported {kind} does not reproduce the trained model "
+                              f"(max logit difference {verification.max_abs_diff:.3g}, top-1 agreement {verification.top1_agreement:.0%})",
+                              "nothing was written; report this with the run's train.log", kind="export")
+    _record(rd, kind, out, verification)
+    return out, verification
+
+
+def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if config.method == "full" or config.training.precision == "fp32" else torch.bfloat16
+    if dtype not in EXPORT_DTYPES:
+        raise StudioError(f"unknown export dtype {dtype}", "use auto, " + ", ".join(EXPORT_DTYPES), kind="export")
+    return EXPORT_DTYPES[dtype]
+
+
+def _verification_inputs(config: RunConfig, tokenizer, device, count: int = 4) -> dict[str, torch.Tensor]:
+    """A padded batch of the first few training examples, rendered as in training."""
+    report = inspect_files(config.data.train_files, config.data.format, limit=count)
+    rows = [encode(render_segments(example, tokenizer, config.data.template), tokenizer,
+                   config.data.max_length, config.data.train_on_prompt)["input_ids"] for example in report.examples[:count]]
+    length = max(len(r) for r in rows)
+    ids = torch.full((len(rows), length), tokenizer.pad_token_id)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+
+@torch.no_grad()
+def _logits(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    logits = model(**inputs).logits.float()
+    return logits[inputs["attention_mask"].bool()]  # real positions only
+
+
+@torch.no_grad()
+def _base_difference(trained, inputs, reference: torch.Tensor) -> float:
+    """How far the untrained base is from the trained model (0 for a full fine-tune we cannot undo)."""
+    if not hasattr(trained, "disable_adapter"):
+        return float("nan")
+    with trained.disable_adapter():
+        return float((_logits(trained, inputs) - reference).abs().max())
+
+
+def _reload_adapter(config: RunConfig, folder: Path, device):
+    from peft import PeftModel
+
+    base = load_base_model(config, device)
+    return PeftModel.from_pretrained(base, str(folder)).eval()
+
+
+def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, dtype: torch.dtype, device) -> None:
+    """Merge into an unquantized copy of the base in ``dtype`` (for QLoRA: a 16-bit base)."""
+    model = load_base_model(config, device, quantized=False, dtype=torch.float32)
+    if config.uses_adapter:
+        model = attach_adapter(model, config)
+        load_weights(checkpoint, model)
+        model = model.merge_and_unload()
+    else:
+        load_weights(checkpoint, model)
+    model.to(dtype).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def _reload_merged(folder: Path, dtype: torch.dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+
+
+def _verify(model, inputs, reference: torch.Tensor, base_diff: float, exact: bool) -> Verification:
+    logits = _logits(model, inputs)
+    max_diff = float((logits - reference).abs().max())
+    agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
+    passed = max_diff <= EXACT_TOLERANCE if exact else agreement >= MIN_TOP1_AGREEMENT
+    # An export that is no closer to the trained model than the untrained base is the base.
+    if base_diff == base_diff and base_diff > 10 * EXACT_TOLERANCE and max_diff >= base_diff:
+        passed = False
+    return Verification(max_diff, agreement, base_diff, exact, passed, int(inputs["input_ids"].shape[0]))
+
+
+def _record(rd: RunDir, kind: str, out: Path, verification: Verification) -> None:
+    events = EventWriter(rd.events)
+    try:
+        events.emit("export", kind=kind, path=str(out), verification=asdict(verification))
+    finally:
+        events.close()
+    log.info("exported %s to %s (max logit difference %.3g, top-1 agreement %.1f%%)", kind, out,
+             verification.max_abs_diff, 100 * verification.top1_agreement)

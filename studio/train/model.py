@@ -1,0 +1,191 @@
+"""Loading the tokenizer and model and applying the configured techniques.
+
+Each technique goes through its library: bitsandbytes quantization through
+``BitsAndBytesConfig``, LoRA/DoRA/rsLoRA through peft, k-bit preparation through
+``peft.prepare_model_for_kbit_training``, checkpointing through transformers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+
+log = logging.getLogger("studio.train")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def compute_dtype(config: RunConfig) -> torch.dtype:
+    return _PRECISION_DTYPES[config.training.precision]
+
+
+def weight_dtype(config: RunConfig) -> torch.dtype:
+    """The dtype of the loaded (non-quantized) weights; see ModelConfig.dtype."""
+    if config.model.dtype != "auto":
+        return _DTYPES[config.model.dtype]
+    return torch.float32 if config.method == "full" else compute_dtype(config)
+
+
+def _hub_kwargs(config: RunConfig) -> dict:
+    kwargs = {"trust_remote_code": config.model.trust_remote_code}
+    if config.model.revision:
+        kwargs["revision"] = config.model.revision
+    return kwargs
+
+
+def _load_error(config: RunConfig, exc: Exception) -> StudioError:
+    name = config.model.name_or_path
+    if Path(name).exists():
+        return StudioError(f"cannot load the model in {name}: {exc}",
+                           "the folder needs config.json, the weights (*.safetensors) and the tokenizer files", kind="model")
+    if name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1:
+        return StudioError(f"model folder {name} does not exist", "check the path in model.name_or_path", kind="model")
+    return StudioError(
+        f"cannot get '{name}' from the Hugging Face Hub: {type(exc).__name__}: {exc}",
+        "check the id and your network; offline, download it once or point model.name_or_path at a local folder",
+        kind="model",
+    )
+
+
+def load_tokenizer(config: RunConfig):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model.name_or_path, **_hub_kwargs(config))
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        raise _load_error(config, exc) from exc
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise StudioError("the tokenizer has neither a pad nor an eos token", "use a tokenizer that defines eos_token", kind="model")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def quantization_config(config: RunConfig):
+    from transformers import BitsAndBytesConfig
+
+    load_in = config.effective_load_in
+    if load_in == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=config.quantization.quant_type,
+            bnb_4bit_use_double_quant=config.quantization.double_quant,
+            bnb_4bit_compute_dtype=compute_dtype(config),
+            bnb_4bit_quant_storage=torch.uint8,
+        )
+    if load_in == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return None
+
+
+def load_base_model(config: RunConfig, device: torch.device, quantized: bool = True, dtype: torch.dtype | None = None):
+    """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = _hub_kwargs(config)
+    quant = quantization_config(config) if quantized else None
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+        kwargs["device_map"] = {"": device}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model.name_or_path,
+            dtype=dtype or weight_dtype(config),
+            attn_implementation=config.model.attn_implementation,
+            **kwargs,
+        )
+    except Exception as exc:
+        raise _load_error(config, exc) from exc
+    if quant is None:
+        model.to(device)
+    model.config.use_cache = False
+    return model
+
+
+def peft_config(config: RunConfig):
+    from peft import LoraConfig
+
+    lora = config.lora
+    targets = lora.target_modules
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules="all-linear" if targets == ("all-linear",) else list(targets),
+        use_rslora=lora.use_rslora,
+        use_dora=lora.use_dora,
+        task_type="CAUSAL_LM",
+    )
+
+
+def build_model(config: RunConfig, device: torch.device):
+    """The trainable model: base, quantized and prepared if configured, with its adapter."""
+    model = load_base_model(config, device)
+    checkpointing = config.training.gradient_checkpointing
+    if config.effective_load_in != "none":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    elif checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.uses_adapter:
+        model = attach_adapter(model, config)
+        if checkpointing:
+            model.enable_input_require_grads()
+    return model
+
+
+def attach_adapter(model, config: RunConfig):
+    from peft import get_peft_model
+
+    try:
+        model = get_peft_model(model, peft_config(config))
+    except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
+        raise StudioError(f"cannot attach the LoRA adapter: {exc}",
+                          "check lora.target_modules against the model's module names, or use all-linear",
+                          kind="config") from exc
+    return model
+
+
+def adapted_module_names(model) -> list[str]:
+    """The distinct leaf names that received an adapter (e.g. q_proj, c_attn), for the log."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)})
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts; 4-bit weights count as their element count."""
+    trainable = total = 0
+    for param in model.parameters():
+        n = param.numel()
+        if getattr(param, "quant_state", None) is not None or param.dtype == torch.uint8:
+            n *= 2  # bitsandbytes packs two 4-bit values per byte
+        total += n
+        trainable += n if param.requires_grad else 0
+    return trainable, total
+
+
+def trainable_state_dict(model) -> dict[str, torch.Tensor]:
+    """Only the trained tensors: what a checkpoint needs to restore the model."""
+    return {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    missing = [name for name, p in params.items() if p.requires_grad and name not in tensors]
+    if missing:
+        raise StudioError(f"the checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})",
+                          "it was written by a different config; start a new run", kind="checkpoint")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))

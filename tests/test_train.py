@@ -1,0 +1,100 @@
+"""The real worker on the embedded tiny model: every technique trains, the run directory is complete."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import losses, quick_config
+from studio.core.events import read_events
+from studio.train.worker import EXIT_FAILED, EXIT_OK, run
+
+
+def train(tmp_path, config):
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    events = read_events(run_dir.events)
+    assert code == EXIT_OK, [e for e in events if e["type"] == "error"]
+    return run_dir, events
+
+
+TECHNIQUES = {
+    "lora_fp32": {},
+    "lora_bf16": {"training": {"precision": "bf16"}},
+    "lora_fp16": {"training": {"precision": "fp16"}},
+    "full_bf16": {"method": "full", "training": {"precision": "bf16", "learning_rate": 5e-4}},
+    "qlora_nf4": {"method": "qlora", "training": {"precision": "bf16"}},
+    "qlora_fp4_single_quant": {"method": "qlora", "quantization": {"quant_type": "fp4", "double_quant": False}},
+    "lora_8bit_base": {"quantization": {"load_in": "8bit"}},
+    "dora": {"lora": {"use_dora": True}},
+    "rslora": {"lora": {"use_rslora": True, "r": 32}, "training": {"learning_rate": 1e-3}},
+    "lora_dropout_attention_only": {"lora": {"dropout": 0.1, "target_modules": ("q_proj", "v_proj")},
+                                    "training": {"learning_rate": 1e-2}},
+    "checkpointing": {"training": {"gradient_checkpointing": True}},
+    "qlora_checkpointing": {"method": "qlora", "training": {"gradient_checkpointing": True}},
+    "accumulation": {"training": {"micro_batch_size": 4, "gradient_accumulation_steps": 2}},
+    "adamw_8bit": {"training": {"optimizer": "adamw_8bit"}},
+    "paged_adamw_8bit": {"training": {"optimizer": "paged_adamw_8bit"}},
+    "sgd": {"training": {"optimizer": "sgd", "learning_rate": 3.0}},
+    "adafactor": {"training": {"optimizer": "adafactor"}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TECHNIQUES)
+def test_technique_trains_and_loss_falls(tmp_path, story_data, name):
+    config = quick_config(story_data, **TECHNIQUES[name]).replace(data={"format": "text"})
+    run_dir, events = train(tmp_path, config)
+    curve = losses(run_dir)
+    assert len(curve) == 12
+    assert sum(curve[-4:]) / 4 < 0.8 * sum(curve[:4]) / 4, f"{name}: loss did not fall: {curve}"
+    assert events[-1] == {**events[-1], "type": "finished", "status": "completed"}
+
+
+def test_run_directory_and_events(tmp_path, small_data):
+    config = quick_config(small_data, data={"eval_fraction": 0.25}, training={"max_steps": 4},
+                          schedule={"eval_every": 2, "save_every": 2, "keep_checkpoints": 1})
+    run_dir, events = train(tmp_path, config)
+    assert (run_dir.path / "config.yaml").is_file() and (run_dir.path / "train.log").is_file()
+    assert [p.name for p in run_dir.complete_checkpoints()] == ["step-000004"]  # keeps the newest one
+
+    started = events[0]
+    assert started["type"] == "run_started" and started["total_steps"] == 4
+    assert started["data"]["train"]["rows"] == 24 and started["data"]["eval"]["rows"] == 8
+    assert {"q_proj", "v_proj", "down_proj"} <= set(started["adapted_modules"])
+    assert 0 < started["trainable_params"] < started["total_params"]
+    assert "torch" in started["versions"] and started["devices"]
+
+    step = next(e for e in events if e["type"] == "step")
+    assert {"step", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "memory"} <= set(step)
+    assert step["memory"][0]["device"] == "cpu" and step["memory"][0]["rss_bytes"] > 0
+    assert [e["step"] for e in events if e["type"] == "eval"] == [2, 4]
+    assert all(e["eval_loss"] > 0 for e in events if e["type"] == "eval")
+    assert [e["type"] for e in events[-2:]] == ["checkpoint", "finished"]
+
+
+def test_invalid_config_is_refused_before_anything_is_written(tmp_path, small_data):
+    from studio.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"model: {{name_or_path: {tmp_path / 'nowhere'}}}\ndata: {{train_files: [{small_data}]}}\n"
+                   "training: {micro_batch_size: 0, optimizer: adamm}\n")
+    assert main(["train", str(bad), "--run-dir", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_model_folder_fails_with_a_readable_error(tmp_path, small_data):
+    config = quick_config(small_data, model={"name_or_path": str(tmp_path / "no-such-model")})
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    error = next(e for e in read_events(run_dir.events) if e["type"] == "error")
+    assert code == EXIT_FAILED and error["kind"] == "model"
+    assert "does not exist" in error["message"] and error["hint"]
+
+
+def test_bad_data_row_fails_naming_file_and_line(tmp_path, small_data):
+    data = tmp_path / "broken.jsonl"
+    data.write_text(small_data.read_text() + '{"instruction": "x", "input": "y"}\n')
+    code, run_dir = run(quick_config(data), tmp_path / "run", watch_stdin=False)
+    error = next(e for e in read_events(run_dir.events) if e["type"] == "error")
+    assert code == EXIT_FAILED and error["kind"] == "data"
+    assert "broken.jsonl:33" in error["message"] and "output" in error["message"]
+    assert json.loads(run_dir.events.read_text().splitlines()[-1])["status"] == "failed"
