@@ -37,7 +37,7 @@ MIN_TOP1_AGREEMENT = 0.9  # for 16-bit or dequantized exports: next-token choice
 class Verification:
     max_abs_diff: float  # export vs trained model
     top1_agreement: float
-    base_max_abs_diff: float  # untrained base vs trained model: what an unmerged export would show
+    base_max_abs_diff: float | None  # untrained base vs trained model (None: full fine-tune, base not kept)
     exact: bool  # whether the export should reproduce the logits to rounding error
     passed: bool
     samples: int
@@ -116,10 +116,10 @@ def _logits(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _base_difference(trained, inputs, reference: torch.Tensor) -> float:
-    """How far the untrained base is from the trained model (0 for a full fine-tune we cannot undo)."""
+def _base_difference(trained, inputs, reference: torch.Tensor) -> float | None:
+    """How far the untrained base is from the trained model; None for a full fine-tune."""
     if not hasattr(trained, "disable_adapter"):
-        return float("nan")
+        return None
     with trained.disable_adapter():
         return float((_logits(trained, inputs) - reference).abs().max())
 
@@ -150,13 +150,13 @@ def _reload_merged(folder: Path, dtype: torch.dtype, device):
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
 
 
-def _verify(model, inputs, reference: torch.Tensor, base_diff: float, exact: bool) -> Verification:
+def _verify(model, inputs, reference: torch.Tensor, base_diff: float | None, exact: bool) -> Verification:
     logits = _logits(model, inputs)
     max_diff = float((logits - reference).abs().max())
     agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
     passed = max_diff <= EXACT_TOLERANCE if exact else agreement >= MIN_TOP1_AGREEMENT
     # An export that is no closer to the trained model than the untrained base is the base.
-    if base_diff == base_diff and base_diff > 10 * EXACT_TOLERANCE and max_diff >= base_diff:
+    if base_diff is not None and base_diff > 10 * EXACT_TOLERANCE and max_diff >= base_diff:
         passed = False
     return Verification(max_diff, agreement, base_diff, exact, passed, int(inputs["input_ids"].shape[0]))
 

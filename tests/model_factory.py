@@ -1,0 +1,56 @@
+"""Tiny random-weight causal LMs of every architecture family the studio supports.
+
+``make_tiny_model("llama", folder)`` writes ``folder/config.json`` and random
+weights (safetensors) that ``AutoModelForCausalLM.from_pretrained(folder)``
+loads; keyword arguments override config fields (``hidden_size=128``). No
+network and no tokenizer: tests that need text bring their own tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "gpt_neox", "phi", "gemma")
+
+_LLAMA_LIKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+
+# Small enough to build in milliseconds; every family keeps its own field names.
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": {**_LLAMA_LIKE},
+    "qwen2": {**_LLAMA_LIKE},
+    "mistral": {**_LLAMA_LIKE, "sliding_window": None},
+    "gemma": {**_LLAMA_LIKE, "head_dim": 32},
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512},
+    "gpt_neox": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "max_position_embeddings": 512},
+    "phi": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 512},
+}
+_COMMON = {"vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+
+def tiny_config(family: str, **overrides) -> dict:
+    """The config.json fields of a tiny model (plain data; no transformers needed)."""
+    if family not in TINY_CONFIGS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    return {"model_type": family, **_COMMON, **TINY_CONFIGS[family], **overrides}
+
+
+def make_tiny_model(family: str, folder: Path, weights: bool = True, seed: int = 0, **overrides) -> Path:
+    """Write a tiny random model of ``family`` to ``folder``; ``weights=False`` writes config.json only."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fields = tiny_config(family, **overrides)
+    if not weights:
+        (folder / "config.json").write_text(json.dumps(fields, indent=2), encoding="utf-8")
+        return folder
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**fields)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    return folder

@@ -1,0 +1,35 @@
+"""LoRA's all-linear default finds the right layers in every supported architecture family, and trains."""
+
+import shutil
+
+import pytest
+
+from helpers import quick_config
+from model_factory import make_tiny_model
+from studio.core.events import read_events
+from studio.core.presets import DEMO_MODEL
+from studio.train.worker import EXIT_OK, run
+
+EXPECTED_TARGETS = {
+    "llama": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "qwen2": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "mistral": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "gemma": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "gpt2": {"c_attn", "c_proj", "c_fc"},  # Conv1D layers, not nn.Linear
+    "gpt_neox": {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
+    "phi": {"q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(EXPECTED_TARGETS))
+def test_all_linear_targets_and_training(tmp_path, story_data, family):
+    folder = make_tiny_model(family, tmp_path / family, vocab_size=1200)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(DEMO_MODEL / name, folder / name)  # the demo tokenizer fits in the 1200-token vocabulary
+    config = quick_config(story_data, model={"name_or_path": str(folder)}, data={"format": "text"},
+                          training={"max_steps": 2})
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    events = read_events(run_dir.events)
+    assert code == EXIT_OK, [e for e in events if e["type"] == "error"]
+    assert set(events[0]["adapted_modules"]) == EXPECTED_TARGETS[family]
