@@ -41,6 +41,16 @@ def _add_export(commands) -> None:
     p.set_defaults(handler=_export)
 
 
+def _add_generate(commands) -> None:
+    p = commands.add_parser("generate", help="answer a prompt with the base and the fine-tuned model",
+                            description="Answer a prompt with the run's base model and with its newest checkpoint, side by side.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--json", action="store_true", help="print one JSON object: base, tuned, checkpoint")
+    p.set_defaults(handler=_generate)
+
+
 def _add_config(commands) -> None:
     from studio.core.config import reference_markdown
 
@@ -55,7 +65,7 @@ def _add_config(commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_config):
+    for add in (_add_train, _add_demo, _add_export, _add_generate, _add_config):
         add(commands)
     return parser
 
@@ -87,6 +97,19 @@ def _export(args) -> int:
     print(f"exported {args.kind} to {out}")
     print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
           f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
+    return 0
+
+
+def _generate(args) -> int:
+    import json
+
+    from studio.train.generate import side_by_side
+
+    answers = side_by_side(args.run_dir, args.prompt, args.max_new_tokens)
+    if args.json:
+        print(json.dumps(answers))
+    else:
+        print(f"base:       {answers['base']}\nfine-tuned: {answers['tuned']}  ({answers['checkpoint']})")
     return 0
 
 

@@ -11,18 +11,19 @@ from studio.train.data import encode_prompt
 def exact_match(model, tokenizer, examples, template: str, max_new_tokens: int = 24, batch_size: int = 32) -> float:
     """Fraction of examples whose greedy answer equals the expected response (stripped)."""
     model.eval()
-    device = next(model.parameters()).device
     prompts = [encode_prompt(example, tokenizer, template) for example in examples]
     correct = 0
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
-        answers = _generate(model, tokenizer, [ids for ids, _ in chunk], max_new_tokens, device)
+        answers = generate_answers(model, tokenizer, [ids for ids, _ in chunk], max_new_tokens)
         correct += sum(answer.strip() == expected.strip() for answer, (_, expected) in zip(answers, chunk))
     return correct / max(len(prompts), 1)
 
 
-def _generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, device) -> list[str]:
+@torch.no_grad()
+def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
     """Greedy answers for a batch of token prompts (left-padded so all end together)."""
+    device = next(model.parameters()).device
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
