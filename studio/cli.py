@@ -130,8 +130,12 @@ def _config(args) -> int:
         save_config(demo_config(), args.file)
         print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
         return 0
-    raise_if_invalid(load_config(args.file), str(args.file))
-    print(f"{args.file}: valid")
+    from studio.core.dataset import inspect_files
+
+    config = load_config(args.file)
+    raise_if_invalid(config, str(args.file))
+    report = inspect_files(config.data.train_files, config.data.format, keep=0)
+    print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
     return 0
 
 

@@ -1,0 +1,53 @@
+"""The studio command as a user types it: readable errors, non-zero exits, nothing overwritten."""
+
+import subprocess
+import sys
+
+from studio.cli import main
+from studio.core.presets import demo_config
+
+
+def test_config_init_writes_a_valid_starter_and_never_overwrites(tmp_path, capsys):
+    target = tmp_path / "my.yaml"
+    assert main(["config", "init", str(target)]) == 0
+    assert main(["config", "check", str(target)]) == 0
+    assert "valid" in capsys.readouterr().out
+    target.write_text("keep me")
+    assert main(["config", "init", str(target)]) == 2
+    assert target.read_text() == "keep me"
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_config_check_lists_every_problem_with_lines(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: lorra\ntraining:\n  learning_rate: fast\n")
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "method (" in err and "bad.yaml:1" in err and "did you mean 'lora'" in err
+    assert "training.learning_rate" in err and "bad.yaml:3" in err
+
+
+def test_config_check_reports_missing_files(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{name_or_path: {demo_config().model.name_or_path}}}\ndata: {{train_files: [gone.jsonl]}}\n")
+    assert main(["config", "check", str(config)]) == 2
+    assert "data.train_files[0]" in capsys.readouterr().err
+
+
+def test_train_without_config_explains_usage(capsys):
+    assert main(["train"]) == 2
+    assert "studio config init" in capsys.readouterr().err
+
+
+def test_config_help_prints_the_field_reference():
+    out = subprocess.run([sys.executable, "-m", "studio", "config", "--help"], capture_output=True, text=True).stdout
+    assert "training.gradient_accumulation_steps" in out and "lora.use_dora" in out
+
+
+def test_config_check_reads_the_data_too(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"}\n')
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{name_or_path: {demo_config().model.name_or_path}}}\ndata: {{train_files: [rows.jsonl]}}\n")
+    assert main(["config", "check", str(config)]) == 2
+    assert "rows.jsonl:2" in capsys.readouterr().err
