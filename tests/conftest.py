@@ -27,4 +27,4 @@ def small_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def story_data(tmp_path_factory) -> Path:
     """8 lines of plain text, one micro-batch: every technique must start memorizing them in 12 steps."""
-    return first_lines(DEMO_DATASETS / "stories.txt", 8, tmp_path_factory.mktemp("data") / "stories.txt")
+    return first_lines(DEMO_DATASETS / "facts.txt", 8, tmp_path_factory.mktemp("data") / "facts.txt")

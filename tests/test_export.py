@@ -33,7 +33,7 @@ def sample_batch(tokenizer_path) -> dict:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    return tokenizer(["Reverse the order of the words.\n\ncat dog sun", "the words hill snow backwards are"],
+    return tokenizer(["What kind of thing is a plum?", "the cat is a"],
                      return_tensors="pt", padding=True)
 
 

@@ -7,19 +7,20 @@ from pathlib import Path
 from studio.core.config import RunConfig
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
-DEMO_MODEL = RESOURCES / "models" / "tiny-llama"
+DEMO_MODEL = RESOURCES / "models" / "studio-tiny"
 DEMO_DATASETS = RESOURCES / "datasets"
-DEMO_TRAIN = DEMO_DATASETS / "reverse_instruction.jsonl"
-DEMO_HELDOUT = DEMO_DATASETS / "reverse_heldout.jsonl"
+DEMO_TRAIN = DEMO_DATASETS / "categories_instruction.jsonl"
+DEMO_HELDOUT = DEMO_DATASETS / "categories_heldout.jsonl"
 
 
 def demo_config() -> RunConfig:
-    """LoRA on the embedded tiny Llama: teaches it to reverse word order (see resources/README.md)."""
+    """LoRA on the embedded tiny Llama: teaches it to answer questions about what it knows
+    (see resources/build_demo_assets.py)."""
     return RunConfig(name="demo").replace(
         model={"name_or_path": str(DEMO_MODEL)},
         data={"train_files": (str(DEMO_TRAIN),), "format": "instruction", "max_length": 64},
-        lora={"r": 16, "alpha": 32.0, "dropout": 0.0},
+        lora={"r": 8, "alpha": 16.0, "dropout": 0.0},
         training={"precision": "fp32", "micro_batch_size": 16, "gradient_accumulation_steps": 1,
-                  "max_steps": 300, "learning_rate": 2e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05},
-        schedule={"log_every": 5, "save_every": 100},
+                  "max_steps": 60, "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05},
+        schedule={"log_every": 1, "save_every": 20},
     )

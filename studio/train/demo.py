@@ -1,9 +1,9 @@
 """``studio demo``: a real LoRA fine-tune of the embedded tiny model, with before/after accuracy.
 
-The base model was pretrained to reverse word lists in plain sentences but has never
-seen the instruction "Reverse the order of the words." (resources/README.md). The
-demo measures held-out exact match of the base, trains an adapter like any other
-run, measures again and exports the adapter.
+The base model was pretrained on plain facts ("a plum is a kind of fruit .") but has
+never been asked a question (resources/build_demo_assets.py). The demo measures
+held-out exact match of the base on "What kind of thing is a plum?", trains an
+adapter like any other run, measures again and exports the adapter.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def heldout_accuracy(config, checkpoint: Path | None) -> float:
 
 
 def run_demo(run_dir: Path | None = None) -> int:
+    """Train, measure and export the demo; returns the exit code."""
     config = demo_config()
-    print("Finetune Studio demo: teach the embedded tiny model to reverse word order with LoRA")
+    print("Finetune Studio demo: teach the embedded tiny model to answer questions about what it knows (LoRA)")
     before = heldout_accuracy(config, None)
     print(f"held-out exact match before training: {before:.1%}")
     code, rd = run(config, run_dir, watch_stdin=False)
@@ -51,13 +52,13 @@ def run_demo(run_dir: Path | None = None) -> int:
     after = heldout_accuracy(config, rd.latest_checkpoint())
     _record_accuracy(rd, before, after)
     print(f"held-out exact match after training:  {after:.1%}")
-    out, verification = export_run(rd.path, "adapter")
-    print(f"adapter exported to {out} (verified: max logit difference {verification.max_abs_diff:.2g})")
+    export_run(rd.path, "adapter")  # logs where it went and how it verified
     print(f"run directory: {rd.path}")
     return 0
 
 
 def _record_accuracy(rd: RunDir, before: float, after: float) -> None:
+    """Append the accuracies to the run's events, so the history shows them."""
     events = EventWriter(rd.events)
     try:
         events.emit("eval", step=None, heldout_exact_match_before=before, heldout_exact_match=after)
