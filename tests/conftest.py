@@ -1,10 +1,13 @@
 import os
+import tempfile
 
 # Before anything imports Qt: render offscreen, no display needed.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Runs started without a run directory, and per-machine records, stay out of the user's data folder.
+os.environ["STUDIO_RUNS_DIR"] = tempfile.mkdtemp(prefix="studio-test-runs-")
 
 from pathlib import Path  # noqa: E402
 

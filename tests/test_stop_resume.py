@@ -41,7 +41,7 @@ def finished(run_dir: RunDir) -> dict:
 @pytest.fixture
 def resumable_config(small_data):
     # Dropout makes the test also prove that the random state is restored.
-    return quick_config(small_data, lora={"dropout": 0.1}, training={"micro_batch_size": 4, "max_steps": 16,
+    return quick_config(small_data, lora={"dropout": 0.1}, training={"micro_batch_size": 4, "max_steps": 40,
                                                                       "lr_scheduler": "cosine", "warmup_ratio": 0.1})
 
 
@@ -56,7 +56,7 @@ def test_stop_file_saves_and_resume_matches_an_uninterrupted_run(tmp_path, resum
     run_dir.request_stop()
     assert process.wait(timeout=120) == EXIT_OK
     stopped = finished(run_dir)
-    assert stopped["status"] == "stopped" and 3 <= stopped["step"] < 16
+    assert stopped["status"] == "stopped" and 3 <= stopped["step"] < 40
     assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
 
     code, _ = run(None, run_dir.path, resume=True, watch_stdin=False)
@@ -64,8 +64,8 @@ def test_stop_file_saves_and_resume_matches_an_uninterrupted_run(tmp_path, resum
     starts = [e for e in read_events(run_dir.events) if e["type"] == "run_started"]
     assert starts[-1]["start_step"] == stopped["step"]
     steps = {e["step"]: e["loss"] for e in read_events(run_dir.events) if e["type"] == "step"}
-    assert sorted(steps) == list(range(1, 17))
-    assert [steps[s] for s in range(1, 17)] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert sorted(steps) == list(range(1, 41))
+    assert [steps[s] for s in range(1, 41)] == pytest.approx(expected, rel=1e-4, abs=1e-5)
 
 
 @pytest.mark.slow

@@ -71,6 +71,12 @@ def test_run_directory_and_events(tmp_path, small_data):
     assert all(e["eval_loss"] > 0 for e in events if e["type"] == "eval")
     assert [e["type"] for e in events[-2:]] == ["checkpoint", "finished"]
 
+    predicted = next(e for e in events if e["type"] == "estimate")
+    measured = next(e for e in events if e["type"] == "memory_measured")
+    assert measured["step"] == 2 and measured["predicted_bytes"] == predicted["peak_bytes"]
+    # The estimate assumes every row is max_length tokens long; these rows are shorter.
+    assert 0.4 * predicted["peak_bytes"] < measured["peak_bytes"] <= 1.05 * predicted["peak_bytes"]
+
 
 def test_invalid_config_is_refused_before_anything_is_written(tmp_path, small_data):
     from studio.cli import main

@@ -7,7 +7,9 @@ from it. Types and their main fields:
 
 - ``run_started``: config (resolved), versions, devices, run_dir, pid, total_steps, start_step,
   resumed_from, trainable_params, total_params, adapted_modules, data (rows, tokens, truncated per split)
-- ``estimate``: the predicted memory (parts per device), written before training
+- ``estimate``: the predicted peak memory (studio.core.estimate: devices with parts, peak_phase)
+- ``memory_measured``: step, device, peak_bytes and peak_phase of one tracked steady-state step,
+  predicted_bytes (also appended per machine to memory-calibration.jsonl beside the runs folder)
 - ``step``: step, epoch, loss, lr, grad_norm, tokens_per_s, samples_per_s, memory (list per device)
 - ``eval``: step, eval_loss
 - ``checkpoint``: step, path
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENT_TYPES = ("run_started", "estimate", "step", "eval", "checkpoint", "export", "warning", "error", "finished")
+EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "checkpoint", "export", "warning", "error", "finished")
 FINAL_STATUSES = ("completed", "stopped", "aborted", "failed")
 EVENTS_FILE = "events.jsonl"
 

@@ -13,6 +13,7 @@ accumulation equal to a bigger batch.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -27,11 +28,12 @@ import torch
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.events import EventWriter
-from studio.core.rundir import RunDir
+from studio.core.rundir import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
 from studio.train.data import collate, prepare_data
+from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
 from studio.train.optim import build_optimizer, build_scheduler
@@ -39,6 +41,7 @@ from studio.train.optim import build_optimizer, build_scheduler
 log = logging.getLogger("studio.train")
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_ABORTED = 0, 1, 2, 130
+MEASURED_STEP = 1  # steps after the start (or resume) before the one whose memory is measured
 
 
 @dataclass
@@ -116,14 +119,33 @@ class Worker:
             trainable_params=trainable, total_params=total, data=data.stats,
             adapted_modules=adapted_module_names(self.model) if config.uses_adapter else [],
         )
+        self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
+
+    def _emit_estimate(self) -> int | None:
+        """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
+        from studio.core.estimate import estimate
+        from studio.core.modelinfo import load_model_config
+
+        model = self.config.model
+        try:
+            predicted = estimate(load_model_config(model.name_or_path, model.revision), self.config, self.device.type)
+        except StudioError as exc:
+            self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
+            return None
+        self.events.emit("estimate", **predicted.to_json())
+        return predicted.peak_bytes
 
     # ------------------------------------------------------------------ loop
     def train(self) -> str:
         """Run to the end or to a stop request; returns the final status."""
         schedule = self.config.schedule
+        first_step = self.step
         while self.step < self.total_steps:
-            metrics = self._optimizer_step()
+            if self.step == first_step + MEASURED_STEP:
+                metrics = self._measured_optimizer_step()
+            else:
+                metrics = self._optimizer_step()
             self.step += 1
             if self.step % schedule.log_every == 0 or self.step == self.total_steps:
                 self.events.emit("step", step=self.step, **metrics, memory=memory_snapshot())
@@ -138,6 +160,24 @@ class Worker:
             self.evaluate()
         self.save()
         return "completed"
+
+    def _measured_optimizer_step(self) -> dict:
+        """One optimizer step with its peak memory tracked, compared with the prediction.
+
+        The second step of a process is measured: the first allocates the optimizer
+        state, so the second is the steady state the estimate describes.
+        """
+        tracker = tracker_for(self.device)
+        with tracker:
+            tracker.add_module(self.raw_model)
+            tracker.add(state for state in self.optimizer.state.values())
+            metrics = self._optimizer_step()
+        measured = tracker.report.peak_bytes
+        self.events.emit("memory_measured", step=self.step + 1, device=str(self.device), peak_bytes=measured,
+                         peak_phase=tracker.report.peak_phase, predicted_bytes=self.predicted_peak)
+        if self.predicted_peak:
+            record_calibration(self.config, self.device.type, self.predicted_peak, measured)
+        return metrics
 
     def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
         accumulation = self.config.training.gradient_accumulation_steps
@@ -200,6 +240,19 @@ class Worker:
         self.run_dir.prune_checkpoints(self.config.schedule.keep_checkpoints)
         self.events.emit("checkpoint", step=self.step, path=str(path))
         return path
+
+
+def record_calibration(config: RunConfig, device_type: str, predicted: int, measured: int) -> None:
+    """Keep predicted-vs-measured pairs per machine, for calibrating later estimates."""
+    path = default_runs_root().parent / "memory-calibration.jsonl"
+    entry = {"time": time.time(), "device": device_type, "model": config.model.name_or_path, "method": config.method,
+             "predicted_bytes": predicted, "measured_bytes": measured}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError as exc:  # a calibration record is never worth failing a run
+        log.warning("cannot record memory calibration in %s: %s", path, exc)
 
 
 def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
