@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from studio.cli_memory import add_estimate, add_fit
 from studio.core.errors import StudioError
 
 EXIT_USAGE = 2
@@ -65,7 +66,7 @@ def _add_config(commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_generate, _add_config):
+    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config):
         add(commands)
     return parser
 

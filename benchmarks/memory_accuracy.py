@@ -1,0 +1,280 @@
+"""How accurate is the memory estimate? Estimate vs measured peak for a matrix of real training steps.
+
+    python benchmarks/memory_accuracy.py            # the full matrix (about 10-15 minutes on 2 CPU cores)
+    python benchmarks/memory_accuracy.py --quick    # a few rows
+    python benchmarks/memory_accuracy.py --markdown docs/memory-accuracy-table.md
+
+Each row builds a random-weight model of one architecture with the worker's own
+``build_model``, runs two optimizer steps the way the worker does (the first
+allocates the optimizer state, the second is the steady state) at full
+sequence length, and takes the peak of live tensor bytes from a dispatch-mode
+tracker (``studio.train.memtrack``). It compares that with the analytic
+estimate (``studio.core.estimate``, device type cpu) and with the simulated
+one (the same steps on fake tensors, ``studio.train.simulate``).
+
+On a machine with a GPU (and without ``--cpu``) the steps run on CUDA and the
+measured side is torch.cuda.max_memory_allocated / max_memory_reserved and
+nvml's used memory; the analytic estimate is then the CUDA one (tensors, plus
+context and allocator margin for the comparison with nvml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+MIB = 1024**2
+
+# name: (family, config overrides); sizes from 7M to 112M parameters
+MODELS = {
+    "llama-7M": ("llama", dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                               num_key_value_heads=4, vocab_size=8192)),
+    "llama-55M": ("llama", dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+                                num_key_value_heads=2, vocab_size=32000)),
+    "llama-112M": ("llama", dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
+                                 num_key_value_heads=4, vocab_size=32000)),
+    "qwen2-16M": ("qwen2", dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
+                                num_key_value_heads=2, vocab_size=16384, tie_word_embeddings=True)),
+    "mistral-26M": ("mistral", dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=8, num_attention_heads=6,
+                                    num_key_value_heads=2, vocab_size=16384)),
+    "gpt2-17M": ("gpt2", dict(n_embd=384, n_layer=6, n_head=6, vocab_size=16384, n_positions=1024)),
+    "neox-36M": ("gpt_neox", dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8,
+                                  vocab_size=16384)),
+    "phi-36M": ("phi", dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8,
+                            num_key_value_heads=8, vocab_size=16384, resid_pdrop=0.1)),
+    # small vocabularies: the loss no longer dominates, the backward pass (recomputed blocks) does
+    "gpt2-12M-v2k": ("gpt2", dict(n_embd=384, n_layer=6, n_head=6, vocab_size=2048, n_positions=1024)),
+    "phi-21M-v2k": ("phi", dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8,
+                                num_key_value_heads=8, vocab_size=2048, resid_pdrop=0.1)),
+    "gemma-14M": ("gemma", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
+                                num_key_value_heads=1, head_dim=64, vocab_size=32000)),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    method: str
+    precision: str
+    micro_batch: int
+    sequence: int
+    checkpointing: bool = False
+    optimizer: str = "adamw"
+    accumulation: int = 1
+    quick: bool = False
+    changes: dict = field(default_factory=dict)  # further RunConfig sections, e.g. {"lora": {"r": 64}}
+
+    @property
+    def name(self) -> str:
+        parts = [self.model, self.method, self.precision, f"b{self.micro_batch}x{self.sequence}", self.optimizer]
+        if self.checkpointing:
+            parts.append("ckpt")
+        if self.accumulation > 1:
+            parts.append(f"accum{self.accumulation}")
+        parts += [f"{k}={v}" for section in self.changes.values() for k, v in section.items()]
+        return " ".join(parts)
+
+    def run_config(self, model_folder: Path):
+        from studio.core.config import RunConfig
+
+        config = RunConfig(method=self.method).replace(
+            model={"name_or_path": str(model_folder)}, data={"max_length": self.sequence},
+            training={"precision": self.precision, "micro_batch_size": self.micro_batch, "optimizer": self.optimizer,
+                      "gradient_checkpointing": self.checkpointing, "gradient_accumulation_steps": self.accumulation})
+        return config.replace(**{section: dict(values) for section, values in self.changes.items()}) if self.changes else config
+
+
+CASES = [
+    Case("llama-7M", "lora", "bf16", 4, 256, quick=True),
+    Case("llama-7M", "lora", "bf16", 4, 256, checkpointing=True),
+    Case("llama-7M", "lora", "fp32", 2, 512),
+    Case("llama-7M", "lora", "bf16", 1, 1024),
+    Case("llama-7M", "lora", "bf16", 4, 256, accumulation=2),
+    Case("llama-7M", "lora", "bf16", 2, 256, changes={"lora": {"r": 64, "dropout": 0.0}}),
+    Case("llama-7M", "lora", "bf16", 2, 256, changes={"model": {"dtype": "float32"}}),
+    Case("llama-7M", "lora", "bf16", 2, 256, changes={"model": {"attn_implementation": "eager"}}),
+    Case("llama-7M", "lora", "bf16", 2, 256, changes={"lora": {"use_dora": True}}),
+    Case("llama-7M", "full", "fp32", 4, 128, quick=True),
+    Case("llama-7M", "full", "bf16", 8, 128, checkpointing=True),
+    Case("llama-7M", "full", "fp32", 2, 256, optimizer="sgd"),
+    Case("llama-7M", "full", "fp32", 2, 128, optimizer="adafactor"),
+    Case("llama-7M", "qlora", "bf16", 4, 256, quick=True),
+    Case("llama-7M", "qlora", "bf16", 2, 512, checkpointing=True, optimizer="adamw_8bit"),
+    Case("llama-7M", "qlora", "bf16", 2, 256, changes={"quantization": {"load_in": "8bit"}}),
+    Case("llama-7M", "qlora", "bf16", 2, 256, checkpointing=True, changes={"quantization": {"load_in": "8bit"}}),
+    Case("llama-55M", "lora", "bf16", 2, 256),
+    Case("llama-55M", "lora", "bf16", 4, 256, checkpointing=True),
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit"),
+    Case("llama-55M", "full", "bf16", 2, 128),
+    Case("llama-55M", "full", "fp32", 2, 128, checkpointing=True, optimizer="adamw_8bit"),
+    Case("llama-55M", "full", "fp32", 1, 64),
+    Case("llama-112M", "lora", "bf16", 2, 256, checkpointing=True, quick=True),
+    Case("llama-112M", "full", "bf16", 1, 256, checkpointing=True, optimizer="adamw_8bit"),
+    Case("llama-112M", "qlora", "bf16", 2, 128),
+    Case("qwen2-16M", "lora", "bf16", 4, 256),
+    Case("qwen2-16M", "full", "fp32", 2, 256, optimizer="sgd"),
+    Case("qwen2-16M", "qlora", "fp32", 4, 128, checkpointing=True),
+    Case("mistral-26M", "lora", "bf16", 2, 512, checkpointing=True),
+    Case("mistral-26M", "full", "bf16", 2, 256, optimizer="adamw_8bit"),
+    Case("gpt2-17M", "lora", "bf16", 4, 256, quick=True),
+    Case("gpt2-17M", "full", "fp32", 2, 256, checkpointing=True),
+    Case("gpt2-17M", "qlora", "bf16", 2, 256),
+    Case("gpt2-12M-v2k", "lora", "bf16", 2, 256, checkpointing=True),
+    Case("neox-36M", "lora", "bf16", 4, 256),
+    Case("neox-36M", "full", "bf16", 2, 256, checkpointing=True),
+    Case("neox-36M", "qlora", "fp32", 2, 128, optimizer="sgd"),
+    Case("phi-36M", "lora", "bf16", 2, 256),
+    Case("phi-36M", "full", "fp32", 2, 128),
+    Case("phi-36M", "qlora", "bf16", 4, 128, checkpointing=True),
+    Case("phi-21M-v2k", "lora", "bf16", 2, 256, checkpointing=True),
+    Case("gemma-14M", "lora", "bf16", 4, 256),
+    Case("gemma-14M", "full", "bf16", 2, 256, checkpointing=True, optimizer="sgd"),
+    Case("gemma-14M", "qlora", "bf16", 2, 512),
+]
+
+
+@dataclass
+class Row:
+    case: Case
+    parameters: int
+    measured: int
+    analytic: int
+    simulated: int | None
+    seconds: float
+    reserved: int = 0
+    nvml_used: int = 0
+    analytic_total: int = 0  # with CUDA context and allocator margin
+
+    @property
+    def analytic_error(self) -> float:
+        return self.analytic / self.measured - 1
+
+    @property
+    def simulated_error(self) -> float | None:
+        return None if self.simulated is None else self.simulated / self.measured - 1
+
+
+def model_folder(name: str, cache: Path) -> Path:
+    from model_factory import make_tiny_model
+
+    folder = cache / name
+    if not (folder / "config.json").is_file():
+        family, overrides = MODELS[name]
+        make_tiny_model(family, folder, **overrides)
+    return folder
+
+
+def run_case(case: Case, cache: Path, device, simulate: bool) -> Row:
+    import torch
+
+    from studio.core.estimate import estimate
+    from studio.core.modelinfo import model_shape
+    from studio.train.simulate import measure_step, simulate_step
+
+    started = time.perf_counter()
+    folder = model_folder(case.model, cache)
+    config = case.run_config(folder)
+    model_config = json.loads((folder / "config.json").read_text())
+    on_cuda = device.type == "cuda"
+    analytic = estimate(model_config, config, device_type=device.type)
+    simulated = simulate_step(config).peak_bytes if simulate else None
+    nvml_before = _nvml_used() if on_cuda else 0
+    measured = measure_step(config, device)
+    nvml_used = _nvml_used() - nvml_before if on_cuda else 0
+    overheads = analytic.parts["cuda_context"] + analytic.parts["allocator_margin"]
+    row = Row(case, parameters=model_shape(model_config).parameter_count, measured=measured.peak_bytes,
+              analytic=analytic.peak_bytes - overheads, simulated=simulated, seconds=time.perf_counter() - started,
+              reserved=measured.peak_reserved_bytes, nvml_used=nvml_used, analytic_total=analytic.peak_bytes)
+    gc.collect()
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def _nvml_used() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # no NVML (pynvml.NVMLError) or no package: report 0
+        return 0
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2%}"
+
+
+def table(rows: list[Row], on_cuda: bool) -> str:
+    head = ["case", "params", "measured MiB", "analytic MiB", "error", "simulated MiB", "error"]
+    if on_cuda:
+        head += ["reserved MiB", "nvml used MiB", "analytic total MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.case.name, f"{r.parameters / 1e6:.1f}M", f"{r.measured / MIB:.1f}", f"{r.analytic / MIB:.1f}",
+                 _percent(r.analytic_error), "n/a" if r.simulated is None else f"{r.simulated / MIB:.1f}",
+                 _percent(r.simulated_error)]
+        if on_cuda:
+            cells += [f"{r.reserved / MIB:.1f}", f"{r.nvml_used / MIB:.1f}", f"{r.analytic_total / MIB:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> str:
+    lines = []
+    for label, errors in (("analytic", [r.analytic_error for r in rows]),
+                          ("simulated", [r.simulated_error for r in rows if r.simulated is not None])):
+        if errors:
+            absolute = [abs(e) for e in errors]
+            lines.append(f"{label}: median absolute error {statistics.median(absolute):.2%}, "
+                         f"worst {max(absolute):.2%} over {len(errors)} configurations")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the rows marked quick")
+    parser.add_argument("--only", help="only rows whose name contains this text")
+    parser.add_argument("--cpu", action="store_true", help="measure on the CPU even when a GPU is present")
+    parser.add_argument("--no-simulate", action="store_true", help="skip the fake-tensor simulation")
+    parser.add_argument("--models", type=Path, help="folder for the generated models (default: a temporary one)")
+    parser.add_argument("--markdown", type=Path, help="also write the table and summary to this file")
+    args = parser.parse_args(argv)
+
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    cases = [c for c in CASES if (c.quick or not args.quick) and (not args.only or args.only in c.name)]
+    cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
+    print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)
+    rows = []
+    for case in cases:
+        row = run_case(case, cache, device, simulate=not args.no_simulate)
+        rows.append(row)
+        print(f"{case.name}: measured {row.measured / MIB:.1f} MiB, analytic {_percent(row.analytic_error)}, "
+              f"simulated {_percent(row.simulated_error)} ({row.seconds:.0f} s)", file=sys.stderr)
+    text = table(rows, device.type == "cuda") + "\n\n" + summary(rows)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""``studio estimate`` and ``studio fit``: the memory estimate and the fit solver on the command line.
+
+``add_estimate(commands)`` and ``add_fit(commands)`` register the subcommands on
+the parser's subparsers, like the other ``_add_*`` functions in studio.cli.
+Both read only the model's config.json; ``estimate --simulate`` additionally
+runs the training step on fake tensors in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from studio.core.errors import StudioError
+
+SIMULATION_TIMEOUT_S = 600
+
+_UNITS = {"": 1024**3, "b": 1, "kb": 10**3, "kib": 1024, "mb": 10**6, "mib": 1024**2, "gb": 10**9, "gib": 1024**3,
+          "tb": 10**12, "tib": 1024**4, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``24GiB``, ``24GB``, ``16000MiB`` or a bare number of GiB, as bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if unit not in _UNITS:
+        raise StudioError(f"cannot read the memory size {text!r}", "write it like 24GiB, 24GB or 16000MiB", kind="usage")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _size_argument(text: str) -> int:
+    import argparse
+
+    try:
+        return parse_size(text)
+    except StudioError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message} ({exc.hint})") from None
+
+
+def _add_scale_out_arguments(parser) -> None:
+    group = parser.add_argument_group("several GPUs (not in the run config yet)")
+    group.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
+    group.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    group.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU RAM")
+    group.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU RAM")
+
+
+def add_estimate(commands) -> None:
+    p = commands.add_parser(
+        "estimate", help="itemized peak GPU memory of a run config",
+        description="Estimate the peak GPU memory of a run from the model's config.json alone: weights, adapters, "
+                    "gradients, optimizer state, activations, logits, temporaries and CUDA overheads, and the phase "
+                    "of the training step that holds the peak. See docs/memory-estimate.md.")
+    p.add_argument("config", type=Path, help="the run config (YAML)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--gpu-memory", type=_size_argument, metavar="SIZE",
+                   help="GPU memory to judge against, e.g. 24GiB; adds a fits / tight / does not fit verdict")
+    p.add_argument("--simulate", action="store_true",
+                   help="also run one real training step of the model code on fake tensors (seconds, no GPU, no weights)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default) adds the CUDA context and allocator margin; cpu predicts a CPU run")
+    _add_scale_out_arguments(p)
+    p.set_defaults(handler=_estimate)
+
+
+def add_fit(commands) -> None:
+    p = commands.add_parser(
+        "fit", help="the fastest configuration that fits a GPU",
+        description="Find the configuration with the shortest expected step time that fits in the given GPU memory, "
+                    "keeping the effective batch size; each change is explained with the memory it saves.")
+    p.add_argument("config", type=Path, help="the run config (YAML)")
+    p.add_argument("--gpu-memory", type=_size_argument, required=True, metavar="SIZE", help="e.g. 24GiB")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--allow-offload", action="store_true", help="also consider ZeRO optimizer offload to CPU RAM")
+    p.add_argument("--write", type=Path, metavar="FILE", help="save the fitted run config to FILE")
+    _add_scale_out_arguments(p)
+    p.set_defaults(handler=_fit)
+
+
+def _load(args):
+    from studio.core.config import load_config
+    from studio.core.estimate import ScaleOut
+    from studio.core.modelinfo import load_model_config
+
+    config = load_config(args.config)
+    model_config = load_model_config(config.model.name_or_path, config.model.revision)
+    scale_out = ScaleOut(args.gpus, args.zero_stage, args.offload_optimizer, args.offload_params)
+    return config, model_config, scale_out
+
+
+def _estimate(args) -> int:
+    from studio.core.estimate import estimate
+
+    config, model_config, scale_out = _load(args)
+    result = estimate(model_config, config, args.device, scale_out)
+    try:
+        simulated = simulate_in_subprocess(args.config) if args.simulate else None
+    except StudioError as exc:
+        if not args.json:
+            raise
+        print(json.dumps({"error": exc.message, "hint": exc.hint}))  # the simulator's own failure format
+        return 1
+    if args.json:
+        out = result.to_json(args.gpu_memory)
+        if simulated is not None:
+            out["simulated"] = simulated
+        print(json.dumps(out, indent=2))
+    else:
+        print(estimate_table(result, config, model_config, args.gpu_memory, simulated))
+    return 0
+
+
+def _fit(args) -> int:
+    from studio.core.config import save_config
+    from studio.core.fit import fit
+
+    config, model_config, scale_out = _load(args)
+    result = fit(model_config, config, args.gpu_memory, scale_out=scale_out, allow_offload=args.allow_offload)
+    if args.write:
+        save_config(result.config, args.write)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(result.explanation)
+        if args.write:
+            print(f"wrote {args.write}")
+    return 0 if result.fits else 1
+
+
+def simulate_in_subprocess(config_path: Path) -> dict:
+    """Run ``python -m studio.train.simulate`` in a child process and return its result.
+
+    Never in the caller's process: the simulation imports the ML stack and a
+    fault there must not take a window down with it.
+    """
+    command = [sys.executable, "-m", "studio.train.simulate", str(config_path)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SIMULATION_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise StudioError(f"the simulation took more than {SIMULATION_TIMEOUT_S} s", "use the analytic estimate",
+                          kind="simulate") from None
+    result = _last_json_line(done.stdout)  # libraries print to stdout too: ours is the last line
+    if result is None or "error" in result:
+        message = result["error"] if result else (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StudioError(f"the simulation failed: {message}", (result or {}).get("hint", "run it without --simulate"),
+                          kind="simulate")
+    return result
+
+
+def _last_json_line(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+_PART_LABELS = {
+    "weights": "base weights", "adapter_weights": "adapter weights (LoRA)", "gradients": "gradients",
+    "optimizer_state": "optimizer state", "master_weights": "fp32 master weights", "activations": "saved activations",
+    "logits_loss": "logits and loss", "temporaries": "temporaries", "communication": "communication buffers",
+    "cuda_context": "CUDA context", "allocator_margin": "allocator margin",
+}
+_PHASE_LABELS = {"forward": "the end of the forward pass (all activations and the loss)",
+                 "backward": "the backward pass", "optimizer": "the optimizer step"}
+
+
+def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, simulated: dict | None = None) -> str:
+    """The itemized estimate as text, with the verdict when the GPU size is known."""
+    from studio.core.estimate import format_bytes
+
+    t = config.training
+    lines = [
+        f"{model_config.get('model_type', '?')} model, {result.parameters / 1e9:.3g} B parameters "
+        f"({result.trainable_parameters:,} trained); {config.method}, {t.precision}, "
+        f"micro-batch {t.micro_batch_size} x {config.data.max_length} tokens"
+        + (", gradient checkpointing" if t.gradient_checkpointing else ""),
+        f"peak during {_PHASE_LABELS.get(result.peak_phase, result.peak_phase)}",
+    ]
+    for device in result.devices:
+        if len(result.devices) > 1:
+            lines.append(f"{device.device}:")
+        for part, value in device.parts.items():
+            if value:
+                lines.append(f"  {_PART_LABELS[part]:<26}{format_bytes(value):>12}")
+        lines.append(f"  {'total':<26}{format_bytes(device.total_bytes):>12}")
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    if simulated is not None:
+        lines.append(f"simulated step (fake tensors, CPU kernels): {format_bytes(simulated['peak_bytes'])} "
+                     f"of tensors in {simulated['seconds']:.1f} s")
+    if gpu_bytes:
+        verdict = result.verdict(gpu_bytes)
+        margin = format_bytes(abs(verdict.headroom_bytes))
+        detail = f"{margin} to spare" if verdict.headroom_bytes >= 0 else f"{margin} more needed; try `studio fit`"
+        lines.append(f"on {format_bytes(gpu_bytes)}: {verdict.status} ({detail})")
+    return "\n".join(lines)

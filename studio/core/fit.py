@@ -1,0 +1,270 @@
+"""Find the fastest configuration that fits a GPU, keeping the effective batch size.
+
+``fit(model_config, config, gpu_bytes)`` tries every combination of the memory
+savers below on the run config, estimates each (``studio.core.estimate``,
+about a millisecond apiece) and returns the one with the shortest expected
+step time among those that fit; each change it made is explained with the
+bytes it saves, applied cheapest first. When nothing fits it returns the
+closest candidate and says what stands in the way.
+
+The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
+gradient accumulation (the effective batch micro-batch x accumulation is kept),
+gradient checkpointing, the 8-bit AdamW optimizer, a 4-bit base model (LoRA
+becomes QLoRA) and, when allowed, ZeRO optimizer offload to CPU RAM. The
+method (full or LoRA) and the sequence length are never changed: they change
+what is trained; the explanation says when they are what would help.
+
+Expected step time is relative and rule-of-thumb: each micro-step costs a fixed
+overhead worth ``MICRO_STEP_OVERHEAD_TOKENS`` tokens, checkpointing recomputes
+the forward pass (x1.33), a 4-bit base dequantizes every weight (x1.25), the
+8-bit optimizer step is a little slower (x1.02) and offload moves the optimizer
+step to the CPU (x1.5).
+
+Pure Python, like the estimate: the GUI calls it directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.estimate import PARTS, ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
+from studio.core.modelinfo import ModelShape, model_shape
+
+MICRO_STEP_OVERHEAD_TOKENS = 256
+CHECKPOINTING_SLOWDOWN = 1.33
+FOUR_BIT_SLOWDOWN = 1.25
+EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
+OFFLOAD_SLOWDOWN = 1.5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A run config and how it is spread over GPUs."""
+
+    config: RunConfig
+    scale_out: ScaleOut
+
+
+@dataclass(frozen=True)
+class Saver:
+    """One way to trade speed for memory: its options for a candidate, and how to describe a change."""
+
+    name: str
+    options: Callable[[Candidate], list[Candidate]]  # the candidate itself first
+    describe: Callable[[Candidate, Candidate], str]  # (before, after) -> what changed
+
+
+def _micro_batches(c: Candidate) -> list[Candidate]:
+    t = c.config.training
+    effective = t.micro_batch_size * t.gradient_accumulation_steps
+    sizes = [m for m in range(t.micro_batch_size, 0, -1) if effective % m == 0]
+    return [replace(c, config=c.config.replace(training={"micro_batch_size": m, "gradient_accumulation_steps": effective // m}))
+            for m in sizes]
+
+
+def _checkpointing(c: Candidate) -> list[Candidate]:
+    options = [c]
+    if not c.config.training.gradient_checkpointing:
+        options.append(replace(c, config=c.config.replace(training={"gradient_checkpointing": True})))
+    return options
+
+
+def _eight_bit_optimizer(c: Candidate) -> list[Candidate]:
+    options = [c]
+    if c.config.training.optimizer == "adamw":
+        options.append(replace(c, config=c.config.replace(training={"optimizer": "adamw_8bit"})))
+    return options
+
+
+def _four_bit_base(c: Candidate) -> list[Candidate]:
+    options = [c]
+    if c.config.uses_adapter and c.config.effective_load_in != "4bit":
+        options.append(replace(c, config=c.config.replace(method="qlora", quantization={"load_in": "4bit"})))
+    return options
+
+
+def _offload(c: Candidate) -> list[Candidate]:
+    options = [c]
+    if not c.scale_out.offload_optimizer:
+        stage = max(c.scale_out.zero_stage, 2)
+        options.append(replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True)))
+    return options
+
+
+def _describe_micro_batch(before: Candidate, after: Candidate) -> str:
+    b, a = before.config.training, after.config.training
+    return (f"training.micro_batch_size {b.micro_batch_size} -> {a.micro_batch_size} with "
+            f"gradient_accumulation_steps {b.gradient_accumulation_steps} -> {a.gradient_accumulation_steps}")
+
+
+SAVERS: tuple[Saver, ...] = (
+    Saver("micro_batch", _micro_batches, _describe_micro_batch),
+    Saver("checkpointing", _checkpointing, lambda b, a: "training.gradient_checkpointing on"),
+    Saver("optimizer", _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit"),
+    Saver("four_bit", _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)"),
+    Saver("offload", _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM"),
+)
+
+
+def relative_step_time(c: Candidate, reference: Candidate) -> float:
+    """Expected time of one optimizer step of ``c``, relative to ``reference`` (rules of thumb above)."""
+    return _step_cost(c) / _step_cost(reference)
+
+
+def _step_cost(c: Candidate) -> float:
+    t, config = c.config.training, c.config
+    cost = t.gradient_accumulation_steps * (MICRO_STEP_OVERHEAD_TOKENS + t.micro_batch_size * config.data.max_length)
+    if t.gradient_checkpointing:
+        cost *= CHECKPOINTING_SLOWDOWN
+    if config.effective_load_in == "4bit":
+        cost *= FOUR_BIT_SLOWDOWN
+    if t.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        cost *= EIGHT_BIT_OPTIMIZER_SLOWDOWN
+    if c.scale_out.offload_optimizer:
+        cost *= OFFLOAD_SLOWDOWN
+    return cost
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change the solver made, with the bytes it saves after the changes before it."""
+
+    saver: str
+    description: str
+    saves_bytes: int
+    mostly: str  # the part that shrank most
+
+    def __str__(self) -> str:
+        return f"{self.description}: saves {format_bytes(self.saves_bytes)} (mostly {self.mostly.replace('_', ' ')})"
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The solver's answer: the configuration to use, its estimate and why."""
+
+    fits: bool
+    config: RunConfig
+    scale_out: ScaleOut
+    estimate: Estimate
+    gpu_bytes: int
+    changes: tuple[Change, ...]
+    relative_step_time: float
+    explanation: str
+
+    def to_json(self) -> dict:
+        from studio.core.config import to_dict
+
+        return {
+            "fits": self.fits, "gpu_bytes": self.gpu_bytes, "needed_bytes": self.estimate.peak_bytes,
+            "verdict": self.estimate.verdict(self.gpu_bytes).status,
+            "relative_step_time": round(self.relative_step_time, 3),
+            "changes": [{"saver": c.saver, "description": c.description, "saves_bytes": c.saves_bytes, "mostly": c.mostly}
+                        for c in self.changes],
+            "scale_out": {"num_gpus": self.scale_out.num_gpus, "zero_stage": self.scale_out.zero_stage,
+                          "offload_optimizer": self.scale_out.offload_optimizer,
+                          "offload_params": self.scale_out.offload_params},
+            "config": to_dict(self.config), "estimate": self.estimate.to_json(self.gpu_bytes),
+            "explanation": self.explanation,
+        }
+
+
+def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, device_type: str = "cuda",
+        scale_out: ScaleOut = ScaleOut(), allow_offload: bool = False, **estimate_options: Any) -> FitResult:
+    """The fastest-expected configuration whose estimate fits in ``gpu_bytes`` (see the module docstring)."""
+    if gpu_bytes <= 0:
+        raise StudioError(f"GPU memory must be positive, got {gpu_bytes} bytes", "give it like 24GiB", kind="usage")
+    shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
+
+    def estimated(c: Candidate) -> Estimate:
+        return estimate(shape, c.config, device_type, c.scale_out, **estimate_options)
+
+    original = Candidate(config, scale_out)
+    savers = [s for s in SAVERS if allow_offload or s.name != "offload"]
+    scored = [(c, estimated(c)) for c in _candidates(original, savers)]
+    comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
+    fitting = comfortable or [(c, e) for c, e in scored if e.peak_bytes <= gpu_bytes]
+    if fitting:
+        chosen, chosen_estimate = min(fitting, key=lambda ce: (relative_step_time(ce[0], original), ce[1].peak_bytes))
+    else:
+        chosen, chosen_estimate = min(scored, key=lambda ce: ce[1].peak_bytes)
+    changes = _explain_changes(original, chosen, savers, estimated)
+    result = FitResult(bool(fitting), chosen.config, chosen.scale_out, chosen_estimate, gpu_bytes, tuple(changes),
+                       relative_step_time(chosen, original), "")
+    return replace(result, explanation=_explanation(result, shape, estimated(original)))
+
+
+def _candidates(original: Candidate, savers: list[Saver]) -> list[Candidate]:
+    """Every combination of every saver's options (a few dozen: each saver has one to a handful)."""
+    layer = [original]
+    for saver in savers:
+        layer = list(itertools.chain.from_iterable(saver.options(c) for c in layer))
+    return layer
+
+
+def _explain_changes(original: Candidate, chosen: Candidate, savers: list[Saver], estimated) -> list[Change]:
+    """Apply the chosen candidate's changes one saver at a time, cheapest first, measuring each saving."""
+    changes, current = [], original
+    before = estimated(current)
+    for saver in savers:
+        target = _take(saver, current, chosen)
+        if target == current:
+            continue
+        after = estimated(target)
+        deltas = {part: before.parts[part] - after.parts[part] for part in PARTS}
+        changes.append(Change(saver.name, saver.describe(current, target), before.peak_bytes - after.peak_bytes,
+                              max(deltas, key=deltas.get)))
+        current, before = target, after
+    return changes
+
+
+def _take(saver: Saver, current: Candidate, chosen: Candidate) -> Candidate:
+    """The option of ``saver`` that matches what ``chosen`` has for it."""
+    for option in saver.options(current):
+        if _agrees(saver.name, option, chosen):
+            return option
+    return current
+
+
+def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
+    o, c = option.config, chosen.config
+    return {
+        "micro_batch": o.training.micro_batch_size == c.training.micro_batch_size,
+        "checkpointing": o.training.gradient_checkpointing == c.training.gradient_checkpointing,
+        "optimizer": o.training.optimizer == c.training.optimizer,
+        "four_bit": o.effective_load_in == c.effective_load_in,
+        "offload": option.scale_out.offload_optimizer == chosen.scale_out.offload_optimizer,
+    }[saver]
+
+
+def _explanation(result: FitResult, shape: ModelShape, original: Estimate) -> str:
+    gpu, needed = format_bytes(result.gpu_bytes), format_bytes(result.estimate.peak_bytes)
+    if result.fits and not result.changes:
+        return f"The configuration fits as it is: it needs {needed} of {gpu}."
+    lines = []
+    if result.fits:
+        slower = f"; expected step time x{result.relative_step_time:.2f}" if result.relative_step_time > 1.005 else ""
+        lines.append(f"Fits in {gpu} with {needed} (it needed {format_bytes(original.peak_bytes)}){slower}. Changes:")
+    else:
+        over = format_bytes(result.estimate.peak_bytes - result.gpu_bytes)
+        lines.append(f"Nothing fits in {gpu}. The closest needs {needed}, {over} too much. Changes tried:")
+    lines += [f"  - {change}" for change in result.changes]
+    if not result.fits:
+        lines.append(_what_stands_in_the_way(result, shape))
+    return "\n".join(lines)
+
+
+def _what_stands_in_the_way(result: FitResult, shape: ModelShape) -> str:
+    parts = result.estimate.parts
+    largest = max(parts, key=parts.get)
+    reason = f"The largest part is {largest.replace('_', ' ')} at {format_bytes(parts[largest])}"
+    if largest == "weights":
+        reason += f": the {shape.parameter_count / 1e9:.2f} B-parameter model itself"
+    if result.config.method == "full":
+        reason += "; LoRA or QLoRA trains far fewer parameters and needs much less"
+    elif largest in ("activations", "logits_loss"):
+        reason += "; a shorter data.max_length shrinks it in proportion"
+    return reason + "; or use a GPU with more memory."

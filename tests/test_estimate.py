@@ -1,0 +1,352 @@
+"""The analytic memory estimate (studio.core.estimate, studio.core.modelinfo): pure Python, fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model_factory import FAMILIES, tiny_config
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.estimate import (
+    PARTS, ScaleOut, estimate, model_states, regime_for, verdict_for, zero_model_states, _quantized_weight_bytes,
+)
+from studio.core.modelinfo import UnknownArchitectureError, load_model_config, model_shape
+
+# Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), the fields that matter, written out: no download.
+LLAMA_31_8B = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "tie_word_embeddings": False, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
+}
+# Hub configs written by older transformers, in each family's own field names.
+GPT2_SMALL = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
+PYTHIA_160M = {"model_type": "gpt_neox", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+               "num_attention_heads": 12, "vocab_size": 50304, "max_position_embeddings": 2048, "rotary_pct": 0.25,
+               "tie_word_embeddings": False, "use_parallel_residual": True}
+QWEN25_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+              "max_position_embeddings": 32768}
+GEMMA_2B = {"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18,
+            "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 256000}
+PHI_2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "vocab_size": 51200, "partial_rotary_factor": 0.4, "resid_pdrop": 0.1}
+MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000}
+
+# Published parameter counts, from the configs alone.
+ANCHORS = [(LLAMA_31_8B, 8_030_261_248), (GPT2_SMALL, 124_439_808), (PYTHIA_160M, 162_322_944),
+           (QWEN25_05B, 494_032_768), (GEMMA_2B, 2_506_172_416), (PHI_2, 2_779_683_840), (MISTRAL_7B, 7_241_732_096)]
+
+
+def run(**sections) -> RunConfig:
+    config = RunConfig()
+    return config.replace(**sections) if sections else config
+
+
+# ---------------------------------------------------------------- the model from its config
+
+
+@pytest.mark.parametrize("model_config, count", ANCHORS, ids=lambda v: v.get("model_type") if isinstance(v, dict) else "")
+def test_parameter_counts_match_the_published_ones(model_config, count):
+    assert model_shape(model_config).parameter_count == count
+
+
+def test_llama_31_8b_anchor():
+    shape = model_shape(LLAMA_31_8B)
+    assert round(shape.parameter_count / 1e9, 2) == 8.03
+    assert round(shape.linear_parameter_count / 1e9, 2) == 6.98  # what bitsandbytes quantizes
+
+
+def test_parameter_names_follow_transformers():
+    names = {p.name for p in model_shape(GPT2_SMALL).parameters()}
+    assert {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.11.attn.c_attn.weight",
+            "transformer.h.0.mlp.c_proj.bias", "transformer.ln_f.bias"} <= names
+    assert "lm_head.weight" not in names  # tied to wte
+    neox = {p.name for p in model_shape(PYTHIA_160M).parameters()}
+    assert {"gpt_neox.embed_in.weight", "gpt_neox.layers.3.attention.query_key_value.weight", "lm_head.weight"} <= neox
+
+
+def test_unknown_architecture_is_reported_not_guessed():
+    with pytest.raises(UnknownArchitectureError, match="falcon"):
+        estimate({"model_type": "falcon", "hidden_size": 4544}, run())
+    with pytest.raises(StudioError, match="no model_type"):
+        estimate({"hidden_size": 64}, run())
+
+
+def test_missing_size_is_reported():
+    config = dict(LLAMA_31_8B)
+    del config["num_hidden_layers"]
+    with pytest.raises(StudioError, match="num_hidden_layers"):
+        model_shape(config)
+
+
+def test_unknown_lora_target_is_reported():
+    with pytest.raises(StudioError, match="c_attn"):
+        estimate(LLAMA_31_8B, run(lora={"target_modules": ("q_proj", "c_attn")}))
+    adapted = regime_for(run(lora={"target_modules": ("q_proj", "v_proj")}), model_shape(LLAMA_31_8B)).adapted
+    assert [layer.name for layer in adapted] == ["q_proj", "v_proj"]
+
+
+def test_config_is_read_from_a_folder(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    assert load_model_config(str(tmp_path)) == LLAMA_31_8B
+    with pytest.raises(StudioError, match="does not exist"):
+        load_model_config(str(tmp_path / "missing") + "/")
+
+
+# ---------------------------------------------------------------- bytes per parameter
+
+
+def test_full_fine_tuning_model_states_are_16_bytes_per_parameter():
+    config = run(method="full", training={"precision": "fp32"})
+    shape = model_shape(LLAMA_31_8B)
+    states = model_states(shape, regime_for(config, shape))
+    psi = shape.parameter_count
+    assert states.trainable_parameters == psi
+    assert states.gradients == 4 * psi
+    assert states.weights == pytest.approx(4 * psi, abs=4096)  # and the rotary buffers
+    assert states.optimizer_state == pytest.approx(8 * psi, rel=1e-6)  # plus a step counter per tensor
+
+
+def test_lora_adapters_are_fp32():
+    shape = model_shape(LLAMA_31_8B)
+    regime = regime_for(run(lora={"r": 16}), shape)
+    per_layer = sum(16 * (layer.in_features + layer.out_features) for layer in shape.block_linears)
+    states = model_states(shape, regime)
+    assert states.trainable_parameters == 32 * per_layer
+    assert states.adapters == states.gradients == 4 * states.trainable_parameters
+
+
+@pytest.mark.parametrize("double_quant, bytes_per_parameter", [(True, 0.516), (False, 0.5625)])
+def test_four_bit_weights_match_the_qlora_paper(double_quant, bytes_per_parameter):
+    shape = model_shape(LLAMA_31_8B)
+    regime = regime_for(run(method="qlora", quantization={"double_quant": double_quant}), shape)
+    layer = shape.linear("mlp.down_proj")
+    assert _quantized_weight_bytes(layer, regime) / layer.weight_elements == pytest.approx(bytes_per_parameter, abs=2e-3)
+
+
+def test_qlora_upcasts_what_it_does_not_quantize():
+    shape = model_shape(LLAMA_31_8B)
+    lora = model_states(shape, regime_for(run(), shape)).weights
+    qlora = model_states(shape, regime_for(run(method="qlora"), shape)).weights
+    embeddings_and_head = 2 * shape.vocab * shape.hidden
+    assert qlora > 4 * embeddings_and_head  # in fp32 after prepare_model_for_kbit_training
+    assert qlora < lora / 2
+
+
+def test_eight_bit_adam_keeps_small_tensors_in_32_bits():
+    shape = model_shape(tiny_config("llama", hidden_size=64))  # LoRA matrices of 16 x 64 < 4096 elements
+    small = model_states(shape, regime_for(run(training={"optimizer": "adamw_8bit"}), shape))
+    assert small.optimizer_state >= 8 * small.trainable_parameters
+    big = model_states(model_shape(LLAMA_31_8B), regime_for(run(training={"optimizer": "adamw_8bit"}), model_shape(LLAMA_31_8B)))
+    assert big.optimizer_state == pytest.approx(2 * big.trainable_parameters, rel=0.05)
+
+
+# ---------------------------------------------------------------- the estimate
+
+
+CONFIGS = [
+    run(),
+    run(method="full", training={"gradient_checkpointing": True}),
+    run(method="qlora", training={"optimizer": "adamw_8bit", "gradient_accumulation_steps": 4}),
+    run(method="full", training={"precision": "fp32", "optimizer": "sgd"}),
+    run(model={"attn_implementation": "eager"}, lora={"dropout": 0.0, "use_dora": True}),
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_parts_sum_to_the_total(family, config, device_type):
+    result = estimate(tiny_config(family), config, device_type)
+    for device in result.devices:
+        assert set(device.parts) == set(PARTS)
+        assert all(value >= 0 for value in device.parts.values())
+        assert sum(device.parts.values()) == device.total_bytes
+        assert device.phases[device.peak_phase] == device.total_bytes == max(device.phases.values())
+    assert (result.parts["cuda_context"] > 0) == (device_type == "cuda")
+
+
+def test_json_has_devices_parts_totals_phase_and_verdict():
+    out = estimate(LLAMA_31_8B, run()).to_json(gpu_bytes=24 * 1024**3)
+    assert out["peak_phase"] in ("forward", "backward", "optimizer")
+    device = out["devices"][0]
+    assert sum(device["parts"].values()) == device["total_bytes"]
+    assert out["verdict"]["status"] in ("fits", "tight", "does not fit")
+    assert "verdict" not in estimate(LLAMA_31_8B, run()).to_json()
+    json.dumps(out)
+
+
+def test_verdict_bands():
+    assert verdict_for(80, 100).status == "fits"
+    assert verdict_for(95, 100).status == "tight"
+    assert verdict_for(101, 100).status == "does not fit"
+
+
+def test_logits_of_a_large_vocabulary_are_itemized():
+    result = estimate(LLAMA_31_8B, run(training={"micro_batch_size": 4, "gradient_checkpointing": True},
+                                       data={"max_length": 2048}))
+    # three fp32 copies of the logits at the loss's backward: 12 bytes x 4 x 2047 positions x 128256
+    assert result.parts["logits_loss"] >= 12 * 4 * 2047 * 128256
+    assert result.peak_phase == "forward"
+
+
+# ---------------------------------------------------------------- ZeRO and several GPUs
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8, 64])
+def test_zero_model_states_per_gpu_follow_the_zero_paper(gpus):
+    """ZeRO paper, mixed-precision Adam (K = 12): 4Ψ+KΨ/N, 2Ψ+(2+K)Ψ/N, (4+K)Ψ/N."""
+    shape = model_shape(LLAMA_31_8B)
+    states = model_states(shape, regime_for(run(method="full"), shape))
+    psi = states.trainable_parameters
+    expected = {1: 4 * psi + 12 * psi / gpus, 2: 2 * psi + 14 * psi / gpus, 3: 16 * psi / gpus}
+    for stage, bytes_per_gpu in expected.items():
+        shares = zero_model_states(states, ScaleOut(gpus, stage))
+        total = shares["weights"] + shares["gradients"] + shares["master_weights"] + shares["optimizer_state"]
+        assert total == pytest.approx(bytes_per_gpu, rel=1e-6)
+
+
+def test_offload_moves_optimizer_state_to_host_ram():
+    result = estimate(LLAMA_31_8B, run(method="full"), scale_out=ScaleOut(4, 2, offload_optimizer=True))
+    gpus = [d for d in result.devices if d.device.startswith("cuda")]
+    host = next(d for d in result.devices if d.device == "host")
+    assert len(gpus) == 4 and all(d.parts["optimizer_state"] == 0 for d in gpus)
+    psi = result.trainable_parameters
+    assert host.total_bytes == pytest.approx(16 * psi, rel=1e-6)  # fp32 master, Adam moments, fp32 gradients
+
+
+def test_more_gpus_never_need_more_per_gpu_under_zero():
+    config = run(method="full", training={"gradient_checkpointing": True})
+    peaks = [estimate(LLAMA_31_8B, config, scale_out=ScaleOut(n, 3)).peak_bytes for n in (2, 4, 8, 16)]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_invalid_scale_out_is_refused():
+    with pytest.raises(StudioError):
+        ScaleOut(2, 1, offload_params=True)
+    with pytest.raises(StudioError):
+        ScaleOut(0)
+
+
+# ---------------------------------------------------------------- monotonicity (hypothesis)
+
+
+configs = st.builds(
+    lambda method, precision, checkpointing, optimizer, dropout: run(
+        method=method, training={"precision": precision, "gradient_checkpointing": checkpointing, "optimizer": optimizer},
+        lora={"dropout": dropout}),
+    st.sampled_from(["full", "lora", "qlora"]), st.sampled_from(["fp32", "bf16"]), st.booleans(),
+    st.sampled_from(["adamw", "adamw_8bit", "sgd", "adafactor"]), st.sampled_from([0.0, 0.05]))
+models = st.builds(lambda family, layers: tiny_config(family, **_layers(family, layers)),
+                   st.sampled_from(FAMILIES), st.integers(2, 6))
+
+
+def _layers(family: str, layers: int) -> dict:
+    return {"n_layer": layers} if family == "gpt2" else {"num_hidden_layers": layers}
+
+
+def _peak(model, config, batch, length, device_type) -> int:
+    return estimate(model, config.replace(training={"micro_batch_size": batch}, data={"max_length": length}),
+                    device_type).peak_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(models, configs, st.integers(1, 8), st.integers(8, 512), st.sampled_from(["cuda", "cpu"]))
+def test_more_batch_or_longer_sequences_never_need_less(model, config, batch, length, device_type):
+    peak = _peak(model, config, batch, length, device_type)
+    assert _peak(model, config, batch + 1, length, device_type) >= peak
+    assert _peak(model, config, batch, length + 16, device_type) >= peak
+
+
+@settings(max_examples=60, deadline=None)
+@given(models, configs, st.integers(1, 8), st.integers(64, 512), st.sampled_from(["cuda", "cpu"]))
+def test_checkpointing_never_needs_more(model, config, batch, length, device_type):
+    # (At toy sizes, a few tokens, LoRA with checkpointing can need a few KB more, and really does: its
+    # enable_input_require_grads makes the first block compute gradients it otherwise would not.)
+    on = config.replace(training={"gradient_checkpointing": True})
+    off = config.replace(training={"gradient_checkpointing": False})
+    assert _peak(model, on, batch, length, device_type) <= _peak(model, off, batch, length, device_type)
+
+
+# ---------------------------------------------------------------- speed, layering, CLI
+
+
+def test_an_estimate_takes_well_under_5_ms():
+    import time
+
+    config = run(training={"gradient_checkpointing": True})
+    estimate(LLAMA_31_8B, config)
+    started = time.perf_counter()
+    for _ in range(20):
+        estimate(LLAMA_31_8B, config)
+    assert (time.perf_counter() - started) / 20 < 0.005 * 4  # 4x slack for a loaded test machine
+
+
+def test_core_modules_import_no_ml_stack():
+    code = ("import sys, studio.core.estimate, studio.core.fit, studio.core.modelinfo, studio.cli_memory; "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft', 'PySide6') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _cli(argv: list[str]) -> argparse.Namespace:
+    from studio.cli_memory import add_estimate, add_fit
+
+    parser = argparse.ArgumentParser(prog="studio")
+    commands = parser.add_subparsers(dest="command")
+    add_estimate(commands)
+    add_fit(commands)
+    return parser.parse_args(argv)
+
+
+def _write_run(tmp_path, model_config: dict, **training) -> str:
+    from studio.core.config import save_config
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(model_config))
+    config = run(model={"name_or_path": str(folder)}, data={"max_length": 1024}, training=training)
+    path = tmp_path / "run.yaml"
+    save_config(config, path)
+    return str(path)
+
+
+def test_estimate_command_prints_the_table_and_verdict(tmp_path, capsys):
+    args = _cli(["estimate", _write_run(tmp_path, LLAMA_31_8B), "--gpu-memory", "24GiB"])
+    assert args.handler(args) == 0
+    out = capsys.readouterr().out
+    assert "base weights" in out and "total" in out and "on 24.00 GiB:" in out
+
+
+def test_estimate_command_json(tmp_path, capsys):
+    args = _cli(["estimate", _write_run(tmp_path, LLAMA_31_8B), "--json", "--gpu-memory", "80GB"])
+    args.handler(args)
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"]["gpu_bytes"] == 80 * 10**9
+    assert sum(out["devices"][0]["parts"].values()) == out["devices"][0]["total_bytes"]
+
+
+@pytest.mark.parametrize("text, size", [("24GiB", 24 * 1024**3), ("24GB", 24 * 10**9), ("16000MiB", 16000 * 1024**2),
+                                        ("24", 24 * 1024**3), ("7.5 GiB", int(7.5 * 1024**3))])
+def test_memory_sizes_are_parsed(text, size):
+    from studio.cli_memory import parse_size
+
+    assert parse_size(text) == size
+
+
+def test_bad_memory_size_is_a_usage_error():
+    from studio.cli_memory import parse_size
+
+    with pytest.raises(StudioError, match="24 gigs"):
+        parse_size("24 gigs")
+    assert math.isfinite(parse_size("1b"))

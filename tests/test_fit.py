@@ -1,0 +1,119 @@
+"""The fit solver (studio.core.fit): the fastest configuration that fits, keeping the effective batch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.estimate import ScaleOut, estimate
+from studio.core.fit import fit
+from test_estimate import LLAMA_31_8B
+
+GIB = 1024**3
+
+
+def lora_run(**training) -> RunConfig:
+    return RunConfig().replace(data={"max_length": 2048},
+                               training={"micro_batch_size": 8, "gradient_accumulation_steps": 2, **training})
+
+
+def effective_batch(config: RunConfig) -> int:
+    return config.training.micro_batch_size * config.training.gradient_accumulation_steps
+
+
+def test_a_config_that_fits_is_left_alone():
+    config = lora_run(micro_batch_size=1, gradient_checkpointing=True)
+    result = fit(LLAMA_31_8B, config, 80 * GIB)
+    assert result.fits and result.changes == () and result.config == config
+    assert result.relative_step_time == 1.0
+    assert "fits as it is" in result.explanation
+
+
+def test_fit_keeps_the_effective_batch_and_fits():
+    config = lora_run()
+    result = fit(LLAMA_31_8B, config, 24 * GIB)
+    assert result.fits
+    assert effective_batch(result.config) == effective_batch(config)
+    assert result.estimate.peak_bytes <= 24 * GIB
+    assert result.estimate.peak_bytes == estimate(LLAMA_31_8B, result.config).peak_bytes
+
+
+def test_each_change_is_explained_with_the_bytes_it_saves():
+    config = lora_run()
+    result = fit(LLAMA_31_8B, config, 24 * GIB)
+    assert result.changes
+    assert all(change.saves_bytes > 0 for change in result.changes)
+    saved = sum(change.saves_bytes for change in result.changes)
+    assert saved == estimate(LLAMA_31_8B, config).peak_bytes - result.estimate.peak_bytes
+    for change in result.changes:
+        assert str(change) in result.explanation
+
+
+def test_cheap_savings_come_first():
+    """A smaller micro-batch costs less time than a 4-bit base: it is tried and explained first."""
+    result = fit(LLAMA_31_8B, lora_run(), 16 * GIB)
+    order = [change.saver for change in result.changes]
+    assert order == sorted(order, key=["micro_batch", "checkpointing", "optimizer", "four_bit", "offload"].index)
+    assert result.fits
+
+
+def test_more_memory_never_means_a_slower_configuration():
+    """With room to spare the solver needs fewer (and cheaper) savers."""
+    roomy = fit(LLAMA_31_8B, lora_run(), 60 * GIB)
+    tight = fit(LLAMA_31_8B, lora_run(), 20 * GIB)
+    assert roomy.relative_step_time <= tight.relative_step_time
+    assert roomy.config.method == "lora" and tight.config.method == "qlora"
+
+
+def test_nothing_fits_reports_the_closest_and_why():
+    result = fit(LLAMA_31_8B, RunConfig(method="full"), 8 * GIB)
+    assert not result.fits
+    assert "Nothing fits" in result.explanation and "LoRA or QLoRA" in result.explanation
+    assert result.estimate.peak_bytes > 8 * GIB
+
+
+def test_offload_only_when_allowed():
+    config = RunConfig(method="full").replace(training={"micro_batch_size": 1, "gradient_checkpointing": True},
+                                              data={"max_length": 512})
+    without = fit(LLAMA_31_8B, config, 80 * GIB)
+    with_offload = fit(LLAMA_31_8B, config, 80 * GIB, allow_offload=True)
+    assert not without.scale_out.offload_optimizer
+    assert with_offload.fits and with_offload.scale_out.offload_optimizer
+    assert any(change.saver == "offload" for change in with_offload.changes)
+
+
+def test_fit_json_is_serializable():
+    out = fit(LLAMA_31_8B, lora_run(), 24 * GIB).to_json()
+    json.dumps(out)
+    assert out["fits"] and out["changes"] and out["config"]["training"]["micro_batch_size"] >= 1
+
+
+def test_gpu_size_must_be_positive():
+    with pytest.raises(StudioError):
+        fit(LLAMA_31_8B, lora_run(), 0)
+
+
+def test_fit_command_writes_the_fitted_config(tmp_path, capsys):
+    from studio.cli_memory import add_fit
+    from studio.core.config import load_config, save_config
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    save_config(lora_run().replace(model={"name_or_path": str(folder)}), tmp_path / "run.yaml")
+    parser = argparse.ArgumentParser(prog="studio")
+    add_fit(parser.add_subparsers())
+    args = parser.parse_args(["fit", str(tmp_path / "run.yaml"), "--gpu-memory", "24GiB", "--write", str(tmp_path / "fit.yaml")])
+    assert args.handler(args) == 0
+    assert "Fits in 24.00 GiB" in capsys.readouterr().out
+    fitted = load_config(tmp_path / "fit.yaml")
+    assert effective_batch(fitted) == 16 and fit(LLAMA_31_8B, fitted, 24 * GIB).changes == ()
+
+
+def test_scale_out_is_kept():
+    result = fit(LLAMA_31_8B, lora_run(), 24 * GIB, scale_out=ScaleOut(2, 2))
+    assert result.scale_out.num_gpus == 2 and result.scale_out.zero_stage == 2
