@@ -15,7 +15,7 @@ training put before a response.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from studio.core.dataset import DataError
 
@@ -89,3 +89,40 @@ def _alpaca(messages: Sequence[Message], eos_token: str) -> list[Segment]:
     preamble = f"{system}\n\n" if system.strip() else ""
     prompt = f"{preamble}### Instruction:\n{turns[0]['content']}\n\n### Response:\n"
     return [(prompt, False), (turns[1]["content"] + eos_token, True)]
+
+
+TEMPLATE_HINT = "set data.template to chatml (or alpaca for single-turn rows)"
+
+
+def split_rendered_chat(messages: Sequence[dict[str, str]], render: Callable[[Sequence[dict[str, str]], bool], str]) -> list[Segment]:
+    """Segments of a conversation rendered by a chat template, assistant turns trainable.
+
+    ``render(messages, add_generation_prompt)`` renders with the template (the
+    tokenizer's, in the worker; a sandboxed copy, in the GUI's preview). An
+    assistant turn's text is what rendering messages[:i+1] adds to rendering
+    messages[:i] with the generation prompt. Both must be prefixes of the full
+    rendering, or the template renders history differently from the end (it
+    drops reasoning, say) and there is no honest way to mask it.
+    """
+    full = render(messages, False)
+
+    def prefix_length(head: Sequence[dict[str, str]], generation_prompt: bool, at_least: int) -> int:
+        text = render(head, generation_prompt)
+        if not full.startswith(text) or len(text) < at_least:
+            what = "with the generation prompt " if generation_prompt else ""
+            raise DataError("", f"the tokenizer's chat template renders the first {len(head)} messages {what}"
+                            "differently from the start of the whole conversation, so the response cannot be masked",
+                            TEMPLATE_HINT)
+        return len(text)
+
+    segments: list[Segment] = []
+    done = 0
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = prefix_length(messages[:index], True, done)
+        end = prefix_length(messages[: index + 1], False, start)
+        segments += [(full[done:start], False), (full[start:end], True)]
+        done = end
+    segments.append((full[done:], False))
+    return [segment for segment in segments if segment[0]]

@@ -33,7 +33,6 @@ from studio.core.templates import Segment
 IGNORE_INDEX = -100
 _SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])
 _BATCH_ROWS = 1000
-_TEMPLATE_HINT = "set data.template to chatml (or alpaca for single-turn rows)"
 
 
 @dataclass
@@ -90,43 +89,14 @@ def render_segments(example: Example, tokenizer: Any, template: str) -> list[Seg
 
 
 def _tokenizer_segments(messages: Sequence[dict[str, str]], tokenizer: Any) -> list[Segment]:
-    """Split the tokenizer template's rendering of the whole conversation at each assistant turn.
-
-    An assistant turn's text is what rendering messages[:i+1] adds to rendering
-    messages[:i] with the generation prompt. Both must be prefixes of the full
-    rendering, or the template renders history differently from the end (it
-    drops reasoning, say) and there is no honest way to mask it.
-    """
-    full = _apply_template(tokenizer, messages, generation_prompt=False)
-    segments: list[Segment] = []
-    done = 0
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = _prefix_length(tokenizer, messages[:index], True, full, done)
-        end = _prefix_length(tokenizer, messages[: index + 1], False, full, start)
-        segments += [(full[done:start], False), (full[start:end], True)]
-        done = end
-    segments.append((full[done:], False))
-    return [segment for segment in segments if segment[0]]
-
-
-def _prefix_length(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool,
-                   full: str, at_least: int) -> int:
-    text = _apply_template(tokenizer, messages, generation_prompt)
-    if not full.startswith(text) or len(text) < at_least:
-        what = "with the generation prompt " if generation_prompt else ""
-        raise DataError("", f"the tokenizer's chat template renders the first {len(messages)} messages {what}"
-                        "differently from the start of the whole conversation, so the response cannot be masked",
-                        _TEMPLATE_HINT)
-    return len(text)
+    return templates.split_rendered_chat(messages, lambda head, prompt: _apply_template(tokenizer, head, prompt))
 
 
 def _apply_template(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
     try:
         return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as exc:  # jinja raises anything the template author wrote
-        raise DataError("", f"the tokenizer's chat template failed: {exc}", _TEMPLATE_HINT) from None
+        raise DataError("", f"the tokenizer's chat template failed: {exc}", templates.TEMPLATE_HINT) from None
 
 
 # ---------------------------------------------------------------- tokenizing
