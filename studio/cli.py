@@ -143,9 +143,10 @@ def _config(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # plain `studio` opens the desktop app
+        from studio.gui.app import main as open_window
+
+        return open_window()
     try:
         return args.handler(args)
     except StudioError as exc:

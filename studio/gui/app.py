@@ -1,0 +1,32 @@
+"""``studio`` with no subcommand (or ``python -m studio``): open the main window."""
+
+from __future__ import annotations
+
+import sys
+
+from PySide6.QtWidgets import QApplication
+
+from studio.gui.errors import install_excepthook
+from studio.gui.main_window import MainWindow
+from studio.gui.widgets import apply_app_style
+
+
+def create_app(argv: list[str] | None = None) -> QApplication:
+    app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
+    app.setApplicationName("Finetune Studio")
+    app.setOrganizationName("finetune-studio")
+    app.setDesktopFileName("finetune-studio")  # matches packaging/finetune-studio.desktop (taskbar icon)
+    apply_app_style(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = create_app(argv)
+    install_excepthook()
+    window = MainWindow()
+    window.show()
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""The live memory estimate: a stacked bar per GPU against its capacity, the verdict, the peak phase,
+"Fit to my GPU" and a simulated check in a subprocess."""
+
+from __future__ import annotations
+
+import html
+import tempfile
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QRectF, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar,
+                               QPushButton, QVBoxLayout, QWidget)
+
+from studio.core.config import save_config
+from studio.core.errors import StudioError
+from studio.core.estimate import Estimate
+from studio.gui import memory
+from studio.gui.console import console_error
+from studio.gui.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus
+from studio.gui.process import LineProcess
+from studio.gui.widgets import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
+
+PART_COLORS = {
+    "weights": "#4e79a7", "adapter_weights": "#a0cbe8", "gradients": "#f28e2b", "optimizer_state": "#e15759",
+    "master_weights": "#ff9d9a", "activations": "#59a14f", "logits_loss": "#8cd17d", "temporaries": "#b6992d",
+    "communication": "#499894", "cuda_context": "#9d7660", "allocator_margin": "#bab0ac",
+}
+VERDICT_COLORS = {"fits": GOOD, "tight": WARN, "does not fit": BAD}
+CUSTOM = "custom"
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.2f} GB" if value < 10 * GIB else f"{value / GIB:.1f} GB"
+
+
+class StackedBar(QWidget):
+    """One device's estimate: a segment per part, scaled to the card's capacity (drawn as the outline)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.parts: dict[str, int] = {}
+        self.capacity = 1
+        self.setMinimumHeight(26)
+
+    def sizeHint(self) -> QSize:
+        return QSize(300, 28)
+
+    def set_parts(self, parts: dict[str, int], capacity: int) -> None:
+        self.parts, self.capacity = {k: v for k, v in parts.items() if v > 0}, max(capacity, 1)
+        self.setToolTip("\n".join(f"{memory.PART_LABELS.get(k, k)}: {gib(v)}" for k, v in self.parts.items()))
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        frame = QRectF(self.rect()).adjusted(1, 1, -1, -1)
+        painter.fillRect(frame, QColor("#f3f4f6"))
+        total = sum(self.parts.values())
+        scale = frame.width() / max(self.capacity, total)
+        x = frame.left()
+        for name, value in self.parts.items():
+            width = value * scale
+            painter.fillRect(QRectF(x, frame.top(), width, frame.height()), QColor(PART_COLORS.get(name, MUTED)))
+            x += width
+        capacity_x = frame.left() + self.capacity * scale
+        painter.setPen(QPen(QColor("#111827"), 2))
+        painter.drawLine(int(capacity_x), int(frame.top()), int(capacity_x), int(frame.bottom()))
+        painter.setPen(QPen(QColor("#9ca3af"), 1))
+        painter.drawRect(frame)
+
+
+class GpuPicker(QWidget):
+    """The GPU to compare against: the detected ones, a common card, or a typed size."""
+
+    changed = Signal()
+
+    def __init__(self, detected: list[Gpu], card: str = "", custom_gib: float = 0.0):
+        super().__init__()
+        self.detected = detected
+        self.combo = QComboBox()
+        for gpu in detected:
+            self.combo.addItem(gpu.title, gpu)
+        for gpu in COMMON_CARDS:
+            self.combo.addItem(gpu.title, gpu)
+        self.combo.addItem("Custom size…", CUSTOM)
+        self.custom = QDoubleSpinBox()
+        self.custom.setRange(1, 4096)
+        self.custom.setSuffix(" GB")
+        self.custom.setValue(custom_gib or 24)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(QLabel("GPU:" if detected else "Target GPU:"))
+        layout.addWidget(self.combo, 1)
+        layout.addWidget(self.custom)
+        self._select(card)
+        self.combo.currentIndexChanged.connect(self._on_change)
+        self.custom.valueChanged.connect(self._on_change)
+        self._on_change()
+
+    def _select(self, card: str) -> None:
+        names = [self.combo.itemData(i).name if isinstance(self.combo.itemData(i), Gpu) else self.combo.itemData(i)
+                 for i in range(self.combo.count())]
+        wanted = card or (None if self.detected else DEFAULT_CARD)
+        if wanted in names:
+            self.combo.setCurrentIndex(names.index(wanted))
+
+    def _on_change(self) -> None:
+        self.custom.setVisible(self.combo.currentData() == CUSTOM)
+        self.changed.emit()
+
+    @property
+    def card_name(self) -> str:
+        data = self.combo.currentData()
+        return data.name if isinstance(data, Gpu) else CUSTOM
+
+    @property
+    def capacity_bytes(self) -> int:
+        data = self.combo.currentData()
+        return data.total_bytes if isinstance(data, Gpu) else int(self.custom.value() * GIB)
+
+    def select_custom(self, gigabytes: float) -> None:
+        self.combo.setCurrentIndex(self.combo.count() - 1)
+        self.custom.setValue(gigabytes)
+
+
+class EstimatePanel(QGroupBox):
+    """Recomputes on every config change (about a millisecond: no delay to hide)."""
+
+    def __init__(self, store: ConfigStore, card: str = "", custom_gib: float = 0.0, parent: QWidget | None = None):
+        super().__init__("Memory estimate", parent)
+        self.store = store
+        self.estimate: Estimate | None = None
+        self.error: str = ""
+        self.detected = detect_gpus()
+        self.simulate_command = memory.simulate_command  # tests point this at a stand-in
+        self.picker = GpuPicker(self.detected, card, custom_gib)
+        self.picker.changed.connect(self.recompute)
+        self.bars: list[tuple[QLabel, StackedBar]] = []
+        self.bar_area = QVBoxLayout()
+        self.verdict = QLabel()
+        self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.phase = explanation("")
+        self.legend_labels: list[QLabel] = []
+        self.legend = QGridLayout()
+        self.legend.setHorizontalSpacing(10)
+        self.legend.setVerticalSpacing(0)
+        self.machine_note = explanation("" if self.detected else
+                                        "No NVIDIA GPU here (training uses the CPU): the estimate is for the card you pick.")
+        self.machine_note.setVisible(not self.detected)
+        self.fit_button = QPushButton("Fit to my GPU")
+        self.fit_button.setToolTip("Change the fewest settings needed to fit the chosen GPU, and say what and why")
+        self.fit_button.clicked.connect(self.fit_to_gpu)
+        self.simulate_button = QPushButton("Simulate")
+        self.simulate_button.setToolTip("Run the training step on fake tensors in a separate process to check the estimate")
+        self.simulate_button.clicked.connect(self.toggle_simulation)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)
+        self.progress.setMaximumWidth(90)
+        self.progress.hide()
+        self.result = explanation("")
+        self.result.setTextFormat(Qt.TextFormat.RichText)
+        self._build_layout()
+        self._simulation = LineProcess(self)
+        self._simulation.done.connect(self._simulation_done)
+        self._simulation_started = 0.0
+        self._simulation_dir: tempfile.TemporaryDirectory | None = None
+        self._applying_fit = False
+        self._clock = QTimer(self)
+        self._clock.timeout.connect(self._tick)
+        store.changed.connect(self.recompute)
+        self.recompute()
+
+    def _build_layout(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.setSpacing(3)
+        layout.setContentsMargins(8, 4, 8, 6)
+        layout.addWidget(self.picker)
+        layout.addWidget(self.machine_note)
+        layout.addLayout(self.bar_area)
+        layout.addLayout(self.legend)
+        verdict_row = QHBoxLayout()
+        verdict_row.addWidget(self.verdict, 1)
+        verdict_row.addWidget(self.progress)
+        verdict_row.addWidget(self.fit_button)
+        verdict_row.addWidget(self.simulate_button)
+        layout.addLayout(verdict_row)
+        layout.addWidget(self.phase)
+        layout.addWidget(self.result)
+
+    # ------------------------------------------------------------ the estimate
+    def recompute(self, *_args) -> None:
+        if not self._applying_fit and not self.simulating:
+            self.result.setText("")  # a fit or simulation result describes the config before this change
+        try:
+            self.estimate, self.error = memory.estimate_run(self.store.config), ""
+        except StudioError as exc:
+            self.estimate, self.error = None, exc.message
+        self._show()
+
+    def _show(self) -> None:
+        capacity = self.picker.capacity_bytes
+        estimate = self.estimate
+        if estimate is None:
+            self._set_bars([])
+            self.verdict.setText(f"<span style='color:{MUTED}'>No estimate: {self.error}</span>")
+            self.phase.setText("")
+            self.fit_button.setEnabled(False)
+            return
+        gpus = [d for d in estimate.devices if d.device != "host"]
+        self._set_bars([(d.device, d.parts) for d in gpus])  # one per GPU the run uses (titled when several)
+        self._set_legend(gpus[0].parts)
+        verdict = estimate.verdict(capacity)
+        color = VERDICT_COLORS[verdict.status]
+        self.verdict.setText(
+            f"<b style='color:{color}; font-size:14px'>{verdict.status.capitalize()}</b>"
+            f"&nbsp; {gib(estimate.peak_bytes)} of {gib(capacity)} ({estimate.peak_bytes / capacity:.0%})")
+        headroom = verdict.headroom_bytes
+        self.phase.setText(f"Peak during {memory.PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
+                           f"{gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
+                           f"{estimate.trainable_parameters:,} trainable parameters."
+                           + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes)))
+        self.fit_button.setEnabled(True)
+
+    @property
+    def verdict_status(self) -> str:
+        return self.estimate.verdict(self.picker.capacity_bytes).status if self.estimate else ""
+
+    def _set_bars(self, bars: list[tuple[str, dict[str, int]]]) -> None:
+        while len(self.bars) < len(bars):
+            title, bar = QLabel(), StackedBar()
+            self.bar_area.addWidget(title)
+            self.bar_area.addWidget(bar)
+            self.bars.append((title, bar))
+        for index, (title, bar) in enumerate(self.bars):
+            visible = index < len(bars)
+            title.setVisible(visible and len(bars) > 1)
+            bar.setVisible(visible)
+            if visible:
+                title.setText(bars[index][0])
+                bar.set_parts(bars[index][1], self.picker.capacity_bytes)
+
+    def _set_legend(self, parts: dict[str, int]) -> None:
+        """One label per non-zero part; labels are reused (recreating them on every keystroke flickers)."""
+        shown = [(name, value) for name, value in parts.items() if value > 0]
+        while len(self.legend_labels) < len(shown):
+            label = QLabel()
+            label.setProperty("role", "explain")
+            index = len(self.legend_labels)
+            self.legend.addWidget(label, index // 4, index % 4)
+            self.legend_labels.append(label)
+        for index, label in enumerate(self.legend_labels):
+            label.setVisible(index < len(shown))
+            if index < len(shown):
+                name, value = shown[index]
+                label.setText(f"<span style='color:{PART_COLORS.get(name, MUTED)}'>■</span> "
+                              f"{memory.PART_LABELS.get(name, name)} {gib(value)}")
+
+    # ------------------------------------------------------------ fit
+    def fit_to_gpu(self) -> None:
+        """Apply the solver's fastest configuration that fits, and list what it changed and what each saves."""
+        try:
+            suggestion = memory.suggest_fit(self.store.config, self.picker.capacity_bytes)
+        except StudioError as exc:
+            self.result.setText(f"<span style='color:{BAD}'>Cannot fit: {html.escape(exc.message)}</span>")
+            return
+        if not suggestion.changes:
+            self.result.setText(html.escape(suggestion.explanation))
+            return
+        self._applying_fit = True
+        try:
+            self.store.set(suggestion.config)
+        finally:
+            self._applying_fit = False
+        lines = "".join(f"<li>{html.escape(change)}</li>" for change in suggestion.changes)
+        outcome = {"fits": "Now it fits", "tight": "Now it fits, tightly"}.get(suggestion.verdict, "Still does not fit")
+        slower = (f"; steps about {suggestion.relative_step_time:.2f}x as long"
+                  if suggestion.relative_step_time > 1.005 else "")
+        advice = "" if suggestion.verdict != "does not fit" else \
+            f"<br>{html.escape(suggestion.explanation.splitlines()[-1])}"
+        self.result.setText(f"<b>{outcome}</b> ({gib(suggestion.peak_bytes)}{slower}). Changed:"
+                            f"<ul style='margin:0'>{lines}</ul>{advice}")
+
+    # ------------------------------------------------------------ simulation
+    def toggle_simulation(self) -> None:
+        if self._simulation.running:
+            self._simulation.stop()
+            return
+        self._simulation_dir = tempfile.TemporaryDirectory(prefix="studio-simulate-")
+        path = Path(self._simulation_dir.name) / "config.yaml"
+        save_config(self.store.config, path)
+        self._simulation.start(self.simulate_command(path))
+        self._simulation_started = time.monotonic()
+        self.simulate_button.setText("Cancel simulation")
+        self.progress.show()
+        self._clock.start(500)
+        self._tick()
+
+    @property
+    def simulating(self) -> bool:
+        return self._simulation.running
+
+    def _tick(self) -> None:
+        seconds = time.monotonic() - self._simulation_started
+        self.result.setText(f"Simulating one training step on fake tensors (loading torch and the model layout)… {seconds:.0f} s")
+
+    def _simulation_done(self, exit_code: int, error: str) -> None:
+        self._simulation_dir.cleanup()
+        self._clock.stop()
+        self.progress.hide()
+        self.simulate_button.setText("Simulate")
+        result = memory.parse_simulation("\n".join(self._simulation.stdout_lines))
+        if result.peak_bytes is None:
+            printed = console_error("\n".join(self._simulation.all_lines))
+            message, hint = (printed.message, printed.hint) if printed else (error or result.error, result.hint)
+            self.result.setText(f"<span style='color:{BAD}'>Simulation failed: {html.escape(message)}</span>"
+                                + (f"<br>{html.escape(hint)}" if hint else ""))
+            return
+        analytic = ""
+        if self.estimate is not None:
+            tensors = self.estimate.peak_bytes - sum(self.estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
+            analytic = f"; the estimate's tensors: {gib(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
+        phase = memory.PHASE_LABELS.get(result.peak_phase, result.peak_phase)
+        self.result.setText(f"Simulated peak: <b>{gib(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")

@@ -1,0 +1,190 @@
+"""Export a run (adapter or merged model, dtype, destination) with `studio export` in a subprocess,
+and show the verification it wrote (studio_export.json)."""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+import time
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget)
+
+from studio.core.config import load_config
+from studio.core.errors import StudioError
+from studio.core.rundir import RunDir
+from studio.gui.console import console_error
+from studio.gui.process import LineProcess
+from studio.gui.widgets import BAD, GOOD, MUTED, explanation
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def export_command(run_dir: Path, kind: str, out: Path, dtype: str) -> list[str]:
+    return [sys.executable, "-m", "studio", "export", str(run_dir), f"--{kind}", "--out", str(out), "--dtype", dtype]
+
+
+def read_verification(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "studio_export.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def verification_html(info: dict) -> str:
+    v = info.get("verification") or {}
+    passed = bool(v.get("passed"))
+    color, verdict = (GOOD, "Verified") if passed else (BAD, "Verification FAILED")
+    lines = [f"<b style='color:{color}'>{verdict}</b>: reloaded the way you would load it and compared with the "
+             f"trained model on {v.get('samples', '?')} examples.",
+             f"Max logit difference {v.get('max_abs_diff', float('nan')):.3g}; same next token "
+             f"{v.get('top1_agreement', 0):.1%} of the time."]
+    if v.get("base_max_abs_diff") is not None:
+        lines.append(f"It differs from the untrained base model by up to {v['base_max_abs_diff']:.3g} "
+                     "(training changed the model).")
+    return "<br>".join(lines)
+
+
+class ExportPanel(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.run_dir: Path | None = None
+        self.full_fine_tune = False
+        self.result_info: dict | None = None
+        self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Export to")
+        self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
+        self.run_label.setWordWrap(True)
+        self.adapter = QRadioButton("LoRA adapter (small; load it on top of the base model with PEFT)")
+        self.merged = QRadioButton("Merged model (the base with the adapter built in; loads with transformers alone)")
+        self.kind_group = QButtonGroup(self)
+        for button in (self.adapter, self.merged):
+            self.kind_group.addButton(button)
+        self.adapter.setChecked(True)
+        self.kind_reason = explanation("", role="reason")
+        self.dtype = QComboBox()
+        self.dtype.addItems(DTYPES)
+        self.destination = QLineEdit()
+        self.destination.setPlaceholderText("default: inside the run folder, exports/<kind>")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.export_button = QPushButton("Export")
+        self.export_button.clicked.connect(self.start_export)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)
+        self.progress.hide()
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.RichText)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._process = LineProcess(self)
+        self._process.line.connect(self._on_line)
+        self._process.done.connect(self._on_done)
+        self._started = 0.0
+        self._last_line = ""
+        self._clock = QTimer(self)
+        self._clock.timeout.connect(self._show_progress)
+        self._build_layout(browse)
+        self.merged.toggled.connect(self._update_form)
+        self._update_form()
+
+    def _build_layout(self, browse: QPushButton) -> None:
+        group = QGroupBox("Export")
+        form = QFormLayout(group)
+        form.addRow("Run:", self.run_label)
+        kinds = QVBoxLayout()
+        kinds.addWidget(self.adapter)
+        kinds.addWidget(self.merged)
+        kinds.addWidget(self.kind_reason)
+        form.addRow("What:", kinds)
+        form.addRow("Dtype:", self.dtype)
+        destination = QHBoxLayout()
+        destination.addWidget(self.destination, 1)
+        destination.addWidget(browse)
+        form.addRow("Destination:", destination)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.export_button)
+        buttons.addWidget(self.progress, 1)
+        form.addRow("", buttons)
+        layout = QVBoxLayout(self)
+        layout.addWidget(group)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+
+    def set_run(self, run_dir: Path | None) -> None:
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.full_fine_tune = False
+        if self.run_dir is not None:
+            try:
+                self.full_fine_tune = load_config(RunDir(self.run_dir).config).method == "full"
+            except StudioError:
+                pass
+            has_checkpoint = RunDir(self.run_dir).latest_checkpoint() is not None
+            self.run_label.setText(f"<b>{html.escape(self.run_dir.name)}</b>" +
+                                   ("" if has_checkpoint else f" <span style='color:{BAD}'>(no checkpoint yet)</span>"))
+        if self.full_fine_tune:
+            self.merged.setChecked(True)
+        self._update_form()
+
+    def _update_form(self) -> None:
+        self.adapter.setEnabled(not self.full_fine_tune)
+        self.kind_reason.setText("A full fine-tune has no adapter: export the merged model." if self.full_fine_tune else "")
+        self.kind_reason.setVisible(self.full_fine_tune)
+        self.dtype.setEnabled(self.merged.isChecked())
+        self.dtype.setToolTip("" if self.merged.isChecked() else "An adapter keeps the dtype it was trained in")
+        ready = self.run_dir is not None and RunDir(self.run_dir).latest_checkpoint() is not None
+        self.export_button.setEnabled(ready and not self._process_running())
+        self.export_button.setToolTip("" if ready else "Needs a run with a saved checkpoint")
+
+    def _process_running(self) -> bool:
+        return self._process.running
+
+    def _browse(self) -> None:
+        folder = self.choose_folder_dialog()
+        if folder:
+            self.destination.setText(folder)
+
+    @property
+    def kind(self) -> str:
+        return "merged" if self.merged.isChecked() else "adapter"
+
+    def output_folder(self) -> Path:
+        text = self.destination.text().strip()
+        return Path(text) if text else RunDir(self.run_dir).exports_dir / self.kind
+
+    def start_export(self) -> None:
+        if self.run_dir is None:
+            return
+        self.result_info = None
+        self._started, self._last_line = time.monotonic(), "starting"
+        self._process.start(export_command(self.run_dir, self.kind, self.output_folder(), self.dtype.currentText()))
+        self.progress.show()
+        self._clock.start(500)
+        self._show_progress()
+        self._update_form()
+
+    def _on_line(self, stream: str, text: str) -> None:
+        if text.strip() and not text.startswith(("W1", "I1", "Failed to load")):  # torch/torchao import chatter
+            self._last_line = text.strip()[:140]
+
+    def _show_progress(self) -> None:
+        seconds = time.monotonic() - self._started
+        self.status.setText(f"Exporting… {seconds:.0f} s — loading, saving, then reloading to verify "
+                            f"<span style='color:{MUTED}'>({html.escape(self._last_line)})</span>")
+
+    def _on_done(self, exit_code: int, error: str) -> None:
+        self._clock.stop()
+        self.progress.hide()
+        self._update_form()
+        folder = self.output_folder()
+        info = read_verification(folder) if exit_code == 0 and not error else None
+        if info is not None:
+            self.result_info = info
+            self.status.setText(f"Exported the {self.kind} to <b>{html.escape(str(folder))}</b><br>{verification_html(info)}")
+            return
+        found = console_error("\n".join(self._process.all_lines))
+        message, hint = (found.message, found.hint) if found else (error or f"the export exited with code {exit_code}", "")
+        self.status.setText(f"<b style='color:{BAD}'>Export failed:</b> {html.escape(message)}"
+                            + (f"<br>{html.escape(hint)}" if hint else ""))

@@ -1,0 +1,279 @@
+"""The main window: setup on the left (model, data, techniques, memory estimate), the run on the right
+(live charts, history, export, try it), run controls in the toolbar, progress in the status bar."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QTabWidget, QToolBar,
+                               QVBoxLayout, QWidget)
+
+from studio.core.rundir import default_runs_root
+from studio.gui import settings as app_settings
+from studio.gui.charts import WAITING, ChartsPanel
+from studio.gui.data_panel import DataPanel
+from studio.gui.estimate_panel import EstimatePanel
+from studio.gui.export_panel import ExportPanel
+from studio.gui.history_panel import HistoryPanel
+from studio.gui.job_state import TERMINAL, State, status_text
+from studio.gui.log_dialog import LogDialog
+from studio.gui.model_panel import ModelPanel
+from studio.gui.run_history import live_runs
+from studio.gui.runs import RunController
+from studio.gui.tasks import wait_for_background_work
+from studio.gui.techniques_panel import TechniquesPanel
+from studio.gui.try_panel import TryPanel
+from studio.gui.widgets import Banner, ConfigStore
+
+ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
+CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, runs_root: Path | None = None, attach_live_runs: bool = True):
+        super().__init__()
+        self.setWindowTitle("Finetune Studio")
+        if ICON.is_file():
+            self.setWindowIcon(QIcon(str(ICON)))
+        self.settings = app_settings.load_settings()
+        self.store = ConfigStore(app_settings.load_last_config(), self)
+        self.runs_root = Path(runs_root) if runs_root else default_runs_root()
+        self.controller = RunController(self.runs_root, self)
+        self.ask_close_choice = self._ask_close_choice  # tests answer the question themselves
+        self._shown_state: State | None = None
+
+        self.model_panel = ModelPanel(self.store, self.settings)
+        self.data_panel = DataPanel(self.store)
+        self.techniques_panel = TechniquesPanel(self.store)
+        self.estimate_panel = EstimatePanel(self.store, self.settings.gpu_card, self.settings.gpu_custom_gib)
+        self.charts = ChartsPanel()
+        self.history = HistoryPanel(self.runs_root)
+        self.export_panel = ExportPanel()
+        self.try_panel = TryPanel()
+        self.run_banner = Banner()
+        self.problems = QLabel()
+        self.status = QLabel()
+
+        self._build_actions()
+        self._build_layout()
+        self._connect()
+        self.data_panel.set_model(self.model_panel.summary)
+        self._restore_window_state()
+        self._on_config_changed()
+        self._on_run_changed()
+        if attach_live_runs:
+            self._attach_to_live_run()
+
+    # ------------------------------------------------------------ building
+    def _build_actions(self) -> None:
+        toolbar = QToolBar("Run")
+        toolbar.setObjectName("run-toolbar")
+        toolbar.setMovable(False)
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.addToolBar(toolbar)
+        self.start_action = self._action(toolbar, "▶  Start", self.start_run, "Ctrl+Return")
+        self.stop_action = self._action(toolbar, "■  Stop and save", self.controller.stop)
+        self.cancel_action = self._action(toolbar, "✕  Cancel", self.controller.cancel)
+        self.resume_action = self._action(toolbar, "↻  Resume", lambda: self.resume_run())
+        toolbar.addSeparator()
+        self.log_action = self._action(toolbar, "Log", self.show_log, "Ctrl+L")
+        self.run_name = QLabel()
+        self.run_name.setContentsMargins(12, 0, 8, 0)
+        spacer = QWidget()
+        spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        toolbar.addWidget(spacer)
+        toolbar.addWidget(self.run_name)
+
+    def _action(self, toolbar: QToolBar, text: str, slot, shortcut: str = "") -> QAction:
+        action = QAction(text, self)
+        action.triggered.connect(slot)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+        toolbar.addAction(action)
+        return action
+
+    def _build_layout(self) -> None:
+        self.setup_tabs = QTabWidget()
+        self.setup_tabs.addTab(self.model_panel, "1  Model")
+        self.setup_tabs.addTab(self.data_panel, "2  Data")
+        self.setup_tabs.addTab(self.techniques_panel, "3  Techniques")
+        self.problems.setWordWrap(True)
+        self.problems.setProperty("role", "reason")
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(6, 6, 0, 6)
+        left_layout.addWidget(self.setup_tabs, 1)
+        left_layout.addWidget(self.problems)
+        left_layout.addWidget(self.estimate_panel)
+
+        self.run_tabs = QTabWidget()
+        self.run_tabs.addTab(self.charts, "Training")
+        self.run_tabs.addTab(self.history, "History")
+        self.run_tabs.addTab(self.export_panel, "Export")
+        self.run_tabs.addTab(self.try_panel, "Try it")
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 6, 6, 6)
+        right_layout.addWidget(self.run_banner)
+        right_layout.addWidget(self.run_tabs, 1)
+        self.run_banner.add_button("Open log", self.show_log)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(left)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([520, 760])
+        self.setCentralWidget(self.splitter)
+        self.statusBar().addWidget(self.status, 1)
+
+    def _connect(self) -> None:
+        self.store.changed.connect(self._on_config_changed)
+        self.model_panel.summary_changed.connect(self.data_panel.set_model)
+        self.controller.changed.connect(self._on_run_changed)
+        self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))
+        self.history.resume_requested.connect(self.resume_run)
+        self.history.export_requested.connect(self._export_from_history)
+
+    # ------------------------------------------------------------ runs
+    def start_run(self) -> None:
+        if self.controller.job.active or self.store.problems():
+            return
+        app_settings.save_last_config(self.store.config)
+        self.controller.start(self.store.config)
+        self.run_tabs.setCurrentWidget(self.charts)
+
+    def resume_run(self, run_dir: Path | None = None) -> None:
+        if self.controller.job.active:
+            return
+        self.controller.resume(run_dir)
+        self.run_tabs.setCurrentWidget(self.charts)
+
+    def show_log(self) -> None:
+        if self.controller.run_dir is not None:
+            LogDialog(self.controller.run_dir.path, self).exec()
+
+    def _attach_to_live_run(self) -> None:
+        """A run left running by an earlier window (or started from the command line) is followed again."""
+        running = live_runs(self.runs_root)
+        if running:
+            self.controller.attach(running[0])
+
+    def _export_from_history(self, run_dir: Path) -> None:
+        self.export_panel.set_run(run_dir)
+        self.try_panel.set_run(run_dir)
+        self.run_tabs.setCurrentWidget(self.export_panel)
+
+    def _on_run_changed(self) -> None:
+        controller, job = self.controller, self.controller.job
+        active = job.active
+        self.status.setText(status_text(job, controller.loading_note))
+        self.charts.set_waiting_text(self._waiting_text())
+        problems = self.store.problems()
+        self.start_action.setEnabled(not active and not problems)
+        self.start_action.setToolTip("A run is in progress" if active else
+                                     ("Fix first: " + "; ".join(map(str, problems)) if problems else "Start training"))
+        self.stop_action.setEnabled(active)
+        self.stop_action.setText("■  Stop now (abort)" if job.state is State.STOPPING else "■  Stop and save")
+        self.cancel_action.setEnabled(active)
+        resumable = job.state in (State.FAILED, State.CRASHED) or job.final_status in ("stopped", "aborted")
+        has_checkpoint = controller.run_dir is not None and controller.run_dir.latest_checkpoint() is not None
+        self.resume_action.setEnabled(not active and resumable and has_checkpoint)
+        self.log_action.setEnabled(controller.run_dir is not None)
+        self.run_name.setText(controller.run_dir.path.name if controller.run_dir else "")
+        self._show_run_banner()
+        if job.state is not self._shown_state and controller.run_dir is not None:
+            self._on_run_state_changed(job.state, controller.run_dir.path)
+        self._shown_state = job.state
+
+    def _on_run_state_changed(self, state: State, run_dir: Path) -> None:
+        """History lists the run's new status; a run that ended becomes the one to export and try."""
+        self.history.refresh()
+        if state in TERMINAL:
+            self.export_panel.set_run(run_dir)
+            self.try_panel.set_run(run_dir)
+
+    def _waiting_text(self) -> str:
+        job = self.controller.job
+        if job.state is State.STARTING:
+            note = self.controller.loading_note
+            return note[:1].upper() + note[1:]
+        if job.state in (State.FAILED, State.CRASHED):
+            return "The run ended before its first step: see the message above and the log."
+        return WAITING
+
+    def _show_run_banner(self) -> None:
+        job = self.controller.job
+        if job.state in (State.FAILED, State.CRASHED) and job.error is not None:
+            title = "Training failed" if job.state is State.FAILED else "The training worker crashed"
+            hint = f"<br><b>What to do:</b> {html.escape(job.error.hint)}" if job.error.hint else ""
+            self.run_banner.show_message(f"<b>{title}:</b> {html.escape(job.error.message)}{hint}", error=True)
+        elif job.state is State.FINISHED:
+            messages = {"completed": f"Completed {job.step} steps. Export it or try it in the tabs on the right.",
+                        "stopped": f"Stopped and saved at step {job.step}. Resume continues from there.",
+                        "aborted": f"Cancelled at step {job.step}; nothing was saved after the last checkpoint."}
+            self.run_banner.show_message(messages[job.final_status], error=False)
+        else:
+            self.run_banner.hide()
+
+    # ------------------------------------------------------------ config
+    def _on_config_changed(self, *_args) -> None:
+        problems = self.store.problems()
+        self.problems.setText("" if not problems else "⚠ Fix before starting: " +
+                              "; ".join(html.escape(str(p)) for p in problems[:4]))
+        self.problems.setVisible(bool(problems))
+        self._on_run_changed()
+
+    # ------------------------------------------------------------ window state
+    def _window_state(self) -> QSettings:
+        return QSettings(str(app_settings.window_state_path()), QSettings.Format.IniFormat)
+
+    def _restore_window_state(self) -> None:
+        state = self._window_state()
+        if state.value("geometry") is not None:
+            self.restoreGeometry(state.value("geometry"))
+        else:
+            self.resize(1280, 800)
+        if state.value("splitter") is not None:
+            self.splitter.restoreState(state.value("splitter"))
+        self.setup_tabs.setCurrentIndex(self.settings.left_tab)
+        self.run_tabs.setCurrentIndex(self.settings.right_tab)
+
+    def save_state(self) -> None:
+        state = self._window_state()
+        state.setValue("geometry", self.saveGeometry())
+        state.setValue("splitter", self.splitter.saveState())
+        state.sync()
+        self.settings.left_tab = self.setup_tabs.currentIndex()
+        self.settings.right_tab = self.run_tabs.currentIndex()
+        self.settings.gpu_card = self.estimate_panel.picker.card_name
+        self.settings.gpu_custom_gib = self.estimate_panel.picker.custom.value()
+        app_settings.save_settings(self.settings)
+        app_settings.save_last_config(self.store.config)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if self.controller.job.active:
+            choice = self.ask_close_choice()
+            if choice == CLOSE_CANCEL:
+                event.ignore()
+                return
+            if choice == CLOSE_STOP and self.controller.job.state is not State.STOPPING:
+                self.controller.stop()
+        self.save_state()
+        self.controller.shutdown()
+        wait_for_background_work()
+        event.accept()
+
+    def _ask_close_choice(self) -> str:
+        box = QMessageBox(QMessageBox.Icon.Question, "A run is in progress",
+                          "Training runs in its own process. Stop it and save a checkpoint, or leave it running? "
+                          "A run left running is picked up again the next time the app opens.", parent=self)
+        stop = box.addButton("Stop and save", QMessageBox.ButtonRole.AcceptRole)
+        leave = box.addButton("Leave it running", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.exec()
+        clicked = box.clickedButton()
+        return CLOSE_STOP if clicked is stop else CLOSE_LEAVE if clicked is leave else CLOSE_CANCEL

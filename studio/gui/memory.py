@@ -1,0 +1,113 @@
+"""The GUI's only door to the memory estimator (studio.core.estimate, studio.core.fit) and the simulation.
+
+Every call the window makes into that code goes through a function here, so a
+change in their interface is one edit. No Qt.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from studio.core.config import RunConfig
+from studio.core.estimate import Estimate, estimate
+from studio.core.fit import fit
+from studio.core.modelinfo import load_model_config
+
+PART_LABELS = {
+    "weights": "weights", "adapter_weights": "adapter", "gradients": "gradients",
+    "optimizer_state": "optimizer", "master_weights": "master weights", "activations": "activations",
+    "logits_loss": "logits/loss", "temporaries": "temporaries", "communication": "communication",
+    "cuda_context": "CUDA context", "allocator_margin": "allocator",
+}
+PHASE_LABELS = {"forward": "the end of the forward pass (logits and loss)", "backward": "the backward pass",
+                "optimizer": "the optimizer step"}
+
+
+def model_config_of(config: RunConfig) -> dict:
+    """The model's config.json from disk or the Hugging Face cache; never the network (this runs per keystroke)."""
+    path = Path(config.model.name_or_path).expanduser() / "config.json"
+    stamp = path.stat().st_mtime if path.is_file() else 0.0
+    return _cached_model_config(config.model.name_or_path, config.model.revision, stamp)
+
+
+@lru_cache(maxsize=16)
+def _cached_model_config(name: str, revision: str, stamp: float) -> dict:
+    return load_model_config(name, revision, allow_network=False)
+
+
+def estimate_run(config: RunConfig, device_type: str = "cuda") -> Estimate:
+    """The estimate of ``config``; raises StudioError when the model or its architecture is unknown."""
+    return estimate(model_config_of(config), config, device_type=device_type)
+
+
+# ---------------------------------------------------------------- fit to a GPU
+
+
+@dataclass(frozen=True)
+class FitSuggestion:
+    config: RunConfig
+    changes: tuple[str, ...]  # each: what changed, and the memory it saves
+    verdict: str  # fits | tight | does not fit
+    peak_bytes: int
+    explanation: str  # the solver's own summary (what stands in the way when nothing fits)
+    relative_step_time: float
+
+
+def suggest_fit(config: RunConfig, gpu_bytes: int) -> FitSuggestion:
+    """The fastest configuration that fits ``gpu_bytes`` (studio.core.fit), keeping the effective batch.
+
+    Offload is not offered: it needs a ZeRO setup the run config cannot express yet.
+    """
+    result = fit(model_config_of(config), config, gpu_bytes)
+    return FitSuggestion(result.config, tuple(str(change) for change in result.changes),
+                         result.estimate.verdict(gpu_bytes).status, result.estimate.peak_bytes, result.explanation,
+                         result.relative_step_time)
+
+
+# ---------------------------------------------------------------- simulation in a subprocess
+
+
+def simulate_command(config_path: Path) -> list[str]:
+    """The subprocess that simulates the training step on fake tensors."""
+    return [sys.executable, "-m", "studio", "estimate", str(config_path), "--simulate", "--json"]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    peak_bytes: int | None
+    peak_phase: str = ""
+    seconds: float | None = None
+    error: str = ""
+    hint: str = ""
+
+
+def parse_simulation(stdout: str) -> Simulation:
+    """The last JSON object printed (on one line or indented over several; libraries print too)."""
+    for data in _json_objects_from_the_end(stdout):
+        if "error" in data:
+            error = data["error"]
+            if isinstance(error, dict):
+                return Simulation(None, error=str(error.get("message", error)), hint=str(error.get("hint", "")))
+            return Simulation(None, error=str(error), hint=str(data.get("hint", "")))
+        found = data.get("simulated")
+        if isinstance(found, dict) and "peak_bytes" in found:
+            return Simulation(int(found["peak_bytes"]), str(found.get("peak_phase", "")), found.get("seconds"))
+    return Simulation(None, error="the simulation printed no result", hint="see its output for details")
+
+
+def _json_objects_from_the_end(text: str):
+    lines = text.splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith("{"):
+            for candidate in (lines[index], "\n".join(lines[index:])):
+                try:
+                    data = json.loads(candidate)
+                except ValueError:
+                    continue
+                if isinstance(data, dict):
+                    yield data
+                    break

@@ -1,0 +1,200 @@
+"""Chart data of a run, built from its events: numpy buffers, no Qt.
+
+Buffers are preallocated and double when full, so appending a point is O(1)
+amortized and a chart redraw hands pyqtgraph views, never copies of lists.
+``RunSeries`` turns ``step`` and ``eval`` events into the series the charts
+show; a resumed run whose ``run_started`` says it restarts at step k drops
+any points after k (the steps a crash lost are trained again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+GIB = 1024**3
+SMOOTHING = 0.8  # weight of the loss's exponential moving average (debiased, as TensorBoard does); lags ~5 steps
+
+
+class Series:
+    """x and y values in float64 buffers that double when full."""
+
+    def __init__(self, capacity: int = 1024):
+        self._x = np.empty(capacity)
+        self._y = np.empty(capacity)
+        self._size = 0
+        self.version = 0  # bumped on every change: charts redraw only what changed
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def x(self) -> np.ndarray:
+        return self._x[: self._size]
+
+    @property
+    def y(self) -> np.ndarray:
+        return self._y[: self._size]
+
+    def append(self, x: float, y: float) -> None:
+        if self._size == len(self._x):
+            self._grow(2 * len(self._x))
+        self._x[self._size], self._y[self._size] = x, y
+        self._size += 1
+        self.version += 1
+
+    def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        needed = self._size + len(xs)
+        if needed > len(self._x):
+            self._grow(max(needed, 2 * len(self._x)))
+        self._x[self._size:needed], self._y[self._size:needed] = xs, ys
+        self._size = needed
+        self.version += 1
+
+    def truncate_after(self, x: float) -> None:
+        """Drop the points whose x is greater than ``x`` (x grows monotonically)."""
+        keep = int(np.searchsorted(self.x, x, side="right"))
+        if keep != self._size:
+            self._size = keep
+            self.version += 1
+
+    def _grow(self, capacity: int) -> None:
+        for name in ("_x", "_y"):
+            bigger = np.empty(capacity)
+            bigger[: self._size] = getattr(self, name)[: self._size]
+            setattr(self, name, bigger)
+
+
+def smooth(values: np.ndarray, weight: float = SMOOTHING) -> np.ndarray:
+    """Debiased exponential moving average."""
+    out = np.empty(len(values))
+    average = 0.0
+    for index, value in enumerate(values):
+        average = weight * average + (1 - weight) * value
+        out[index] = average / (1 - weight ** (index + 1))
+    return out
+
+
+@dataclass
+class MemoryTrace:
+    """The memory series of one device, with its label (a GPU name, or CPU process memory)."""
+
+    device: str
+    label: str
+    is_gpu: bool
+    series: dict[str, Series] = field(default_factory=dict)  # allocated, reserved, nvml_used / process
+    capacity_bytes: int | None = None
+
+
+_GPU_FIELDS = {"allocated": "allocated_bytes", "reserved": "reserved_bytes", "nvml used": "nvml_used_bytes"}
+
+
+class RunSeries:
+    """Every chart series of one run; ``add`` takes events in file order."""
+
+    def __init__(self, name: str = ""):
+        self.name = name
+        self.loss = Series()
+        self.loss_smoothed = Series()
+        self.eval_loss = Series()
+        self.lr = Series()
+        self.tokens_per_s = Series()
+        self.memory: dict[str, MemoryTrace] = {}
+        self.estimate_bytes: int | None = None
+        self.started = False  # a run_started event was seen (the model is loaded)
+        self._ema = 0.0
+        self._ema_count = 0
+
+    @classmethod
+    def from_events(cls, events: list[dict[str, Any]], name: str = "") -> "RunSeries":
+        run = cls(name)
+        for event in events:
+            run.add(event)
+        return run
+
+    @property
+    def step_count(self) -> int:
+        return len(self.loss)
+
+    @property
+    def version(self) -> int:
+        return sum(s.version for s in self.all_series()) + (self.estimate_bytes or 0)
+
+    def all_series(self) -> list[Series]:
+        found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s]
+        return found + [s for trace in self.memory.values() for s in trace.series.values()]
+
+    def add(self, event: dict[str, Any]) -> bool:
+        """Take one event; returns whether any series changed."""
+        kind = event.get("type")
+        if kind == "run_started":
+            self.started = True
+            self._restart_at(int(event.get("start_step") or 0))
+            return True
+        if kind == "step":
+            return self._add_step(event)
+        if kind == "eval" and _finite(event.get("eval_loss")):
+            self.eval_loss.append(event["step"], event["eval_loss"])
+            return True
+        if kind == "estimate":
+            self.estimate_bytes = _estimate_peak(event)
+            return self.estimate_bytes is not None
+        return False
+
+    def _add_step(self, event: dict[str, Any]) -> bool:
+        step = event.get("step")
+        if step is None:
+            return False
+        if _finite(event.get("loss")):
+            self._add_loss(step, float(event["loss"]))
+        for key, series in (("lr", self.lr), ("tokens_per_s", self.tokens_per_s)):
+            if _finite(event.get(key)):
+                series.append(step, float(event[key]))
+        for entry in event.get("memory") or ():
+            self._add_memory(step, entry)
+        return True
+
+    def _add_loss(self, step: float, loss: float) -> None:
+        self.loss.append(step, loss)
+        self._ema = SMOOTHING * self._ema + (1 - SMOOTHING) * loss
+        self._ema_count += 1
+        self.loss_smoothed.append(step, self._ema / (1 - SMOOTHING**self._ema_count))
+
+    def _add_memory(self, step: float, entry: dict[str, Any]) -> None:
+        device = str(entry.get("device", "?"))
+        is_gpu = entry.get("kind") != "process"
+        trace = self.memory.get(device)
+        if trace is None:
+            label = entry.get("label") or device
+            trace = self.memory[device] = MemoryTrace(device, str(label), is_gpu)
+        if is_gpu:
+            for name, key in _GPU_FIELDS.items():
+                if entry.get(key) is not None:
+                    trace.series.setdefault(name, Series()).append(step, entry[key] / GIB)
+            trace.capacity_bytes = entry.get("nvml_total_bytes") or trace.capacity_bytes
+        elif entry.get("rss_bytes") is not None:
+            trace.series.setdefault("process", Series()).append(step, entry["rss_bytes"] / GIB)
+
+    def _restart_at(self, step: int) -> None:
+        """A (resumed) run starts at ``step``: points after it belong to a lost attempt."""
+        for series in self.all_series():
+            series.truncate_after(step)
+        if len(self.loss) != self._ema_count:  # recompute the moving average over what is kept
+            kept = smooth(self.loss.y)
+            self.loss_smoothed.truncate_after(-np.inf)
+            self.loss_smoothed.extend(self.loss.x.copy(), kept)
+            self._ema_count = len(self.loss)
+            self._ema = kept[-1] * (1 - SMOOTHING**self._ema_count) if len(kept) else 0.0
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _estimate_peak(event: dict[str, Any]) -> int | None:
+    if event.get("peak_bytes"):
+        return int(event["peak_bytes"])
+    devices = event.get("devices") or []
+    return int(devices[0]["total_bytes"]) if devices and devices[0].get("total_bytes") else None

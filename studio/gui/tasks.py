@@ -1,0 +1,65 @@
+"""Run a slow pure-Python function (reading a dataset, tokenizing) off the GUI thread.
+
+Only the newest request of a ``BackgroundTask`` delivers its result: choosing
+another file while the previous one is still being read must not show the
+older result last.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+
+
+class _Relay(QObject):
+    finished = Signal(int, object, object)  # request number, result, exception
+
+
+class _Job(QRunnable):
+    def __init__(self, number: int, function: Callable[[], Any], relay: _Relay):
+        super().__init__()
+        self.number, self.function, self.relay = number, function, relay
+
+    def run(self) -> None:
+        try:
+            result, error = self.function(), None
+        except Exception as exc:  # delivered to the GUI thread, shown there
+            result, error = None, exc
+        try:
+            self.relay.finished.emit(self.number, result, error)
+        except RuntimeError:  # the panel that asked was closed meanwhile: nobody to tell
+            pass
+
+
+class BackgroundTask(QObject):
+    """``submit(function)``; ``result(value)`` or ``failed(exception)`` arrive on the GUI thread."""
+
+    result = Signal(object)
+    failed = Signal(object)
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self._relay = _Relay(self)
+        self._relay.finished.connect(self._deliver)
+        self._latest = 0
+        self.busy = False
+
+    def submit(self, function: Callable[[], Any]) -> None:
+        self._latest += 1
+        self.busy = True
+        QThreadPool.globalInstance().start(_Job(self._latest, function, self._relay))
+
+    def _deliver(self, number: int, value: Any, error: Exception | None) -> None:
+        if number != self._latest:
+            return
+        self.busy = False
+        if error is not None:
+            self.failed.emit(error)
+        else:
+            self.result.emit(value)
+
+
+def wait_for_background_work(msecs: int = 10000) -> None:
+    """Let running jobs finish (at exit, and between tests)."""
+    QThreadPool.globalInstance().waitForDone(msecs)

@@ -1,0 +1,243 @@
+"""The techniques: method, LoRA, precision, memory savers, batch and length, optimizer, training length.
+
+Each control says in one line what it saves and what it costs; choices that
+core validation rejects in the current combination are disabled with the
+reason (see controls.BoundControl).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QCheckBox, QGridLayout, QGroupBox, QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.modelinfo import model_shape
+from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
+from studio.gui.memory import model_config_of
+from studio.gui.widgets import ConfigStore, explanation
+
+METHODS = [
+    Option("full", "Full fine-tuning",
+           "Trains every weight. Saves nothing: weights, gradients and AdamW state for every parameter "
+           "(about 16 bytes each). The highest quality ceiling."),
+    Option("lora", "LoRA",
+           "Trains small low-rank adapters on a frozen base. Saves the base's gradients and optimizer state "
+           "(most of the memory); costs a little quality on hard tasks."),
+    Option("qlora", "QLoRA",
+           "LoRA on a 4-bit base. Saves about 70 % of the weight memory on top of LoRA; costs speed "
+           "(weights are dequantized every step) and a little accuracy."),
+]
+LOAD_IN = [
+    Option("auto", "auto", "4-bit for QLoRA, unquantized otherwise."),
+    Option("none", "none (16/32-bit)", "Unquantized base weights: the most memory, the fastest steps."),
+    Option("4bit", "4-bit", "A quarter of the 16-bit weight memory; slower steps, tiny accuracy loss."),
+    Option("8bit", "8-bit", "Half of the 16-bit weight memory; slower steps than 4-bit on most GPUs."),
+]
+QUANT_TYPES = [
+    Option("nf4", "nf4", "Normal float 4: QLoRA's default, best accuracy for normally distributed weights."),
+    Option("fp4", "fp4", "Plain 4-bit float: same memory as nf4, usually a little less accurate."),
+]
+PRECISIONS = [
+    Option("fp32", "fp32", "Full precision: the most activation memory and the slowest; never overflows."),
+    Option("bf16", "bf16 (mixed)", "Halves activation memory and speeds up recent GPUs (Ampere and newer); "
+                                   "the fp32 range with less precision."),
+    Option("fp16", "fp16 (mixed)", "Halves activation memory on older GPUs; can overflow: lower the learning "
+                                   "rate if the loss turns NaN."),
+]
+WEIGHT_DTYPES = [
+    Option("auto", "auto", "fp32 for full fine-tuning (the optimizer needs fp32 weights), the precision's "
+                           "16-bit type for a frozen LoRA base."),
+    Option("float32", "float32", "4 bytes per weight: exact, twice the memory of 16-bit."),
+    Option("bfloat16", "bfloat16", "2 bytes per weight: half the memory; full fine-tuning then loses small updates."),
+    Option("float16", "float16", "2 bytes per weight with a narrow range: for GPUs without bf16."),
+]
+OPTIMIZERS = [
+    Option("adamw", "AdamW", "Two fp32 states per trainable parameter (8 bytes): the reliable default."),
+    Option("adamw_8bit", "AdamW 8-bit", "8-bit states (bitsandbytes): 6 bytes less per trainable parameter, "
+                                        "the same results in practice."),
+    Option("paged_adamw_8bit", "Paged AdamW 8-bit", "8-bit states that can spill to CPU RAM under pressure: "
+                                                    "avoids out-of-memory spikes, slower while paging."),
+    Option("sgd", "SGD (momentum)", "One state per parameter (4 bytes): little memory, needs more tuning."),
+    Option("adafactor", "Adafactor", "Factored second moments, almost no state: the least memory, "
+                                     "may converge more slowly."),
+]
+ALL_LINEAR = "all-linear"
+
+
+class TechniquesPanel(QScrollArea):
+    def __init__(self, store: ConfigStore, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.setWidgetResizable(True)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setSpacing(6)
+        self.method = RadioChoice(store, "method", METHODS)
+        layout.addWidget(_group("Method", self.method, self._quantization()))
+        self.lora_group = self._lora_group()
+        layout.addWidget(self.lora_group)
+        layout.addWidget(self._precision_group())
+        layout.addWidget(self._batch_group())
+        layout.addWidget(self._length_group())
+        layout.addStretch(1)
+        self.setWidget(content)
+        store.changed.connect(self._refresh_groups)
+        self._refresh_groups(store.config)
+
+    def _quantization(self) -> QWidget:
+        box = QWidget()
+        layout = QVBoxLayout(box)
+        layout.setContentsMargins(0, 4, 0, 0)
+        self.load_in = ChoiceControl(self.store, "quantization.load_in", "Base weights", LOAD_IN)
+        self.quant_type = ChoiceControl(self.store, "quantization.quant_type", "4-bit type", QUANT_TYPES)
+        self.double_quant = ToggleControl(self.store, "quantization.double_quant", "Double quantization",
+                                          "Quantizes the 4-bit scales too: saves about 0.4 bits per weight, costs nothing noticeable.")
+        for widget in (self.load_in, self.quant_type, self.double_quant):
+            layout.addWidget(widget)
+        return box
+
+    def _lora_group(self) -> QGroupBox:
+        store = self.store
+        self.rank = NumberControl(store, "lora.r", "Rank", "Capacity of the adapter: higher learns more and costs "
+                                  "more memory (8 to 64 is typical).", 1, 1024)
+        self.alpha = NumberControl(store, "lora.alpha", "Alpha", "Scales the update by alpha / rank: about 2 x rank "
+                                   "is a good start. No memory cost.", 0.5, 4096, decimals=1)
+        self.dropout = NumberControl(store, "lora.dropout", "Dropout", "Regularizes small datasets; costs a little "
+                                     "activation memory when above 0.", 0.0, 0.9, decimals=2, step=0.05)
+        self.targets = TargetModules(store)
+        self.rslora = ToggleControl(store, "lora.use_rslora", "rsLoRA (rank-stabilized)",
+                                    "Scales by alpha / sqrt(rank): high ranks keep learning. No memory cost.")
+        self.dora = ToggleControl(store, "lora.use_dora", "DoRA (weight-decomposed)",
+                                  "Learns magnitude and direction apart: often a little better; costs memory and "
+                                  "about 20 % speed.")
+        self.lora_note = explanation("", role="reason")
+        return _group("LoRA adapter", self.lora_note, self.rank, self.alpha, self.dropout, self.targets,
+                      self.rslora, self.dora)
+
+    def _precision_group(self) -> QGroupBox:
+        store = self.store
+        self.precision = ChoiceControl(store, "training.precision", "Precision", PRECISIONS)
+        self.weight_dtype = ChoiceControl(store, "model.dtype", "Weights dtype", WEIGHT_DTYPES)
+        self.checkpointing = ToggleControl(store, "training.gradient_checkpointing", "Gradient checkpointing",
+                                           "Keeps only each layer's input and recomputes the rest in the backward "
+                                           "pass: saves most activation memory, costs about 30 % more time.")
+        self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer", OPTIMIZERS)
+        return _group("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing, self.optimizer)
+
+    def _batch_group(self) -> QGroupBox:
+        store = self.store
+        self.micro_batch = NumberControl(store, "training.micro_batch_size", "Micro-batch", "Examples per forward and "
+                                         "backward pass: the biggest lever on activation memory.", 1, 4096)
+        self.accumulation = NumberControl(store, "training.gradient_accumulation_steps", "Gradient accumulation",
+                                          "Micro-batches added up per optimizer step: a bigger batch for no memory, "
+                                          "costs time per step.", 1, 4096)
+        self.effective_batch = QLabel()
+        self.effective_batch.setProperty("role", "heading")  # bold: the number the two controls make
+        self.max_length = NumberControl(store, "data.max_length", "Sequence length", "Tokens per example; longer "
+                                        "examples are cut. Activation memory grows with it.", 8, 1_000_000, suffix=" tokens")
+        return _group("Batch and sequence length", self.micro_batch, self.accumulation, self.effective_batch, self.max_length)
+
+    def _length_group(self) -> QGroupBox:
+        store = self.store
+        self.max_steps = NumberControl(store, "training.max_steps", "Steps", "Optimizer steps to run; "
+                                       "\"by epochs\" derives them from the epochs below.", 0, 10_000_000,
+                                       special_zero="by epochs")
+        self.epochs = NumberControl(store, "training.epochs", "Epochs", "Passes over the training data "
+                                    "(used when Steps is \"by epochs\").", 0.01, 1000, decimals=2, step=0.5)
+        self.learning_rate = ScientificControl(store, "training.learning_rate", "Learning rate",
+                                               "Peak learning rate: about 2e-4 for LoRA, 1e-5 for full fine-tuning.")
+        self.log_every = NumberControl(store, "schedule.log_every", "Chart a point every", "Steps between points on "
+                                       "the charts; 1 shows every step.", 1, 100_000, suffix=" steps")
+        self.save_every = NumberControl(store, "schedule.save_every", "Checkpoint every", "Steps between saved "
+                                        "checkpoints (disk space and a few seconds each); a stop always saves.",
+                                        0, 10_000_000, suffix=" steps", special_zero="end only")
+        return _group("Training length", self.max_steps, self.epochs, self.learning_rate, self.log_every, self.save_every)
+
+    def _refresh_groups(self, config: RunConfig) -> None:
+        """Sections that do not apply to the current method are disabled, and say why."""
+        uses_adapter = config.uses_adapter
+        for control in (self.rank, self.alpha, self.dropout, self.targets, self.rslora, self.dora):
+            control.setEnabled(uses_adapter)
+        self.lora_note.setText("" if uses_adapter else "Only for LoRA and QLoRA: full fine-tuning trains the weights themselves.")
+        self.lora_note.setVisible(not uses_adapter)
+        four_bit = config.effective_load_in == "4bit"
+        for control in (self.quant_type, self.double_quant):
+            control.setEnabled(four_bit)
+            control.setToolTip("" if four_bit else "Only for 4-bit base weights (QLoRA).")
+        t = config.training
+        self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
+                                     f"{config.effective_batch_size} examples per optimizer step")
+
+
+def _group(title: str, *widgets: QWidget) -> QGroupBox:
+    group = QGroupBox(title)
+    layout = QVBoxLayout(group)
+    layout.setSpacing(4)
+    for widget in widgets:
+        layout.addWidget(widget)
+    return group
+
+
+class TargetModules(BoundControl):
+    """Which linear layers get an adapter: all of them, or a choice among the model's own module names."""
+
+    def __init__(self, store: ConfigStore):
+        super().__init__(store, "lora.target_modules", "Attention-only adapters (q, v) use the least memory; all "
+                         "linear layers learn the most.")
+        self.all_linear = QCheckBox("All linear layers")
+        self.all_linear.toggled.connect(self._on_all_toggled)
+        self.column.addWidget(QLabel("Target modules"))
+        self.column.addWidget(self.all_linear)
+        self.grid = QGridLayout()
+        self.grid.setContentsMargins(22, 0, 0, 0)
+        self.column.addLayout(self.grid)
+        self.module_checks: dict[str, QCheckBox] = {}
+        self._model = None
+        self.finish_layout()
+
+    def refresh(self, config: RunConfig) -> None:
+        self._rebuild_modules(config)
+        targets = config.lora.target_modules
+        every = tuple(targets) == (ALL_LINEAR,)
+        self.all_linear.blockSignals(True)
+        self.all_linear.setChecked(every)
+        self.all_linear.blockSignals(False)
+        for name, check in self.module_checks.items():
+            check.blockSignals(True)
+            check.setChecked(every or name in targets)
+            check.setEnabled(not every)
+            check.blockSignals(False)
+        self.show_reason("" if targets else "Choose at least one module (or all linear layers).")
+
+    def _rebuild_modules(self, config: RunConfig) -> None:
+        if self._model == config.model.name_or_path:
+            return
+        self._model = config.model.name_or_path
+        for check in self.module_checks.values():
+            self.grid.removeWidget(check)
+            check.hide()
+            check.deleteLater()
+        self.module_checks = {}
+        for index, name in enumerate(_module_names(config)):
+            check = QCheckBox(name)
+            check.toggled.connect(self._on_module_toggled)
+            self.grid.addWidget(check, index // 4, index % 4)
+            self.module_checks[name] = check
+
+    def _on_all_toggled(self, checked: bool) -> None:
+        if checked:
+            self.write((ALL_LINEAR,))
+        else:
+            self.write(tuple(self.module_checks) or (ALL_LINEAR,))
+
+    def _on_module_toggled(self) -> None:
+        self.write(tuple(name for name, check in self.module_checks.items() if check.isChecked()))
+
+
+def _module_names(config: RunConfig) -> list[str]:
+    """The distinct linear layer names of the model's blocks (q_proj, ..., down_proj); none when unknown."""
+    try:
+        shape = model_shape(model_config_of(config))
+    except StudioError:
+        return []
+    return list(dict.fromkeys(layer.name for layer in shape.block_linears))

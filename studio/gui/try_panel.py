@@ -1,0 +1,144 @@
+"""Try it: one prompt, answered by the base model and by the fine-tuned one, side by side.
+
+Generation runs in a subprocess through the command line,
+
+    python -m studio generate RUN_DIR --prompt TEXT --max-new-tokens N --json
+
+which prints one JSON object ``{"base": ..., "tuned": ..., "checkpoint": ...}``;
+a failure exits non-zero with ``error: ...`` and ``hint: ...`` on stderr.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox,
+                               QVBoxLayout, QWidget)
+
+from studio.gui.console import console_error
+from studio.gui.process import LineProcess
+from studio.gui.widgets import BAD, MUTED, explanation
+
+def generate_command(run_dir: Path, prompt: str, max_new_tokens: int) -> list[str]:
+    return [sys.executable, "-m", "studio", "generate", str(run_dir), "--prompt", prompt,
+            "--max-new-tokens", str(max_new_tokens), "--json"]
+
+
+class TryPanel(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.run_dir: Path | None = None
+        self.command = generate_command  # tests point this at a stand-in
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("Write a prompt, e.g. an instruction from your dataset…")
+        self.prompt.setMaximumHeight(90)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 4096)
+        self.max_tokens.setValue(64)
+        self.generate_button = QPushButton("Generate with both")
+        self.generate_button.clicked.connect(self.generate)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)
+        self.progress.setMaximumWidth(120)
+        self.progress.hide()
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.answers = {"base": self._answer_box(), "tuned": self._answer_box()}
+        self.titles = {"base": QLabel("<b>Base model</b>"), "tuned": QLabel("<b>Fine-tuned</b>")}
+        self._process = LineProcess(self)
+        self._process.line.connect(self._on_line)
+        self._process.done.connect(self._on_done)
+        self._started = 0.0
+        self._clock = QTimer(self)
+        self._clock.timeout.connect(self._tick)
+        self._build_layout()
+        self.set_run(None)
+
+    @staticmethod
+    def _answer_box() -> QPlainTextEdit:
+        box = QPlainTextEdit()
+        box.setReadOnly(True)
+        return box
+
+    def _build_layout(self) -> None:
+        group = QGroupBox("Try it")
+        layout = QVBoxLayout(group)
+        layout.addWidget(explanation("The same prompt goes through the chat template the run trained with; greedy "
+                                     "decoding, so the difference is the fine-tuning."))
+        layout.addWidget(self.prompt)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Max new tokens:"))
+        row.addWidget(self.max_tokens)
+        row.addWidget(self.generate_button)
+        row.addWidget(self.progress)
+        row.addStretch(1)
+        layout.addLayout(row)
+        layout.addWidget(self.status)
+        answers = QHBoxLayout()
+        for key in ("base", "tuned"):
+            column = QVBoxLayout()
+            column.addWidget(self.titles[key])
+            column.addWidget(self.answers[key], 1)
+            answers.addLayout(column)
+        layout.addLayout(answers, 1)
+        outer = QVBoxLayout(self)
+        outer.addWidget(group)
+
+    def set_run(self, run_dir: Path | None) -> None:
+        self.run_dir = Path(run_dir) if run_dir else None
+        name = self.run_dir.name if self.run_dir else "no run chosen"
+        self.titles["tuned"].setText(f"<b>Fine-tuned</b> <span style='color:{MUTED}'>({html.escape(name)})</span>")
+        self._update_button()
+
+    def _update_button(self) -> None:
+        reason = "" if self.run_dir is not None else "Finish a run, or choose one in History, to try it."
+        self.generate_button.setEnabled(not reason and not self._process.running)
+        self.status.setText(f"<span style='color:{MUTED}'>{html.escape(reason)}</span>" if reason else "")
+
+    def generate(self) -> None:
+        prompt = self.prompt.toPlainText().strip()
+        if not prompt or self.run_dir is None:
+            self.status.setText("Write a prompt first." if not prompt else "")
+            return
+        for box in self.answers.values():
+            box.setPlainText("")
+        self._process.start(self.command(self.run_dir, prompt, self.max_tokens.value()))
+        self._started = time.monotonic()
+        self.progress.show()
+        self._clock.start(500)
+        self._tick()
+        self._update_button()
+
+    def _tick(self) -> None:
+        self.status.setText(f"Loading both models and generating… {time.monotonic() - self._started:.0f} s")
+
+    def _on_line(self, stream: str, text: str) -> None:
+        if stream != "out" or not text.startswith("{"):
+            return
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return
+        for key in ("base", "tuned"):
+            if key in data:
+                self.answers[key].setPlainText(str(data[key]))
+        if data.get("checkpoint"):
+            self.titles["tuned"].setText(f"<b>Fine-tuned</b> <span style='color:{MUTED}'>({html.escape(self.run_dir.name)}, "
+                                         f"{html.escape(str(data['checkpoint']))})</span>")
+
+    def _on_done(self, exit_code: int, error: str) -> None:
+        self._clock.stop()
+        self.progress.hide()
+        self._update_button()
+        if exit_code == 0 and not error:
+            self.status.setText("")
+            return
+        found = console_error("\n".join(self._process.all_lines))
+        message, hint = (found.message, found.hint) if found else (error or f"generation exited with code {exit_code}", "")
+        self.status.setText(f"<span style='color:{BAD}'>Generation failed: {html.escape(message)}</span>"
+                            + (f"<br>{html.escape(hint)}" if hint else ""))

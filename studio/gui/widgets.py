@@ -1,0 +1,134 @@
+"""Small building blocks shared by the panels: explanations, banners, a config store, colors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy,
+                               QStyleFactory, QWidget)
+
+from studio.core.config import RunConfig
+from studio.core.errors import Problem
+from studio.core.validation import validate
+
+# One palette for every panel: charts, bars and verdicts use the same meaning everywhere.
+GOOD, WARN, BAD, MUTED = "#2e7d32", "#b26a00", "#c62828", "#6b7280"
+ACCENT = "#1f6feb"
+MASKED_BG, TRAINED_BG = "#eceff1", "#d7f5dd"
+
+STYLE_SHEET = f"""
+QGroupBox {{ font-weight: 600; border: 1px solid #d0d7de; border-radius: 6px; margin-top: 10px; padding: 8px 6px 6px 6px; }}
+QGroupBox::title {{ subcontrol-origin: margin; left: 8px; padding: 0 4px; }}
+QLabel[role="explain"] {{ color: {MUTED}; font-size: 11px; }}
+QLabel[role="reason"] {{ color: {WARN}; font-size: 11px; }}
+QLabel[role="heading"] {{ font-weight: 600; }}
+QFrame[role="banner-error"] {{ background: #fdecea; border: 1px solid #f5c2c0; border-radius: 6px; }}
+QFrame[role="banner-info"] {{ background: #eef4ff; border: 1px solid #c9dafc; border-radius: 6px; }}
+QLabel[role="placeholder"] {{ color: {MUTED}; font-size: 13px; background: #fafbfc; border: 1px dashed #d0d7de; border-radius: 6px; }}
+QToolBar QToolButton {{ padding: 4px 10px; }}
+"""
+
+
+def apply_app_style(app: QApplication) -> None:
+    app.setStyle(QStyleFactory.create("Fusion"))
+    palette = app.palette()
+    palette.setColor(QPalette.ColorRole.Highlight, QColor(ACCENT))
+    app.setPalette(palette)
+    app.setStyleSheet(STYLE_SHEET)
+
+
+def explanation(text: str, role: str = "explain") -> QLabel:
+    """A one-line (wrapping) grey explanation under a control."""
+    label = QLabel(text)
+    label.setProperty("role", role)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return label
+
+
+def set_role(widget: QWidget, role: str) -> None:
+    """Change a styled role at runtime (Qt re-applies the style sheet only when asked)."""
+    widget.setProperty("role", role)
+    widget.style().unpolish(widget)
+    widget.style().polish(widget)
+
+
+def set_combo_item_enabled(combo: QComboBox, index: int, enabled: bool, reason: str = "") -> None:
+    item = combo.model().item(index)
+    item.setEnabled(enabled)
+    item.setToolTip(reason)
+
+
+class Banner(QFrame):
+    """A message box inside the window (an error with its hint, or a note) with optional buttons."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.text.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        layout.addWidget(self.text, 1)
+        self.buttons = QHBoxLayout()
+        layout.addLayout(self.buttons)
+        self.hide()
+
+    def show_message(self, html: str, error: bool = True) -> None:
+        set_role(self, "banner-error" if error else "banner-info")
+        self.text.setText(html)
+        self.show()
+
+    def add_button(self, text: str, slot) -> QPushButton:
+        button = QPushButton(text)
+        button.clicked.connect(slot)
+        self.buttons.addWidget(button)
+        return button
+
+
+class ConfigStore(QObject):
+    """The run config being edited; every panel reads it and writes changes through ``update``."""
+
+    changed = Signal(object)
+
+    def __init__(self, config: RunConfig, parent: QObject | None = None):
+        super().__init__(parent)
+        self._config = config
+        self._problems: list[Problem] | None = None
+        self._combination_problems: set[Problem] | None = None  # without file checks, for blocked_reason
+
+    @property
+    def config(self) -> RunConfig:
+        return self._config
+
+    def update(self, **sections: Any) -> None:
+        """``store.update(training={"micro_batch_size": 2})``: change fields, notify once."""
+        self.set(self._config.replace(**sections))
+
+    def set(self, config: RunConfig) -> None:
+        if config != self._config:
+            self._config, self._problems, self._combination_problems = config, None, None
+            self.changed.emit(config)
+
+    def problems(self) -> list[Problem]:
+        if self._problems is None:
+            self._problems = validate(self._config)
+        return self._problems
+
+    def blocked_reason(self, **sections: Any) -> str:
+        """Why changing to ``sections`` would make the config invalid ("" when it would not).
+
+        Only problems the change would add count: the user is told what this
+        option conflicts with, not what else is wrong already.
+        """
+        if self._combination_problems is None:
+            self._combination_problems = set(validate(self._config, check_files=False))
+        after = validate(self._config.replace(**sections), check_files=False)
+        new = [p for p in after if p not in self._combination_problems]
+        if not new:
+            return ""
+        problem = new[0]
+        return f"{problem.message} ({problem.hint})" if problem.hint else problem.message

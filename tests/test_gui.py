@@ -1,0 +1,348 @@
+"""The desktop app, offscreen with pytest-qt: the window, the pickers, the toggles and the estimate, charts,
+history, persistence, and how a crashed worker is reported. The real-worker runs are in test_gui_runs.py."""
+
+import json
+from html import escape as html_escape
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtWidgets import QMessageBox
+
+from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
+from studio.gui import errors
+from studio.gui.charts import NO_RUN, WAITING, ChartsPanel
+from studio.gui.hardware import GIB
+from studio.gui.job_state import State
+from studio.gui.log_dialog import LogDialog
+from studio.gui.main_window import MainWindow
+from studio.gui.model_summary import human_count, summarize_model
+from studio.gui.series import RunSeries
+from studio.gui.widgets import TRAINED_BG
+
+ML_STACK = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "accelerate", "torchao", "datasets")
+
+
+@pytest.fixture
+def app_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("STUDIO_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path
+
+
+def open_window(qtbot) -> MainWindow:
+    window = MainWindow()
+    window.ask_close_choice = lambda: "stop"
+    qtbot.addWidget(window)
+    window.resize(1280, 800)
+    window.show()
+    return window
+
+
+@pytest.fixture
+def window(qtbot, app_dirs):
+    return open_window(qtbot)
+
+
+def wait_for_preview(qtbot, window):
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy, timeout=10000)
+
+
+# ---------------------------------------------------------------- opening
+
+def test_window_opens_preset_to_the_demo_so_start_works_at_once(window, qtbot):
+    config = window.store.config
+    assert config == demo_config()
+    assert config.model.name_or_path == str(DEMO_MODEL) and config.data.train_files == (str(DEMO_TRAIN),)
+    assert window.start_action.isEnabled() and not window.stop_action.isEnabled()
+    assert window.model_panel.facts["Architecture"].text().startswith("LlamaForCausalLM")
+    assert window.estimate_panel.verdict_status == "fits"
+    assert window.charts.loss.placeholder.text() == NO_RUN and not window.charts.loss.showing_plot
+    wait_for_preview(qtbot, window)
+    assert window.data_panel.preview.rows == len(DEMO_TRAIN.read_text().splitlines())
+
+
+def test_the_gui_process_never_imports_the_ml_stack(tmp_path):
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        os.environ.update(QT_QPA_PLATFORM="offscreen", STUDIO_CONFIG_DIR={str(tmp_path)!r}, STUDIO_RUNS_DIR={str(tmp_path)!r})
+        from studio.gui.app import create_app
+        from studio.gui.main_window import MainWindow
+        app = create_app([])
+        window = MainWindow(); window.show()
+        end = time.time() + 2
+        while time.time() < end:
+            app.processEvents(); time.sleep(0.01)
+        window.close()
+        print(",".join(sorted(m for m in sys.modules if m.split(".")[0] in {ML_STACK!r})))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1:] in ([], [""])
+
+
+def test_studio_without_subcommand_opens_the_window(monkeypatch):
+    import studio.cli
+    import studio.gui.app
+
+    opened = []
+    monkeypatch.setattr(studio.gui.app, "main", lambda: opened.append(True) or 0)
+    assert studio.cli.main([]) == 0 and opened == [True]
+
+
+# ---------------------------------------------------------------- techniques and the estimate
+
+def test_toggles_change_the_estimate(window):
+    panel, techniques = window.estimate_panel, window.techniques_panel
+    before = panel.estimate.peak_bytes
+    techniques.micro_batch.spin.setValue(64)
+    bigger = panel.estimate.peak_bytes
+    assert bigger > before
+    techniques.checkpointing.check.click()
+    checkpointed = panel.estimate.peak_bytes
+    assert window.store.config.training.gradient_checkpointing and checkpointed < bigger
+    techniques.method.buttons[0].click()  # full fine-tuning: gradients and optimizer state for every weight
+    assert window.store.config.method == "full"
+    assert panel.estimate.parts["gradients"] > 0 and panel.estimate.trainable_parameters == panel.estimate.parameters
+    full = panel.estimate.peak_bytes
+    techniques.optimizer.combo.setCurrentIndex(4)  # adafactor: almost no optimizer state
+    assert window.store.config.training.optimizer == "adafactor" and panel.estimate.peak_bytes < full
+
+
+def test_effective_batch_is_shown(window):
+    window.techniques_panel.micro_batch.spin.setValue(4)
+    window.techniques_panel.accumulation.spin.setValue(8)
+    assert "4 x 8 = 32" in window.techniques_panel.effective_batch.text()
+
+
+def test_impossible_combinations_are_disabled_with_the_reason(window):
+    techniques = window.techniques_panel
+    techniques.load_in.combo.setCurrentIndex(2)  # 4-bit base weights with LoRA
+    assert window.store.config.quantization.load_in == "4bit"
+    full = techniques.method.buttons[0]
+    assert not full.isEnabled() and "cannot be fully fine-tuned" in full.toolTip()
+    assert not techniques.method.reasons[0].isHidden()
+    techniques.load_in.combo.setCurrentIndex(0)
+    techniques.method.buttons[0].click()  # full: quantized bases and LoRA settings no longer apply
+    model = techniques.load_in.combo.model()
+    assert not model.item(2).isEnabled() and "cannot be fully fine-tuned" in model.item(2).toolTip()
+    assert "Not available now" in techniques.load_in.reason.text()
+    assert not techniques.rank.isEnabled() and "Only for LoRA" in techniques.lora_note.text()
+    dtype_items = techniques.weight_dtype.combo.model()
+    assert not dtype_items.item(2).isEnabled() and "loses small updates" in dtype_items.item(2).toolTip()
+
+
+def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):
+    window.store.update(training={"micro_batch_size": 64}, data={"max_length": 256})
+    panel = window.estimate_panel
+    target_gib = 0.8 * panel.estimate.peak_bytes / GIB
+    panel.picker.select_custom(target_gib)
+    assert panel.verdict_status == "does not fit"
+    panel.fit_button.click()
+    assert panel.verdict_status in ("fits", "tight")
+    assert window.store.config != demo_config().replace(training={"micro_batch_size": 64}, data={"max_length": 256})
+    assert "Now it fits" in panel.result.text() and "saves" in panel.result.text()
+
+
+def test_simulate_runs_in_a_subprocess_with_progress(window, qtbot):
+    stand_in = "import json, time; time.sleep(1); print(json.dumps({'simulated': {'peak_bytes': 50_000_000, 'peak_phase': 'backward'}}))"
+    panel = window.estimate_panel
+    panel.simulate_command = lambda path: [sys.executable, "-c", stand_in] if path.is_file() else []
+    panel.simulate_button.click()
+    assert panel.simulating and panel.progress.isVisible() and "Simulating" in panel.result.text()
+    qtbot.waitUntil(lambda: not panel.simulating, timeout=20000)
+    assert "Simulated peak" in panel.result.text() and "backward pass" in panel.result.text()
+    assert not panel.progress.isVisible()
+
+
+# ---------------------------------------------------------------- model and data
+
+def test_model_picker_hub_id_offline_then_demo(window, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    panel = window.model_panel
+    panel.hub_id.setText("someone/not-downloaded")
+    panel.hub_id.returnPressed.emit()
+    assert window.store.config.model.name_or_path == "someone/not-downloaded"
+    assert panel.banner.isVisible() and "not on this machine yet" in panel.banner.text.text()
+    assert "No estimate" in window.estimate_panel.verdict.text()
+    panel.demo_button.click()
+    assert not panel.banner.isVisible()
+    assert panel.facts["Parameters"].text() == human_count(summarize_model(str(DEMO_MODEL)).parameters)
+    assert str(DEMO_MODEL) in [panel.recent.itemText(i) for i in range(panel.recent.count())]
+    panel.choose_folder_dialog = lambda: str(DEMO_MODEL)
+    panel.folder_button.click()
+    assert panel.facts["Weights"].text().startswith("<span") and "present locally" in panel.facts["Weights"].text()
+
+
+def test_data_preview_marks_the_learned_part_and_the_histogram_the_cut(window, qtbot):
+    data = window.data_panel
+    wait_for_preview(qtbot, window)
+    output = json.loads(DEMO_TRAIN.read_text().splitlines()[0])["output"]
+    learned = f"background-color:{TRAINED_BG}"
+    html = data.examples.toHtml()
+    assert learned in html and html.index(learned) < html.index(html_escape(output))
+    assert data.format.combo.itemText(0) == "auto (detected: instruction)"
+    assert data.histogram.bars is not None
+    assert data.histogram.cut_line.value() == window.store.config.data.max_length
+    shorter = max(8, int(np.median(data.preview.lengths)))
+    window.techniques_panel.max_length.spin.setValue(shorter)
+    assert data.histogram.cut_line.value() == shorter and f"longer than {shorter} tokens" in data.cut_note.text()
+
+
+def test_data_format_override_and_other_files(window, qtbot, tmp_path):
+    data = window.data_panel
+    wait_for_preview(qtbot, window)
+    data.format.combo.setCurrentIndex(2)  # chat: these rows are instructions
+    qtbot.waitUntil(lambda: not data.task.busy, timeout=10000)
+    assert not data.banner.isHidden() and "messages" in data.banner.text.text()
+    data.format.combo.setCurrentIndex(0)
+    csv_file = tmp_path / "pairs.csv"
+    csv_file.write_text("prompt,completion\nName a fruit.,plum\nName an animal.,otter\n")
+    data.choose_files_dialog = lambda: [str(csv_file)]
+    data.files.selectAll()
+    data._remove_selected()
+    data._add_files()
+    qtbot.waitUntil(lambda: data.preview is not None and data.preview.format == "prompt_completion", timeout=10000)
+    assert data.banner.isHidden() and data.preview.rows == 2 and window.store.config.data.train_files == (str(csv_file),)
+
+
+# ---------------------------------------------------------------- charts and history
+
+def test_charts_wait_for_the_first_step_then_stay_fast_with_100k_points(qtbot):
+    charts = ChartsPanel(redraw_ms=10_000)
+    qtbot.addWidget(charts)
+    charts.resize(800, 500)
+    charts.show()
+    run = RunSeries("r")
+    charts.show_runs([run])
+    assert charts.loss.placeholder.text() == WAITING and not charts.loss.showing_plot
+    steps = np.arange(1, 100_001, dtype=float)
+    run.loss.extend(steps, 2 + np.sin(steps / 500))
+    run.loss_smoothed.extend(steps, 2 + np.sin(steps / 500))
+    run.lr.extend(steps, np.full(len(steps), 1e-4))
+    run.tokens_per_s.extend(steps, np.full(len(steps), 500.0))
+    started = time.perf_counter()
+    charts.redraw()
+    charts.grab()
+    first = time.perf_counter() - started
+    run.loss.append(100_001, 2.0)
+    started = time.perf_counter()
+    charts.redraw()
+    charts.grab()
+    again = time.perf_counter() - started
+    assert charts.loss.showing_plot and len(charts.loss.curves["0.raw"].xData) == 100_001
+    assert first < 3.0 and again < 1.0, (first, again)
+
+
+def write_run(root: Path, name: str, losses: list[float]) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("name: x\n")
+    events = [{"type": "run_started", "time": time.time(), "total_steps": len(losses), "config": {"method": "lora"}}]
+    events += [{"type": "step", "step": i + 1, "loss": loss, "lr": 1e-3, "time": time.time()} for i, loss in enumerate(losses)]
+    events.append({"type": "finished", "status": "completed", "step": len(losses)})
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def test_history_rebuilds_charts_from_events_and_overlays_two_runs(window, app_dirs):
+    first = write_run(app_dirs / "runs", "first", [3.0, 2.0, 1.0])
+    second = write_run(app_dirs / "runs", "second", [3.0, 2.5, 2.0, 1.5])
+    history = window.history
+    history.refresh_now()
+    assert history.table.topLevelItemCount() == 2
+    history.select(first)
+    assert [r.name for r in history.charts.runs] == ["first"] and history.charts.loss.showing_plot
+    assert list(history.charts.loss.curves["0.raw"].yData) == [3.0, 2.0, 1.0]
+    history.select(first, second)
+    assert len(history.charts.runs) == 2 and "1.raw" in history.charts.loss.curves
+    assert not history.buttons["Resume"].isEnabled()  # completed runs have nothing to resume
+
+
+def test_window_state_and_last_choices_persist(qtbot, app_dirs):
+    window = open_window(qtbot)
+    window.techniques_panel.micro_batch.spin.setValue(3)
+    window.estimate_panel.picker.combo.setCurrentIndex(4)
+    card = window.estimate_panel.picker.card_name
+    window.run_tabs.setCurrentIndex(1)
+    window.resize(1100, 760)
+    window.close()
+    again = open_window(qtbot)
+    assert again.store.config.training.micro_batch_size == 3
+    assert again.estimate_panel.picker.card_name == card and again.run_tabs.currentIndex() == 1
+    assert (app_dirs / "config" / "window.ini").is_file()
+
+
+# ---------------------------------------------------------------- worker failures
+
+CRASHING_WORKER = """
+import json, os, sys, time
+run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
+with open(os.path.join(run_dir, "events.jsonl"), "a") as f:
+    f.write(json.dumps({"type": "run_started", "time": time.time(), "total_steps": 10, "start_step": 0}) + "\\n")
+    f.write(json.dumps({"type": "step", "time": time.time(), "step": 1, "loss": 2.5, "lr": 1e-3}) + "\\n")
+print("Fatal Python error: Segmentation fault", file=sys.stderr, flush=True)
+time.sleep(1)
+os._exit(139)
+"""
+
+
+def test_a_crashed_worker_is_reported_not_called_success(window, qtbot, tmp_path):
+    script = tmp_path / "crashing_worker.py"
+    script.write_text(CRASHING_WORKER)
+    window.controller.worker_command = lambda config, run_dir: [sys.executable, str(script), str(config), "--run-dir", str(run_dir)]
+    window.start_action.trigger()
+    qtbot.waitUntil(lambda: window.controller.job.state is State.CRASHED, timeout=20000)
+    assert window.status.text().startswith("Crashed") and "Completed" not in window.status.text()
+    assert window.run_banner.isVisible() and "crashed" in window.run_banner.text.text()
+    assert window.charts.loss.showing_plot  # the step it made is shown
+    assert window.start_action.isEnabled() and window.log_action.isEnabled()
+    dialog = LogDialog(window.controller.run_dir.path, window)
+    assert "Segmentation fault" in dialog.tabs.widget(1).toPlainText()
+
+
+def test_unexpected_exceptions_show_a_readable_dialog(qtbot, monkeypatch):
+    shown = {}
+
+    def fake_exec(box):
+        shown["text"], shown["details"] = box.text(), box.detailedText()
+
+    monkeypatch.setattr(QMessageBox, "exec", fake_exec)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        errors.show_exception(*sys.exc_info())
+    assert shown["text"] == "Something went wrong in the app: ValueError: boom" and "Traceback" in shown["details"]
+
+
+# ---------------------------------------------------------------- try it and export
+
+def test_try_it_shows_both_answers_and_a_readable_failure(window, qtbot, app_dirs):
+    run = write_run(app_dirs / "runs", "tried", [2.0, 1.0])
+    answers = json.dumps({"base": "drink .", "tuned": "a kind of fruit", "checkpoint": "step-000002"})
+    panel = window.try_panel
+    panel.command = lambda run_dir, prompt, tokens: [sys.executable, "-c", f"print({answers!r})"]
+    panel.set_run(run)
+    panel.prompt.setPlainText("What kind of thing is a plum?")
+    panel.generate_button.click()
+    qtbot.waitUntil(panel.generate_button.isEnabled, timeout=20000)  # enabled again once the process ended
+    assert panel.answers["tuned"].toPlainText() == "a kind of fruit" and panel.answers["base"].toPlainText() == "drink ."
+    assert "step-000002" in panel.titles["tuned"].text() and not panel.progress.isVisible()
+    failing = "import sys; print('error: the run has no checkpoint yet\\n  hint: train it first', file=sys.stderr); sys.exit(2)"
+    panel.command = lambda run_dir, prompt, tokens: [sys.executable, "-c", failing]
+    panel.generate_button.click()
+    qtbot.waitUntil(lambda: "failed" in panel.status.text(), timeout=20000)
+    assert "no checkpoint yet" in panel.status.text() and "train it first" in panel.status.text()
+
+
+def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app_dirs):
+    run = write_run(app_dirs / "runs", "unsaved", [2.0])
+    (run / "config.yaml").write_text("method: full\n")
+    panel = window.export_panel
+    panel.set_run(run)
+    assert not panel.export_button.isEnabled() and "checkpoint" in panel.export_button.toolTip()
+    assert panel.merged.isChecked() and not panel.adapter.isEnabled() and "no adapter" in panel.kind_reason.text()

@@ -1,0 +1,143 @@
+"""The app driving the real training worker on the embedded demo model (a few steps each).
+
+Each test starts real worker processes (about 15 s of imports each on two cores), so they are slow.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from studio.core.presets import DEMO_MODEL
+from studio.core.rundir import RunDir
+from studio.gui.job_state import State
+from studio.gui.main_window import MainWindow
+
+pytestmark = pytest.mark.slow
+WORKER_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def app_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("STUDIO_RUNS_DIR", str(tmp_path / "runs"))
+    yield tmp_path
+    for rd in (tmp_path / "runs").glob("*"):  # never leave a worker behind, whatever failed
+        try:
+            psutil.Process(json.loads(RunDir(rd).worker_info.read_text())["pid"]).kill()
+        except (OSError, ValueError, KeyError, psutil.Error):
+            pass
+
+
+def open_window(qtbot, close_choice="stop") -> MainWindow:
+    window = MainWindow()
+    window.ask_close_choice = lambda: close_choice
+    qtbot.addWidget(window)
+    window.show()
+    return window
+
+
+def set_short_run(window, steps: int, micro_batch: int = 4) -> None:
+    """Through the techniques panel, as a user would."""
+    window.techniques_panel.max_steps.spin.setValue(steps)
+    window.techniques_panel.micro_batch.spin.setValue(micro_batch)
+    window.techniques_panel.log_every.spin.setValue(1)
+
+
+def chart_steps(window) -> list[float]:
+    curve = window.charts.loss.curves.get("0.raw")
+    return [] if curve is None or curve.xData is None else list(curve.xData)
+
+
+def test_start_trains_the_demo_model_loss_reaches_the_chart_and_export_verifies(qtbot, app_dirs):
+    window = open_window(qtbot)
+    set_short_run(window, steps=3)
+    window.start_action.trigger()
+    assert window.controller.job.state is State.STARTING and "loading model" in window.status.text()
+    qtbot.waitUntil(lambda: len(chart_steps(window)) >= 1, timeout=WORKER_TIMEOUT_MS)
+    assert window.charts.loss.showing_plot
+    qtbot.waitUntil(lambda: window.controller.job.state is State.FINISHED, timeout=WORKER_TIMEOUT_MS)
+    assert window.controller.job.final_status == "completed" and window.status.text().startswith("Completed")
+    assert chart_steps(window) == [1.0, 2.0, 3.0]
+    assert "process memory" in window.charts.memory.title.text().lower()
+
+    export = window.export_panel
+    assert export.run_dir == window.controller.run_dir.path and export.export_button.isEnabled()
+    export.export_button.click()
+    qtbot.waitUntil(lambda: not export._process.running, timeout=WORKER_TIMEOUT_MS)
+    assert export.result_info is not None, export.status.text()
+    assert export.result_info["verification"]["passed"] and "Verified" in export.status.text()
+    adapter = export.output_folder()
+    assert (adapter / "adapter_config.json").is_file()
+    from safetensors import safe_open  # loadable: the tensors PEFT reads, by their PEFT names
+
+    with safe_open(str(adapter / "adapter_model.safetensors"), framework="numpy") as tensors:
+        assert any("lora_A" in key for key in tensors.keys())
+
+
+FIRST_WINDOW = """
+import time
+from studio.gui.app import create_app
+from studio.gui.main_window import MainWindow
+app = create_app([])
+window = MainWindow()
+window.ask_close_choice = lambda: "leave"
+window.show()
+techniques = window.techniques_panel
+techniques.max_steps.spin.setValue(400)
+techniques.micro_batch.spin.setValue(4)
+techniques.log_every.spin.setValue(1)
+window.start_action.trigger()
+deadline = time.time() + 120
+while window.controller.series.step_count < 1 and time.time() < deadline:
+    app.processEvents()
+    time.sleep(0.05)
+print(window.controller.worker_pid)
+window.close()
+"""
+
+
+def test_leave_running_reattach_stop_and_save_and_resume_continue_the_curve(qtbot, app_dirs):
+    # The first window is another process, which exits: the run must outlive it.
+    first = subprocess.run([sys.executable, "-c", FIRST_WINDOW], capture_output=True, text=True, timeout=180)
+    pid = int(first.stdout.strip().splitlines()[-1])
+    assert psutil.pid_exists(pid), first.stderr
+
+    again = open_window(qtbot)
+    run_dir = again.controller.run_dir.path
+    assert again.controller.job.state is State.RUNNING and again.controller.worker_pid == pid
+    assert len(chart_steps(again)) >= 1  # rebuilt from events.jsonl
+
+    again.stop_action.trigger()
+    qtbot.waitUntil(lambda: again.controller.job.state is State.FINISHED, timeout=WORKER_TIMEOUT_MS)
+    assert again.controller.job.final_status == "stopped" and RunDir(run_dir).latest_checkpoint() is not None
+    stopped_at = again.controller.job.step
+    assert chart_steps(again)[-1] == stopped_at and again.resume_action.isEnabled()
+
+    again.resume_action.trigger()
+    qtbot.waitUntil(lambda: chart_steps(again)[-1] >= stopped_at + 2, timeout=WORKER_TIMEOUT_MS)
+    steps = chart_steps(again)
+    assert steps == list(range(1, len(steps) + 1))  # one continuous curve, no restart from step 1
+    again.cancel_action.trigger()
+    qtbot.waitUntil(lambda: not again.controller.job.active, timeout=WORKER_TIMEOUT_MS)
+    assert again.controller.job.headline() == "Cancelled"
+
+
+def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs):
+    broken = app_dirs / "broken-model"
+    broken.mkdir()
+    for source in DEMO_MODEL.iterdir():
+        if source.suffix != ".safetensors":  # everything but the weights
+            shutil.copy(source, broken / source.name)
+    window = open_window(qtbot)
+    window.model_panel.use_model(str(broken))
+    assert "missing" in window.model_panel.facts["Weights"].text()
+    set_short_run(window, steps=2)
+    window.start_action.trigger()
+    qtbot.waitUntil(lambda: window.controller.job.state is State.FAILED, timeout=WORKER_TIMEOUT_MS)
+    banner = window.run_banner.text.text()
+    assert "Training failed" in banner and "cannot load the model" in banner and "weights" in banner
+    assert window.status.text().startswith("Failed")
