@@ -27,7 +27,9 @@ import torch
 
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
+from studio.core.estimate import estimate
 from studio.core.events import EventWriter
+from studio.core.modelinfo import load_model_config
 from studio.core.rundir import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
@@ -124,9 +126,6 @@ class Worker:
 
     def _emit_estimate(self) -> int | None:
         """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
-        from studio.core.estimate import estimate
-        from studio.core.modelinfo import load_model_config
-
         model = self.config.model
         try:
             predicted = estimate(load_model_config(model.name_or_path, model.revision), self.config, self.device.type)
@@ -316,6 +315,8 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     events = EventWriter(rd.events)
     control = StopController(rd, watch_stdin=watch_stdin)
     log.info("run directory %s", rd.path)
+    if resume and checkpoint is None:
+        events.emit("warning", message=f"{rd.path} has no complete checkpoint: training starts again from step 0")
     worker = Worker(config, rd, events, control)
     try:
         worker.setup(checkpoint)
