@@ -175,7 +175,7 @@ def model_folder(name: str, cache: Path) -> Path:
     return folder
 
 
-def run_case(case: Case, cache: Path, device, simulate: bool) -> Row:
+def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int = 0) -> Row:
     import torch
 
     from studio.core.estimate import estimate
@@ -189,9 +189,9 @@ def run_case(case: Case, cache: Path, device, simulate: bool) -> Row:
     on_cuda = device.type == "cuda"
     analytic = estimate(model_config, config, device_type=device.type)
     simulated = simulate_step(config).peak_bytes if simulate else None
-    nvml_before = _nvml_used() if on_cuda else 0
     measured = measure_step(config, device)
-    nvml_used = _nvml_used() - nvml_before if on_cuda else 0
+    # this process's context and the allocator's cache, still reserved after the step
+    nvml_used = _nvml_used() - nvml_baseline if on_cuda else 0
     overheads = analytic.parts["cuda_context"] + analytic.parts["allocator_margin"]
     row = Row(case, parameters=model_shape(model_config).parameter_count, measured=measured.peak_bytes,
               analytic=analytic.peak_bytes - overheads, simulated=simulated, seconds=time.perf_counter() - started,
@@ -263,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in CASES if (c.quick or not args.quick) and (not args.only or args.only in c.name)]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)
+    nvml_baseline = _nvml_used() if device.type == "cuda" else 0  # other processes, before our CUDA context exists
     rows = []
     for case in cases:
-        row = run_case(case, cache, device, simulate=not args.no_simulate)
+        row = run_case(case, cache, device, simulate=not args.no_simulate, nvml_baseline=nvml_baseline)
         rows.append(row)
         print(f"{case.name}: measured {row.measured / MIB:.1f} MiB, analytic {_percent(row.analytic_error)}, "
               f"simulated {_percent(row.simulated_error)} ({row.seconds:.0f} s)", file=sys.stderr)

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
@@ -56,7 +56,7 @@ PARTS = ("weights", "adapter_weights", "gradients", "optimizer_state", "master_w
          "logits_loss", "temporaries", "communication", "cuda_context", "allocator_margin")
 PHASES = ("forward", "backward", "optimizer")
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "uint8": 1, "bool": 1, "int64": 8}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1}
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 # The estimate never says "fits" closer than this to the GPU's size.
@@ -834,9 +834,9 @@ def _block_parameter_width(p, regime: Regime) -> int:
 class OptimizerModel:
     """Bytes an optimizer keeps per trainable tensor, and the temporaries of its step."""
 
-    state: Any  # (TensorGroup) -> bytes per tensor
+    state: Callable[[TensorGroup], int]  # bytes kept per tensor
     shared_state: int  # bytes kept once per optimizer
-    step_temporaries: Any  # (groups, device_type) -> bytes
+    step_temporaries: Callable[[tuple[TensorGroup, ...], str], int]  # (groups, device_type) -> bytes
 
 
 _BNB_BLOCK = 256

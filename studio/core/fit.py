@@ -4,8 +4,10 @@
 savers below on the run config, estimates each (``studio.core.estimate``,
 about a millisecond apiece) and returns the one with the shortest expected
 step time among those that fit; each change it made is explained with the
-bytes it saves, applied cheapest first. When nothing fits it returns the
-closest candidate and says what stands in the way.
+bytes it saves, applied cheapest first. "Fit" means the estimate's verdict
+"fits" (below 90 % of the GPU); a "tight" candidate is taken only when none
+fits comfortably. When nothing fits it returns the closest candidate and says
+what stands in the way.
 
 The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
 gradient accumulation (the effective batch micro-batch x accumulation is kept),
@@ -26,10 +28,10 @@ Pure Python, like the estimate: the GUI calls it directly.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from studio.core.config import RunConfig
+from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import PARTS, ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.modelinfo import ModelShape, model_shape
@@ -156,17 +158,13 @@ class FitResult:
     explanation: str
 
     def to_json(self) -> dict:
-        from studio.core.config import to_dict
-
         return {
             "fits": self.fits, "gpu_bytes": self.gpu_bytes, "needed_bytes": self.estimate.peak_bytes,
             "verdict": self.estimate.verdict(self.gpu_bytes).status,
             "relative_step_time": round(self.relative_step_time, 3),
             "changes": [{"saver": c.saver, "description": c.description, "saves_bytes": c.saves_bytes, "mostly": c.mostly}
                         for c in self.changes],
-            "scale_out": {"num_gpus": self.scale_out.num_gpus, "zero_stage": self.scale_out.zero_stage,
-                          "offload_optimizer": self.scale_out.offload_optimizer,
-                          "offload_params": self.scale_out.offload_params},
+            "scale_out": asdict(self.scale_out),
             "config": to_dict(self.config), "estimate": self.estimate.to_json(self.gpu_bytes),
             "explanation": self.explanation,
         }
@@ -247,7 +245,9 @@ def _explanation(result: FitResult, shape: ModelShape, original: Estimate) -> st
     lines = []
     if result.fits:
         slower = f"; expected step time x{result.relative_step_time:.2f}" if result.relative_step_time > 1.005 else ""
-        lines.append(f"Fits in {gpu} with {needed} (it needed {format_bytes(original.peak_bytes)}){slower}. Changes:")
+        tight = ", tightly" if result.estimate.verdict(result.gpu_bytes).status == "tight" else ""
+        lines.append(f"Fits in {gpu}{tight} with {needed} (it needed {format_bytes(original.peak_bytes)}){slower}. "
+                     "Changes:")
     else:
         over = format_bytes(result.estimate.peak_bytes - result.gpu_bytes)
         lines.append(f"Nothing fits in {gpu}. The closest needs {needed}, {over} too much. Changes tried:")
