@@ -104,3 +104,16 @@ def test_bad_data_row_fails_naming_file_and_line(tmp_path, small_data):
     assert code == EXIT_FAILED and error["kind"] == "data"
     assert "broken.jsonl:33" in error["message"] and "output" in error["message"]
     assert json.loads(run_dir.events.read_text().splitlines()[-1])["status"] == "failed"
+
+
+def test_an_unreachable_hub_fails_at_once_for_a_model_not_cached(tmp_path, small_data, monkeypatch):
+    from studio.train import model
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(model, "_hub_reachable", lambda: False)
+    code, run_dir = run(quick_config(small_data, model={"name_or_path": "someone/not-cached"}), tmp_path / "run",
+                        watch_stdin=False)
+    error = next(e for e in read_events(run_dir.events) if e["type"] == "error")
+    assert code == EXIT_FAILED and error["kind"] == "model"
+    assert "cannot reach the Hugging Face Hub" in error["message"] and "local model folder" in error["hint"]

@@ -478,7 +478,7 @@ def load_model_config(name_or_path: str, revision: str = "", allow_network: bool
         return _read_json(local / "config.json")
     if name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1:
         raise StudioError(f"model folder {name_or_path} does not exist", "check model.name_or_path", kind="model")
-    cached = _cached_config(name_or_path, revision)
+    cached = cached_config(name_or_path, revision)
     if cached is not None:
         return _read_json(cached)
     if not allow_network or os.environ.get("HF_HUB_OFFLINE") == "1":
@@ -496,7 +496,8 @@ def _read_json(path: Path) -> dict:
         raise StudioError(f"cannot read {path}: {exc}", "check the model folder", kind="model") from exc
 
 
-def _cached_config(repo_id: str, revision: str) -> Path | None:
+def cached_config(repo_id: str, revision: str) -> Path | None:
+    """The config.json of a Hub model in the local Hugging Face cache, if it is there."""
     repo = hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
     ref = repo / "refs" / (revision or "main")
     commit = ref.read_text().strip() if ref.is_file() else revision

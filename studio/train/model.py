@@ -8,12 +8,15 @@ Each technique goes through its library: bitsandbytes quantization through
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from pathlib import Path
 
 import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.modelinfo import cached_config
 
 log = logging.getLogger("studio.train")
 
@@ -53,9 +56,42 @@ def _load_error(config: RunConfig, exc: Exception) -> StudioError:
     )
 
 
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def use_cache_when_offline(config: RunConfig) -> None:
+    """Decide in seconds what an unreachable Hub means, instead of a minute of retries.
+
+    A local folder needs no Hub. A Hub id already in the cache loads offline; one that
+    is not cached cannot load at all, which is said at once.
+    """
+    name = config.model.name_or_path
+    if Path(name).exists() or os.environ.get("HF_HUB_OFFLINE") == "1" or _hub_reachable():
+        return
+    if cached_config(name, config.model.revision) is None:
+        raise StudioError(f"cannot reach the Hugging Face Hub to download '{name}', and it is not in the local cache",
+                          "connect to the network once, or point model.name_or_path at a local model folder", kind="model")
+    from huggingface_hub import constants
+
+    log.info("the Hub is unreachable: loading %s from the local cache", name)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for child processes
+    constants.HF_HUB_OFFLINE = True  # read at import time, so set it here too
+
+
 def load_tokenizer(config: RunConfig):
     from transformers import AutoTokenizer
 
+    use_cache_when_offline(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model.name_or_path, **_hub_kwargs(config))
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
