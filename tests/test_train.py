@@ -1,7 +1,6 @@
 """The real worker on the embedded tiny model: every technique trains, the run directory is complete."""
 
 import json
-from pathlib import Path
 
 import pytest
 

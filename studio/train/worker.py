@@ -42,7 +42,7 @@ from studio.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger("studio.train")
 
-EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_ABORTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_ABORTED = 0, 1, 130  # a refused config exits 2 from the CLI
 MEASURED_STEP = 1  # steps after the start (or resume) before the one whose memory is measured
 
 
