@@ -313,3 +313,11 @@ def test_desktop_entry_installs_with_its_icon(tmp_path):
     subprocess.run([sys.executable, str(root / "packaging" / "install_desktop_entry.py"), "--uninstall"], env=env,
                    check=True, capture_output=True)
     assert not (tmp_path / "applications" / "finetune-studio.desktop").exists()
+
+
+def test_the_workers_estimate_event_becomes_the_charts_estimate_line():
+    run = RunSeries("r")
+    run.add({"type": "run_started", "start_step": 0})
+    assert run.estimate_bytes is None
+    assert run.add({"type": "estimate", "peak_bytes": 5_000_000, "peak_phase": "forward"})
+    assert run.estimate_bytes == 5_000_000

@@ -20,11 +20,10 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from studio.core.config import RunConfig, from_dict, save_config
+from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.events import EventReader
 from studio.core.rundir import RunDir, default_runs_root
-from studio.gui import memory
 from studio.gui.console import CONSOLE_FILE, ConsoleTail, console_error
 from studio.gui.job_state import Job, State
 from studio.gui.process import background_python, launch_detached
@@ -168,8 +167,6 @@ class RunController(QObject):
         for event in events:
             self.job.apply(event)
             self.series.add(event)
-            if event["type"] == "run_started":
-                self._add_estimate_line(event)
         return bool(events)
 
     def _worker_alive(self) -> bool:
@@ -186,15 +183,6 @@ class RunController(QObject):
             self.job.process_gone(stopped_by_user=True)
             return
         self.job.process_gone(console_error(self._console.text if self._console else ""))
-
-    def _add_estimate_line(self, event: dict) -> None:
-        """The memory chart's dashed estimate line, for GPU runs (the worker may also send an estimate event)."""
-        if self.series.estimate_bytes or not any(str(d.get("device", "")).startswith("cuda") for d in event.get("devices") or []):
-            return
-        try:
-            self.series.estimate_bytes = memory.estimate_run(from_dict(event.get("config") or {})).peak_bytes
-        except StudioError:
-            pass
 
     # ------------------------------------------------------------ ending a worker
     def _worker_still_importing(self) -> bool:

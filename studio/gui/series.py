@@ -138,8 +138,8 @@ class RunSeries:
         if kind == "eval" and _finite(event.get("eval_loss")):
             self.eval_loss.append(event["step"], event["eval_loss"])
             return True
-        if kind == "estimate":
-            self.estimate_bytes = _estimate_peak(event)
+        if kind == "estimate":  # the worker's prediction, drawn as a dashed line on GPU memory charts
+            self.estimate_bytes = event.get("peak_bytes")
             return self.estimate_bytes is not None
         return False
 
@@ -191,10 +191,3 @@ class RunSeries:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
-
-
-def _estimate_peak(event: dict[str, Any]) -> int | None:
-    if event.get("peak_bytes"):
-        return int(event["peak_bytes"])
-    devices = event.get("devices") or []
-    return int(devices[0]["total_bytes"]) if devices and devices[0].get("total_bytes") else None
