@@ -119,7 +119,7 @@ def _config(args) -> int:
     from studio.core.validation import raise_if_invalid
 
     if args.action == "reference":
-        print(reference_markdown())
+        print(reference_markdown(), end="")
         return 0
     if args.file is None:
         raise StudioError(f"`studio config {args.action}` needs a file", f"run `studio config {args.action} my-run.yaml`", kind="usage")

@@ -31,6 +31,8 @@ Template = Literal["auto", "tokenizer", "chatml", "alpaca"]
 WeightDtype = Literal["auto", "float32", "bfloat16", "float16"]
 LoadIn = Literal["auto", "none", "4bit", "8bit"]
 QuantType = Literal["nf4", "fp4"]
+Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp"]
+Offload = Literal["none", "cpu", "nvme"]
 
 
 def _field(default: Any, doc: str, **kwargs: Any) -> Any:
@@ -154,6 +156,46 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Several GPUs or machines: data parallelism, sharding, offloading and layer split."""
+
+    num_processes: int = _field(
+        1, "Training processes on this machine, one per GPU (data parallel). More than 1 launches them "
+        "with torchrun; without GPUs they run on the CPU over gloo."
+    )
+    sharding: Sharding = _field(
+        "none", "How the processes share the training state. none: each holds a full copy (DDP). "
+        "zero1 / zero2 / zero3: DeepSpeed ZeRO shards the optimizer state / and the gradients / and the "
+        "weights. fsdp: PyTorch FSDP (full sharding) through accelerate."
+    )
+    offload_optimizer: Offload = _field(
+        "none", "DeepSpeed ZeRO: keep the optimizer state in CPU RAM (cpu) or on an SSD (nvme) instead of GPU memory."
+    )
+    offload_params: Offload = _field(
+        "none", "DeepSpeed ZeRO-3: keep the weights in CPU RAM (cpu) or on an SSD (nvme), fetched layer by layer."
+    )
+    nvme_path: str = _field("", "Folder on a fast SSD for nvme offload.")
+    deepspeed_config: str = _field(
+        "", "Your own DeepSpeed JSON file; its keys override the ones generated from this config."
+    )
+    layer_split: bool = _field(
+        False, "Model parallel: split the model's layers across this machine's GPUs in one process, for a "
+        "model larger than one GPU; layers that do not fit go to CPU RAM (see max_cpu_memory_gib)."
+    )
+    max_gpu_memory_gib: float = _field(
+        0.0, "Layer split: weights per GPU at most this many GiB; 0: the GPU's memory minus room for activations."
+    )
+    max_cpu_memory_gib: float = _field(
+        0.0, "Layer split: CPU RAM for layers that do not fit on the GPUs (slower); 0: none."
+    )
+
+    @property
+    def deepspeed_stage(self) -> int | None:
+        """The ZeRO stage, or None when DeepSpeed is not used."""
+        return int(self.sharding[-1]) if self.sharding.startswith("zero") else None
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A complete fine-tuning run."""
 
@@ -171,6 +213,9 @@ class RunConfig:
     )
     training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"doc": "The optimizer loop."})
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"doc": "Logging and saving."})
+    distributed: DistributedConfig = field(
+        default_factory=DistributedConfig, metadata={"doc": "Several GPUs or machines."}
+    )
 
     @property
     def effective_load_in(self) -> str:
@@ -351,7 +396,7 @@ def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:
 
 
 def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
-    """Make data paths (and a local model path) absolute, relative to the config's folder."""
+    """Make data and DeepSpeed paths (and a local model path) absolute, relative to the config's folder."""
 
     def absolute(p: str) -> str:
         return str((base / p).resolve()) if p and not Path(p).is_absolute() else p
@@ -364,6 +409,10 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
         data={
             "train_files": tuple(absolute(p) for p in config.data.train_files),
             "eval_files": tuple(absolute(p) for p in config.data.eval_files),
+        },
+        distributed={
+            "nvme_path": absolute(config.distributed.nvme_path),
+            "deepspeed_config": absolute(config.distributed.deepspeed_config),
         },
     )
 

@@ -21,6 +21,7 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     problems += _check_method(config)
     problems += _check_training(config)
     problems += _check_schedule(config)
+    problems += _check_distributed(config, check_files)
     return problems
 
 
@@ -110,4 +111,39 @@ def _check_schedule(config: RunConfig) -> list[Problem]:
         if getattr(s, name) < 0:
             problems.append(Problem(f"schedule.{name}", "must be 0 or more"))
     problems += _positive(s.keep_checkpoints, "schedule.keep_checkpoints", "number of checkpoints to keep")
+    return problems
+
+
+def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
+    d = config.distributed
+    problems: list[Problem] = []
+    problems += _positive(d.num_processes, "distributed.num_processes", "number of processes (one per GPU)")
+    stage = d.deepspeed_stage
+    if d.offload_optimizer != "none" and stage is None:
+        problems.append(Problem("distributed.offload_optimizer", "offloading needs DeepSpeed ZeRO",
+                                "set distributed.sharding to zero1, zero2 or zero3"))
+    if d.offload_params != "none" and stage != 3:
+        problems.append(Problem("distributed.offload_params", "weights can only be offloaded with ZeRO-3",
+                                "set distributed.sharding to zero3"))
+    if "nvme" in (d.offload_optimizer, d.offload_params):
+        if not d.nvme_path:
+            problems.append(Problem("distributed.nvme_path", "nvme offload needs a folder", "pick a folder on a fast SSD"))
+        elif check_files and not Path(d.nvme_path).is_dir():
+            problems.append(Problem("distributed.nvme_path", f"{d.nvme_path}: no such folder", "create it or pick another"))
+    if d.deepspeed_config:
+        if stage is None:
+            problems.append(Problem("distributed.deepspeed_config", "a DeepSpeed file is only used with ZeRO",
+                                    "set distributed.sharding to zero1, zero2 or zero3, or clear the file"))
+        elif check_files and not Path(d.deepspeed_config).is_file():
+            problems.append(Problem("distributed.deepspeed_config", f"{d.deepspeed_config}: no such file", "check the path"))
+    if d.layer_split:
+        if d.num_processes > 1 or d.sharding != "none":
+            problems.append(Problem("distributed.layer_split", "a layer split runs in one process, without sharding",
+                                    "set num_processes to 1 and sharding to none, or turn layer_split off"))
+        if config.method == "full":
+            problems.append(Problem("distributed.layer_split", "a layer split is for LoRA/QLoRA",
+                                    "use method lora or qlora, or shard full fine-tuning with zero3"))
+    for name in ("max_gpu_memory_gib", "max_cpu_memory_gib"):
+        if getattr(d, name) < 0:
+            problems.append(Problem(f"distributed.{name}", "must be 0 or more"))
     return problems
