@@ -73,3 +73,22 @@ def test_only_complete_checkpoints_are_listed(tmp_path):
 def test_run_directories_are_unique(tmp_path):
     first, second = RunDir.create("my run!", root=tmp_path), RunDir.create("my run!", root=tmp_path)
     assert first.path != second.path and first.path.name.startswith("my-run-")
+
+
+def test_an_event_written_after_a_torn_line_is_read_whole(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"type": "step", "step": 1}\n{"type": "step", "st', encoding="utf-8")  # killed mid-write
+    writer = EventWriter(path)
+    writer.emit("run_started", start_step=1)
+    writer.close()
+    assert [e["type"] for e in read_events(path)] == ["step", "run_started"]
+
+
+def test_resume_cleanup_removes_torn_checkpoints_and_keeps_complete_ones(tmp_path):
+    rd = RunDir(tmp_path)
+    with atomic_folder(rd.checkpoint_path(2)) as staging:
+        (staging / "weights").write_text("w")
+    rd.checkpoint_path(4).mkdir()  # renamed into place, killed before its COMPLETE marker
+    (rd.checkpoints_dir / ".staging-step-000006-123").mkdir()
+    assert rd.remove_torn_checkpoints() == [".staging-step-000006-123", "step-000004"]
+    assert [p.name for p in rd.checkpoints_dir.iterdir()] == ["step-000002"]

@@ -47,6 +47,8 @@ class EventWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")
+        if _ends_inside_a_line(self.path):
+            self._file.write("\n")  # end the line a killed writer tore, so the next event stays whole
 
     def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
         event = make_event(type_, **fields)
@@ -58,6 +60,14 @@ class EventWriter:
         if not self._file.closed:
             os.fsync(self._file.fileno())
             self._file.close()
+
+
+def _ends_inside_a_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 def _jsonable(value: Any) -> Any:

@@ -87,6 +87,22 @@ class RunDir:
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
 
+    def remove_torn_checkpoints(self) -> list[str]:
+        """Delete what a killed writer left (staging folders, folders without COMPLETE); returns their names.
+
+        Only for a run no worker is writing to, e.g. at resume.
+        """
+        if not self.checkpoints_dir.is_dir():
+            return []
+        complete = set(self.complete_checkpoints())
+        torn = [child for child in self.checkpoints_dir.iterdir() if child not in complete]
+        for child in torn:
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+        return sorted(child.name for child in torn)
+
     def prune_checkpoints(self, keep: int) -> None:
         for old in self.complete_checkpoints()[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)

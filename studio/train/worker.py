@@ -315,6 +315,8 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     events = EventWriter(rd.events)
     control = StopController(rd, watch_stdin=watch_stdin)
     log.info("run directory %s", rd.path)
+    if resume and (torn := rd.remove_torn_checkpoints()):
+        log.info("removed torn checkpoint folders left by an interrupted save: %s", ", ".join(torn))
     if resume and checkpoint is None:
         events.emit("warning", message=f"{rd.path} has no complete checkpoint: training starts again from step 0")
     worker = Worker(config, rd, events, control)
