@@ -346,3 +346,33 @@ def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app
     panel.set_run(run)
     assert not panel.export_button.isEnabled() and "checkpoint" in panel.export_button.toolTip()
     assert panel.merged.isChecked() and not panel.adapter.isEnabled() and "no adapter" in panel.kind_reason.text()
+
+
+OOM_WORKER = """
+import json, os, sys, time
+run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
+fix = {"description": "gradient checkpointing", "changes": {"training": {"gradient_checkpointing": True}}}
+events = [{"type": "run_started", "total_steps": 10, "start_step": 0},
+          {"type": "error", "kind": "oom", "part": "the backward pass", "fix": fix,
+           "message": "out of memory in the backward pass: CUDA out of memory",
+           "hint": "the last checkpoint is kept. Cheapest change that fits: gradient checkpointing"},
+          {"type": "finished", "status": "failed", "step": 0}]
+with open(os.path.join(run_dir, "events.jsonl"), "a") as f:
+    for event in events:
+        f.write(json.dumps({**event, "time": time.time()}) + "\\n")
+sys.exit(1)
+"""
+
+
+def test_out_of_memory_offers_the_suggested_change_and_applies_it(window, qtbot, tmp_path):
+    script = tmp_path / "oom_worker.py"
+    script.write_text(OOM_WORKER)
+    window.controller.worker_command = lambda config, run_dir: [sys.executable, str(script), str(config), "--run-dir", str(run_dir)]
+    assert not window.store.config.training.gradient_checkpointing
+    window.start_action.trigger()
+    qtbot.waitUntil(lambda: window.controller.job.state is State.FAILED, timeout=20000)
+    assert "backward pass" in window.run_banner.text.text() and window.apply_fix_button.isVisible()
+    window.apply_fix_button.click()
+    assert window.store.config.training.gradient_checkpointing
+    assert window.techniques_panel.checkpointing.check.isChecked()
+    assert not window.apply_fix_button.isVisible() and "Applied" in window.run_banner.text.text()

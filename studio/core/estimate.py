@@ -42,6 +42,7 @@ Pure Python (no torch): the GUI recomputes it on every toggle (well under 5 ms).
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -147,6 +148,19 @@ def format_bytes(count: int) -> str:
         if abs(count) >= size:
             return f"{count / size:.2f} {unit}"
     return f"{count} B"
+
+
+_UNITS = {"": 1024**3, "b": 1, "kb": 10**3, "kib": 1024, "mb": 10**6, "mib": 1024**2, "gb": 10**9, "gib": 1024**3,
+          "tb": 10**12, "tib": 1024**4, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``24GiB``, ``24GB``, ``16000MiB`` or a bare number of GiB, as bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if unit not in _UNITS:
+        raise StudioError(f"cannot read the memory size {text!r}", "write it like 24GiB, 24GB or 16000MiB", kind="usage")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def verdict_for(needed_bytes: int, gpu_bytes: int) -> Verdict:

@@ -38,6 +38,7 @@ class ErrorReport:
     message: str
     hint: str = ""
     kind: str = "error"
+    fix: dict | None = None  # {description, changes: {section: {field: value}}}: a change the app can apply
 
 
 @dataclass
@@ -137,8 +138,9 @@ class Job:
         self.warnings.append(str(event.get("message", "")))
 
     def _on_error(self, event: dict) -> None:
+        fix = event.get("fix")
         self.error = ErrorReport(str(event.get("message", "unknown error")), str(event.get("hint", "")),
-                                 str(event.get("kind", "error")))
+                                 str(event.get("kind", "error")), fix if isinstance(fix, dict) and fix.get("changes") else None)
 
     def _on_finished(self, event: dict) -> None:
         self.final_status = str(event.get("status", ""))

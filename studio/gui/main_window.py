@@ -119,6 +119,8 @@ class MainWindow(QMainWindow):
         right_layout.setContentsMargins(0, 6, 6, 6)
         right_layout.addWidget(self.run_banner)
         right_layout.addWidget(self.run_tabs, 1)
+        self.apply_fix_button = self.run_banner.add_button("Apply the suggested change", self.apply_suggested_fix)
+        self.apply_fix_button.hide()
         self.run_banner.add_button("Open log", self.show_log)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -207,6 +209,10 @@ class MainWindow(QMainWindow):
 
     def _show_run_banner(self) -> None:
         job = self.controller.job
+        fix = job.error.fix if job.state is State.FAILED and job.error is not None else None
+        self.apply_fix_button.setVisible(fix is not None)
+        if fix is not None:
+            self.apply_fix_button.setToolTip(f"Change the setup on the left: {fix['description']}")
         if job.state in (State.FAILED, State.CRASHED) and job.error is not None:
             title = "Training failed" if job.state is State.FAILED else "The training worker crashed"
             hint = f"<br><b>What to do:</b> {html.escape(job.error.hint)}" if job.error.hint else ""
@@ -218,6 +224,16 @@ class MainWindow(QMainWindow):
             self.run_banner.show_message(messages[job.final_status], error=False)
         else:
             self.run_banner.hide()
+
+    def apply_suggested_fix(self) -> None:
+        """Apply the failed run's suggested config change to the setup; the user starts the new run."""
+        job = self.controller.job
+        if job.error is None or job.error.fix is None:
+            return
+        self.store.update(**job.error.fix["changes"])
+        self.apply_fix_button.hide()
+        self.run_banner.show_message(f"Applied: {html.escape(job.error.fix['description'])}. "
+                                     "Check the estimate, then start a new run.", error=False)
 
     # ------------------------------------------------------------ config
     def _on_config_changed(self, *_args) -> None:

@@ -38,6 +38,7 @@ from studio.train.data import collate, prepare_data
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger("studio.train")
@@ -79,7 +80,7 @@ class Worker:
         self.run_dir = run_dir
         self.events = events
         self.control = control
-        self.step = 0
+        self.step = self.start_step = 0
 
     # ------------------------------------------------------------------ setup
     def setup(self, resume_from: Path | None) -> None:
@@ -109,7 +110,7 @@ class Worker:
         self.scheduler = scheduler
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, self.model, self.optimizer, self.scheduler)
-            self.step = state["step"]
+            self.step = self.start_step = state["step"]
             log.info("resumed from %s at step %d", resume_from, self.step)
 
         trainable, total = count_parameters(self.model)
@@ -322,7 +323,8 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     worker = Worker(config, rd, events, control)
     try:
         worker.setup(checkpoint)
-        status = worker.train()
+        with simulated_memory_limit(worker.raw_model, worker.optimizer, worker.device):
+            status = worker.train()
         events.emit("finished", status=status, step=worker.step)
         log.info("%s at step %d", status, worker.step)
         return EXIT_OK, rd
@@ -334,7 +336,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         _report(events, exc.kind, exc.message, exc.hint)
         return EXIT_FAILED, rd
     except torch.OutOfMemoryError as exc:
-        _report(events, "oom", f"out of memory: {exc}", "run `studio fit` for a configuration that fits, or lower the micro-batch size")
+        _report_oom(events, worker, exc)
         return EXIT_FAILED, rd
     except Exception as exc:  # report anything else readably; the traceback goes to the log
         log.error("%s", traceback.format_exc())
@@ -343,6 +345,23 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     finally:
         control.close()
         events.close()
+
+
+def _report_oom(events: EventWriter, worker: Worker, exc: torch.OutOfMemoryError) -> None:
+    """Save the last finished step when the weights are still consistent, then say what overflowed and the fix."""
+    saved = None
+    part = overflowed_part(exc)
+    exc.__traceback__ = None  # its frames hold the activations that filled the memory
+    if consistent_after(part) and worker.step > worker.start_step:
+        release_memory(getattr(worker, "optimizer", None))
+        try:
+            saved = worker.save()
+        except (OSError, StudioError, torch.OutOfMemoryError) as save_error:
+            log.error("could not save after running out of memory: %s", save_error)
+    report = oom_report(exc, worker.config, getattr(worker, "device", None), saved)
+    log.error("%s\n  hint: %s", report["message"], report["hint"])
+    events.emit("error", **report)
+    events.emit("finished", status="failed", step=worker.step)
 
 
 def _report(events: EventWriter, kind: str, message: str, hint: str) -> None:
