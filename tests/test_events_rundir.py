@@ -1,9 +1,12 @@
 """Event files survive partial writes and crashes; checkpoints and exports are never seen half-written."""
 
+import errno
 import json
+from pathlib import Path
 
 import pytest
 
+from studio.core.errors import StudioError
 from studio.core.events import EventReader, EventWriter, read_events, summarize
 from studio.core.rundir import COMPLETE_MARKER, RunDir, atomic_folder
 
@@ -49,12 +52,30 @@ def test_a_failed_atomic_write_leaves_no_folder_and_keeps_the_old_one(tmp_path):
     with atomic_folder(target) as staging:
         (staging / "weights").write_text("v1")
     assert (target / COMPLETE_MARKER).is_file()
-    with pytest.raises(OSError):
+    with pytest.raises(StudioError, match="cannot write .*adapter: the disk is full"):
         with atomic_folder(target, replace=True) as staging:
             (staging / "weights").write_text("v2 half")
-            raise OSError("disk full")
+            raise OSError(errno.ENOSPC, "No space left on device")
     assert (target / "weights").read_text() == "v1"
     assert sorted(p.name for p in target.parent.iterdir()) == ["adapter"]
+
+
+def test_a_failed_swap_puts_the_earlier_folder_back(tmp_path, monkeypatch):
+    target = tmp_path / "adapter"
+    with atomic_folder(target) as staging:
+        (staging / "weights").write_text("v1")
+    real_rename = Path.rename
+
+    def rename(self, to):
+        if self.name.startswith(".staging-"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_rename(self, to)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(StudioError, match="no permission"):
+        with atomic_folder(target, replace=True) as staging:
+            (staging / "weights").write_text("v2")
+    assert (target / "weights").read_text() == "v1" and sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
 
 
 def test_only_complete_checkpoints_are_listed(tmp_path):

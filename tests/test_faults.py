@@ -1,5 +1,6 @@
 """Faults injected on purpose: a killed worker, a killed window, a full disk, memory running out."""
 
+import errno
 import sys
 from types import SimpleNamespace
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from helpers import quick_config
+from studio.core.errors import StudioError
 from studio.core.events import read_events
 from studio.train.oom import SIMULATE_ENV, MemoryCap, consistent_after, overflowed_part
 from studio.train.worker import EXIT_FAILED, EXIT_OK, run, token_loss_sum
@@ -61,3 +63,54 @@ def test_the_overflowing_part_is_read_from_where_memory_ran_out():
         token_loss_sum(model, batch)
     assert overflowed_part(caught.value) == "the loss over the logits"
     assert consistent_after("the backward pass") and not consistent_after("the optimizer step")
+
+
+def _fail_on_call(original, failing_call: int, error: OSError):
+    """``original``, except that call number ``failing_call`` writes half its file and raises ``error``."""
+    calls = []
+
+    def wrapper(obj, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == failing_call:
+            Path(path).write_bytes(b"half a file")
+            raise error
+        return original(obj, path, *args, **kwargs)
+    return wrapper
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_stops_clearly_and_keeps_the_previous_one(tmp_path, small_data, monkeypatch):
+    import studio.train.checkpoint as ckpt
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(ckpt.torch, "save", _fail_on_call(torch.save, 5, full))  # 3 files per checkpoint: the 2nd one
+    config = quick_config(small_data, training={"max_steps": 6}, schedule={"save_every": 2})
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_FAILED
+    error = next(e for e in read_events(run_dir.events) if e["type"] == "error")
+    assert error["kind"] == "disk" and "step-000004: the disk is full" in error["message"]
+    assert "free disk space" in error["hint"]
+    assert [p.name for p in run_dir.checkpoints_dir.iterdir()] == ["step-000002"]
+
+    monkeypatch.undo()
+    code, _ = run(None, run_dir.path, resume=True, watch_stdin=False)
+    assert code == EXIT_OK and run_dir.latest_checkpoint().name == "step-000006"
+
+
+@pytest.mark.slow
+def test_a_read_only_export_folder_keeps_the_earlier_export(tmp_path, small_data, monkeypatch):
+    import studio.core.rundir as rundir
+    from studio.train.export import export_run
+
+    code, run_dir = run(quick_config(small_data, training={"max_steps": 2}), tmp_path / "run", watch_stdin=False)
+    first, _ = export_run(run_dir.path, "adapter")
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+
+    def read_only(folder):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(rundir, "_fsync_tree", read_only)
+    with pytest.raises(StudioError, match="adapter: the drive is read-only"):
+        export_run(run_dir.path, "adapter")
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+    assert sorted(p.name for p in first.parent.iterdir()) == ["adapter"]

@@ -17,6 +17,7 @@ only then marked complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Iterator
 
 import platformdirs
+
+from studio.core.errors import StudioError
 
 COMPLETE_MARKER = "COMPLETE"
 STOP_FILE = "STOP"
@@ -129,31 +132,56 @@ def _fsync_tree(folder: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(destination: Path, replace: bool = False) -> Iterator[Path]:
-    """Yield a staging folder; on success it becomes ``destination`` with a COMPLETE marker.
+    """Yield a staging folder; on success it becomes ``destination``, COMPLETE marker included.
 
-    On any exception the staging folder is removed and ``destination`` (if it existed)
-    is left untouched. With ``replace`` an existing destination is swapped out only
-    after the new folder is complete.
+    The marker is written before the rename, so the folder appears complete or not
+    at all. On any exception the staging folder is removed and ``destination`` (if
+    it existed) is left untouched; a failed write (disk full, read-only) becomes a
+    StudioError naming the folder. With ``replace`` an existing destination is
+    swapped out only after the new folder is complete.
     """
     destination = Path(destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.parent / f".staging-{destination.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
     try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
         yield staging
+        (staging / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
         _fsync_tree(staging)
-        if destination.exists():
-            if not replace:
-                raise FileExistsError(f"{destination} already exists")
-            retired = destination.parent / f".old-{destination.name}-{os.getpid()}"
-            shutil.rmtree(retired, ignore_errors=True)
-            destination.rename(retired)
-            staging.rename(destination)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            staging.rename(destination)
-        (destination / COMPLETE_MARKER).write_text(str(time.time()), encoding="utf-8")
+        _move_into_place(staging, destination, replace)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _write_error(destination, exc) from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _move_into_place(staging: Path, destination: Path, replace: bool) -> None:
+    if not destination.exists():
+        staging.rename(destination)
+        return
+    if not replace:
+        raise FileExistsError(errno.EEXIST, "it already exists", str(destination))
+    retired = destination.parent / f".old-{destination.name}-{os.getpid()}"
+    shutil.rmtree(retired, ignore_errors=True)
+    destination.rename(retired)
+    try:
+        staging.rename(destination)
+    except OSError:
+        retired.rename(destination)  # put the earlier folder back
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+_WRITE_FAILURES = {errno.ENOSPC: "the disk is full", errno.EROFS: "the drive is read-only",
+                   errno.EACCES: "there is no permission to write there", errno.EPERM: "there is no permission to write there",
+                   errno.EEXIST: "it already exists"}
+
+
+def _write_error(destination: Path, exc: OSError) -> StudioError:
+    reason = _WRITE_FAILURES.get(exc.errno, exc.strerror or str(exc))
+    return StudioError(f"cannot write {destination}: {reason}",
+                       f"free disk space or choose a writable folder; nothing in {destination.parent} was replaced "
+                       "or left half-written", kind="disk")

@@ -4,7 +4,7 @@ A checkpoint folder holds the trained tensors (``trainable.safetensors``: the
 adapter for LoRA, every weight for full fine-tuning), the optimizer, scheduler and
 RNG states (``torch.save``, read back with ``weights_only=True``) and
 ``state.json`` (the step; the data position follows from it). It is written into a
-staging folder and renamed into place before its COMPLETE marker appears, so
+staging folder with its COMPLETE marker and renamed into place in one step, so
 resume never picks a torn one.
 """
 
