@@ -130,7 +130,7 @@ def kill_loop(config: RunConfig, workdir: Path, kills: int, seed: int = 0) -> Ki
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     data = ROOT / "resources" / "datasets" / "categories_instruction.jsonl"

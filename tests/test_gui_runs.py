@@ -95,9 +95,11 @@ deadline = time.time() + 120
 while window.controller.series.step_count < 1 and time.time() < deadline:
     app.processEvents()
     time.sleep(0.05)
-print(window.controller.worker_pid)
+print(window.controller.worker_pid, flush=True)
 window.close()
 """
+# The same first window, killed instead of closed: it gets no chance to say anything.
+KILLED_WINDOW = FIRST_WINDOW.replace("setValue(400)", "setValue(25)").replace("window.close()", "time.sleep(600)")
 
 
 def test_leave_running_reattach_stop_and_save_and_resume_continue_the_curve(qtbot, app_dirs):
@@ -124,6 +126,20 @@ def test_leave_running_reattach_stop_and_save_and_resume_continue_the_curve(qtbo
     again.cancel_action.trigger()
     qtbot.waitUntil(lambda: not again.controller.job.active, timeout=WORKER_TIMEOUT_MS)
     assert again.controller.job.headline() == "Cancelled"
+
+
+def test_a_killed_window_leaves_the_run_going_and_the_next_one_shows_its_whole_history(qtbot, app_dirs):
+    first = subprocess.Popen([sys.executable, "-c", KILLED_WINDOW], stdout=subprocess.PIPE, text=True)
+    pid = int(first.stdout.readline())
+    first.kill()  # SIGKILL / TerminateProcess: no close event, no stop request
+    first.wait(timeout=30)
+    assert psutil.pid_exists(pid)
+
+    again = open_window(qtbot)
+    assert again.controller.worker_pid == pid and again.controller.job.active
+    qtbot.waitUntil(lambda: again.controller.job.state is State.FINISHED, timeout=WORKER_TIMEOUT_MS)
+    assert again.controller.job.final_status == "completed"
+    assert chart_steps(again) == list(range(1, 26))  # the steps made while no window was open included
 
 
 def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs):
