@@ -172,16 +172,13 @@ def split_devices(phases: dict[str, dict[str, int]], shape: ModelShape, regime: 
     room = max(sum(parts.values()) - parts["weights"] for parts in phases.values())
     room += overheads.context_bytes if cuda else 0
     block = block_weight_bytes(shape, regime)
-    placement, onload = None, 0
-    for _ in range(2):  # the first device also keeps room for the offloaded blocks it fetches
-        budgets = _split_budgets(scale_out, names, room)
-        budgets[0] = DeviceBudget(budgets[0].device, max(0, budgets[0].weight_bytes - onload))
+    budgets = _split_budgets(scale_out, names, room)
+    placement = plan_placement(shape, regime, budgets, scale_out.split_offload_bytes)
+    if placement.offloaded_layers and not scale_out.split_weight_limit:  # room for the block being fetched
+        budgets[0] = DeviceBudget(budgets[0].device, max(0, budgets[0].weight_bytes - block))
         placement = plan_placement(shape, regime, budgets, scale_out.split_offload_bytes)
-        offloaded = len(placement.offloaded_layers)
-        needed = (min(offloaded, 1) if regime.checkpointing else offloaded) * block
-        if needed == onload:
-            break
-        onload = needed
+    offloaded = len(placement.offloaded_layers)
+    onload = (min(offloaded, 1) if regime.checkpointing else offloaded) * block
     head_device = placement.device_map["lm_head"]
     devices = []
     for name in [n for n in names if n in placement.devices]:
