@@ -144,7 +144,7 @@ def _check_fits(placement: Placement, budgets: list[DeviceBudget], free: list[in
         return
     sizes = ", ".join(f"{b.device} {format_bytes(b.weight_bytes)}" for b in budgets)
     raise StudioError(
-        f"the model's weights do not fit the layer split: {missing / GIB:.2f} GiB missing "
+        f"the model's weights do not fit the layer split: {format_bytes(missing)} missing "
         f"(weights {format_bytes(sum(placement.module_bytes))}; devices take {sizes}; "
         f"CPU RAM takes {format_bytes(offload_bytes)})",
         "raise distributed.max_cpu_memory_gib (or max_gpu_memory_gib), use qlora, or add GPUs",
