@@ -63,6 +63,10 @@ def setup_states(app, window, shot) -> None:
     shot("estimate-does-not-fit")
     estimate.fit_button.click()
     shot("estimate-fit-to-gpu")
+    window.setup_tabs.setCurrentWidget(window.scale_panel)
+    store.update(method="full", distributed={"num_processes": 2, "sharding": "zero2", "offload_optimizer": "cpu"})
+    shot("setup-scale-out")
+    store.update(method="lora", distributed={"num_processes": 1, "sharding": "none", "offload_optimizer": "none"})
 
 
 def training_states(app, window, shot) -> tuple[Path, Path]:

@@ -63,10 +63,23 @@ def _add_config(commands) -> None:
     p.set_defaults(handler=_config)
 
 
+def _add_bundle(commands) -> None:
+    p = commands.add_parser("bundle", help="write the launch bundle of a run on several machines",
+                            description="Write a folder to copy to every machine: the run config with its data, "
+                                        "a DeepSpeed hostfile for ZeRO, and the torchrun command of each machine "
+                                        "(launch-node-RANK.sh / .ps1), with a README.txt saying what goes where.")
+    p.add_argument("config", type=Path, help="the run config (YAML)")
+    p.add_argument("--hosts", required=True, help="the machines' addresses, comma-separated; the first is the main node")
+    p.add_argument("--gpus-per-host", type=int, required=True, help="GPUs (processes) on each machine")
+    p.add_argument("--port", type=int, default=29500, help="the main node's rendezvous port (default 29500)")
+    p.add_argument("--out", type=Path, help="the folder to write (default: NAME-bundle beside the config)")
+    p.set_defaults(handler=_bundle)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config):
+    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config, _add_bundle):
         add(commands)
     return parser
 
@@ -111,6 +124,19 @@ def _generate(args) -> int:
         print(json.dumps(answers))
     else:
         print(f"base:       {answers['base']}\nfine-tuned: {answers['tuned']}  ({answers['checkpoint']})")
+    return 0
+
+
+def _bundle(args) -> int:
+    from studio.core.bundle import parse_hosts, write_bundle
+    from studio.core.config import load_config
+
+    config = load_config(args.config)
+    out = args.out or args.config.parent / f"{config.name}-bundle"
+    bundle = write_bundle(config, parse_hosts(args.hosts), args.gpus_per_host, out, args.port)
+    print(f"wrote {bundle.folder}: copy it to every machine and run launch-node-RANK there (see README.txt)")
+    for item in bundle.required_on_every_node:
+        print(f"  must exist on every machine: {item}")
     return 0
 
 

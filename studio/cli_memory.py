@@ -28,11 +28,23 @@ def _size_argument(text: str) -> int:
 
 
 def _add_scale_out_arguments(parser) -> None:
-    group = parser.add_argument_group("several GPUs (not in the run config yet)")
-    group.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
-    group.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    group = parser.add_argument_group("several GPUs (default: the config's distributed section)")
+    group.add_argument("--gpus", type=int, help="data-parallel GPUs, or the GPUs a layer split spreads over")
+    group.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
     group.add_argument("--offload-optimizer", action="store_true", help="ZeRO optimizer offload to CPU RAM")
     group.add_argument("--offload-params", action="store_true", help="ZeRO-3 parameter offload to CPU RAM")
+
+
+def scale_out_for(args, config):
+    """The flags when any is given, else the config's distributed section (a layer split takes --gpus x --gpu-memory)."""
+    from studio.core.estimate import ScaleOut
+
+    if config.distributed.layer_split:
+        sizes = (args.gpu_memory,) * (args.gpus or 1) if args.gpu_memory else ()
+        return ScaleOut.from_config(config, sizes)
+    if args.gpus is None and args.zero_stage is None and not (args.offload_optimizer or args.offload_params):
+        return ScaleOut.from_config(config)
+    return ScaleOut(args.gpus or 1, args.zero_stage or 0, args.offload_optimizer, args.offload_params)
 
 
 def add_estimate(commands) -> None:
@@ -69,13 +81,11 @@ def add_fit(commands) -> None:
 
 def _load(args):
     from studio.core.config import load_config
-    from studio.core.estimate import ScaleOut
     from studio.core.modelinfo import load_model_config
 
     config = load_config(args.config)
     model_config = load_model_config(config.model.name_or_path, config.model.revision)
-    scale_out = ScaleOut(args.gpus, args.zero_stage, args.offload_optimizer, args.offload_params)
-    return config, model_config, scale_out
+    return config, model_config, scale_out_for(args, config)
 
 
 def _estimate(args) -> int:
@@ -176,6 +186,8 @@ def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, si
             if value:
                 lines.append(f"  {_PART_LABELS[part]:<26}{format_bytes(value):>12}")
         lines.append(f"  {'total':<26}{format_bytes(device.total_bytes):>12}")
+    if result.placement is not None:
+        lines.append(f"layer split: {result.placement.summary()}")
     for note in result.notes:
         lines.append(f"note: {note}")
     if simulated is not None:

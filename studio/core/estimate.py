@@ -69,17 +69,25 @@ TIGHT_FRACTION = 0.90
 
 @dataclass(frozen=True)
 class ScaleOut:
-    """How the run is spread over GPUs (not in RunConfig yet; single GPU by default).
+    """How the run is spread over devices; ``ScaleOut.from_config`` reads it from the distributed section.
 
     ``zero_stage`` 0 is plain data parallelism; 1, 2, 3 shard optimizer state,
     then gradients, then parameters over ``num_gpus`` (DeepSpeed ZeRO, mixed
-    precision: 16-bit weights and gradients, fp32 master weights).
+    precision: 16-bit weights and gradients, fp32 master weights; FSDP's full
+    sharding is counted as stage 3). ``split_devices`` holds the memory of each
+    device of a layer split (one process, blocks spread over them, see
+    studio.core.placement), ``split_weight_limit`` the configured weight bytes
+    per device (0: the device's memory minus room for the rest) and
+    ``split_offload_bytes`` the CPU RAM that may hold the blocks that do not fit.
     """
 
     num_gpus: int = 1
     zero_stage: int = 0
     offload_optimizer: bool = False
     offload_params: bool = False
+    split_devices: tuple[int, ...] = ()
+    split_weight_limit: int = 0
+    split_offload_bytes: int = 0
 
     def __post_init__(self):
         if self.num_gpus < 1 or self.zero_stage not in (0, 1, 2, 3):
@@ -89,10 +97,37 @@ class ScaleOut:
             raise StudioError("parameter offload needs ZeRO stage 3", "set zero_stage to 3", kind="config")
         if self.offload_optimizer and self.zero_stage == 0:
             raise StudioError("optimizer offload needs a ZeRO stage", "set zero_stage to 1, 2 or 3", kind="config")
+        if self.layer_split and (self.num_gpus > 1 or self.uses_zero):
+            raise StudioError("a layer split runs in one process without sharding", "use num_gpus 1 and zero_stage 0",
+                              kind="config")
+
+    @classmethod
+    def from_config(cls, config: RunConfig, device_bytes: tuple[int, ...] = (), num_machines: int = 1) -> "ScaleOut":
+        """The scale-out of ``config.distributed`` on ``num_machines`` machines.
+
+        ``device_bytes``: the memory of each of this machine's GPUs, which a layer
+        split spreads the model over (without it, ``max_gpu_memory_gib`` sizes one device).
+        """
+        d = config.distributed
+        if d.layer_split:
+            limit = int(d.max_gpu_memory_gib * GIB)
+            devices = tuple(device_bytes) or ((limit,) if limit else ())
+            if not devices:
+                raise StudioError("the layer split's estimate needs the GPUs' memory",
+                                  "set distributed.max_gpu_memory_gib, or give the GPUs (--gpus and --gpu-memory)",
+                                  kind="config")
+            return cls(split_devices=devices, split_weight_limit=limit, split_offload_bytes=int(d.max_cpu_memory_gib * GIB))
+        stage = 3 if d.sharding == "fsdp" else (d.deepspeed_stage or 0)
+        return cls(num_gpus=d.num_processes * num_machines, zero_stage=stage,
+                   offload_optimizer=d.offload_optimizer != "none", offload_params=d.offload_params != "none")
 
     @property
     def uses_zero(self) -> bool:
         return self.zero_stage > 0
+
+    @property
+    def layer_split(self) -> bool:
+        return bool(self.split_devices)
 
 
 @dataclass(frozen=True)
@@ -188,14 +223,20 @@ class Estimate:
     trainable_parameters: int
     tokens_per_micro_batch: int
     notes: tuple[str, ...] = ()
+    placement: Any = None  # a layer split's studio.core.placement.Placement
+
+    @property
+    def peak_device(self) -> DeviceEstimate:
+        """The fullest device that computes (a layer split fills its devices unevenly; the host is not one)."""
+        return max((d for d in self.devices if d.device != "host"), key=lambda d: d.total_bytes)
 
     @property
     def peak_bytes(self) -> int:
-        return self.devices[0].total_bytes
+        return self.peak_device.total_bytes
 
     @property
     def parts(self) -> dict[str, int]:
-        return self.devices[0].parts
+        return self.peak_device.parts
 
     def verdict(self, gpu_bytes: int) -> Verdict:
         return verdict_for(self.peak_bytes, gpu_bytes)
@@ -207,6 +248,8 @@ class Estimate:
             "parameters": self.parameters, "trainable_parameters": self.trainable_parameters,
             "tokens_per_micro_batch": self.tokens_per_micro_batch, "notes": list(self.notes),
         }
+        if self.placement is not None:
+            out["placement"] = self.placement.to_json()
         if gpu_bytes:
             out["verdict"] = self.verdict(gpu_bytes).to_json()
         return out
@@ -824,15 +867,27 @@ def _quantized_weight_bytes(layer: LinearLayer, regime: Regime) -> int:
     return n // 2 + 4 * blocks + code
 
 
-def weight_bytes(shape: ModelShape, regime: Regime) -> int:
-    """The base model as loaded and prepared, with its buffers (adapters excluded)."""
-    outer = DTYPE_BYTES[regime.outer_dtype]
-    total = sum(p.elements for p in shape.outer_parameters) * outer
+def block_weight_bytes(shape: ModelShape, regime: Regime) -> int:
+    """One decoder block as loaded and prepared (adapters excluded)."""
     block = sum(p.elements * _block_parameter_width(p, regime) for p in shape.block_parameters)
     if regime.quantization != "none":
         block += sum(_quantized_weight_bytes(layer, regime) for layer in shape.block_linears)
+    return block
+
+
+def outer_weight_bytes(shape: ModelShape, regime: Regime) -> dict[str, int]:
+    """The weights outside the blocks by module (``model.embed_tokens``, ``model.norm``, ``lm_head``)."""
+    modules: dict[str, int] = {}
+    for p in shape.outer_parameters:
+        module = p.name.rsplit(".", 1)[0]
+        modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[regime.outer_dtype]
+    return modules
+
+
+def weight_bytes(shape: ModelShape, regime: Regime) -> int:
+    """The base model as loaded and prepared, with its buffers (adapters excluded)."""
     rotary_buffers = 4 * int(shape.head_dim * shape.rotary_fraction)  # inv_freq and its original copy, fp32
-    return total + shape.layers * block + rotary_buffers
+    return sum(outer_weight_bytes(shape, regime).values()) + shape.layers * block_weight_bytes(shape, regime) + rotary_buffers
 
 
 def _block_parameter_width(p, regime: Regime) -> int:
@@ -1000,15 +1055,25 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
         regime = replace(regime, base_dtype=regime.compute)
     acts = activations(shape, regime)
     phases = _phases(shape, regime, states, acts)
-    devices, host = _scale_out(phases, shape, regime, states, scale_out)
+    if scale_out.layer_split:
+        from studio.core.placement import split_devices
+
+        devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
+    else:
+        placement = None
+        devices, host = _scale_out(phases, shape, regime, states, scale_out)
     if device_type == "cuda":
         devices = [_with_cuda_overheads(d, overheads, scale_out) for d in devices]
+    peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
     if host is not None:
         devices.append(host)
     notes = _notes(shape, regime)
-    return Estimate(devices=tuple(devices), peak_phase=devices[0].peak_phase, parameters=shape.parameter_count,
+    if placement is not None and placement.offloaded_layers and not regime.checkpointing:
+        notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
+                  "turn on gradient checkpointing to fetch one at a time",)
+    return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
-                    notes=notes)
+                    notes=notes, placement=placement)
 
 
 def _peak(device: str, phases: dict[str, dict[str, int]]) -> DeviceEstimate:

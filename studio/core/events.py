@@ -6,7 +6,8 @@ truth: a viewer that starts late, or after a crash, rebuilds the whole history
 from it. Types and their main fields:
 
 - ``run_started``: config (resolved), versions, devices, run_dir, pid, total_steps, start_step,
-  resumed_from, trainable_params, total_params, adapted_modules, data (rows, tokens, truncated per split)
+  resumed_from, trainable_params, total_params, adapted_modules, data (rows, tokens, truncated per split),
+  placement (a layer split: device_map, summary, layers and weight bytes per device; null without one)
 - ``estimate``: the predicted peak memory (studio.core.estimate: devices with parts, peak_phase)
 - ``memory_measured``: step, device, peak_bytes and peak_phase of one tracked steady-state step,
   predicted_bytes (also appended per machine to memory-calibration.jsonl beside the runs folder)

@@ -108,13 +108,14 @@ class ChoiceControl(BoundControl):
         self.combo.setCurrentIndex(index)
         self.combo.blockSignals(False)
         self.set_explanation(self.options[index].explain)
-        blocked = []
+        blocked: dict[str, list[str]] = {}  # reason -> the options it blocks, said once
         for i, option in enumerate(self.options):
             reason = "" if i == index else self._reason(option.value)
             set_combo_item_enabled(self.combo, i, not reason, reason)
             if reason:
-                blocked.append(f"{option.label}: {reason}")
-        self.show_reason("Not available now — " + "; ".join(blocked) if blocked else "")
+                blocked.setdefault(reason, []).append(option.label)
+        self.show_reason("Not available now — " + "; ".join(f"{', '.join(labels)}: {reason}"
+                                                            for reason, labels in blocked.items()) if blocked else "")
 
     def _reason(self, value: Any) -> str:
         return (self.extra_rule(value) if self.extra_rule else "") or \

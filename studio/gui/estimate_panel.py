@@ -125,6 +125,13 @@ class GpuPicker(QWidget):
         self.custom.setValue(gigabytes)
 
 
+def _scale_out_text(estimate: Estimate) -> str:
+    """Where a layer split puts the layers, and the CPU RAM that offload takes."""
+    text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
+    host = next((d for d in estimate.devices if d.device == "host"), None)
+    return text + (f" CPU RAM for offloaded state: {gib(host.total_bytes)}." if host else "")
+
+
 class EstimatePanel(QGroupBox):
     """Recomputes on every config change (about a millisecond: no delay to hide)."""
 
@@ -194,7 +201,8 @@ class EstimatePanel(QGroupBox):
         if not self._applying_fit and not self.simulating:
             self.result.setText("")  # a fit or simulation result describes the config before this change
         try:
-            self.estimate, self.error = memory.estimate_run(self.store.config), ""
+            self.estimate, self.error = memory.estimate_run(self.store.config, gpu_bytes=self.picker.capacity_bytes,
+                                                            gpu_count=max(1, len(self.detected))), ""
         except StudioError as exc:
             self.estimate, self.error = None, exc.message
         self._show()
@@ -220,6 +228,7 @@ class EstimatePanel(QGroupBox):
         self.phase.setText(f"Peak during {memory.PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
                            f"{gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
+                           + _scale_out_text(estimate)
                            + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes)))
         self.fit_button.setEnabled(True)
 

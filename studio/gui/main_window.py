@@ -23,6 +23,7 @@ from studio.gui.log_dialog import LogDialog
 from studio.gui.model_panel import ModelPanel
 from studio.gui.run_history import live_runs
 from studio.gui.runs import RunController
+from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import wait_for_background_work
 from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
@@ -48,6 +49,7 @@ class MainWindow(QMainWindow):
         self.model_panel = ModelPanel(self.store, self.settings)
         self.data_panel = DataPanel(self.store)
         self.techniques_panel = TechniquesPanel(self.store)
+        self.scale_panel = ScalePanel(self.store)
         self.estimate_panel = EstimatePanel(self.store, self.settings.gpu_card, self.settings.gpu_custom_gib)
         self.charts = ChartsPanel()
         self.history = HistoryPanel(self.runs_root)
@@ -100,6 +102,7 @@ class MainWindow(QMainWindow):
         self.setup_tabs.addTab(self.model_panel, "1  Model")
         self.setup_tabs.addTab(self.data_panel, "2  Data")
         self.setup_tabs.addTab(self.techniques_panel, "3  Techniques")
+        self.setup_tabs.addTab(self.scale_panel, "4  Scale out")
         self.problems.setWordWrap(True)
         self.problems.setProperty("role", "reason")
         left = QWidget()

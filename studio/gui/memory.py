@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.estimate import Estimate, estimate
+from studio.core.estimate import Estimate, ScaleOut, estimate
 from studio.core.fit import fit
 from studio.core.modelinfo import load_model_config
 
@@ -39,9 +39,12 @@ def _cached_model_config(name: str, revision: str, stamp: float) -> dict:
     return load_model_config(name, revision, allow_network=False)
 
 
-def estimate_run(config: RunConfig, device_type: str = "cuda") -> Estimate:
-    """The estimate of ``config``; raises StudioError when the model or its architecture is unknown."""
-    return estimate(model_config_of(config), config, device_type=device_type)
+def estimate_run(config: RunConfig, device_type: str = "cuda", gpu_bytes: int = 0, gpu_count: int = 1) -> Estimate:
+    """The estimate of ``config`` with its distributed section (a layer split spreads over ``gpu_count`` GPUs
+    of ``gpu_bytes``); raises StudioError when the model or its architecture is unknown."""
+    devices = (gpu_bytes,) * gpu_count if gpu_bytes else ()
+    return estimate(model_config_of(config), config, device_type=device_type,
+                    scale_out=ScaleOut.from_config(config, devices))
 
 
 # ---------------------------------------------------------------- fit to a GPU

@@ -129,6 +129,11 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
     if quant is not None:
         kwargs["quantization_config"] = quant
         kwargs["device_map"] = {"": device}
+    if config.distributed.layer_split:
+        from studio.train import layersplit
+
+        placement = layersplit.plan(config)
+        kwargs["device_map"] = layersplit.hf_device_map(placement, config)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             config.model.name_or_path,
@@ -138,7 +143,9 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
         )
     except Exception as exc:
         raise _load_error(config, exc) from exc
-    if quant is None:
+    if config.distributed.layer_split:
+        layersplit.dispatch_offloaded(model, placement, kwargs["device_map"])
+    elif quant is None:
         model.to(device)
     model.config.use_cache = False
     return model
@@ -189,6 +196,10 @@ def attach_adapter(model, config: RunConfig):
         raise StudioError(f"cannot attach the LoRA adapter: {exc}",
                           "check lora.target_modules against the model's module names, or use all-linear",
                           kind="config") from exc
+    if config.distributed.layer_split:
+        from studio.train.layersplit import materialize_offloaded_adapters
+
+        materialize_offloaded_adapters(model)
     return model
 
 

@@ -35,6 +35,7 @@ from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
 from studio.train.data import collate, prepare_data
+from studio.train.layersplit import placement_of, run_scale_out
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
@@ -121,6 +122,7 @@ class Worker:
             start_step=self.step, resumed_from=str(resume_from) if resume_from else None,
             trainable_params=trainable, total_params=total, data=data.stats,
             adapted_modules=adapted_module_names(self.model) if config.uses_adapter else [],
+            placement=placement_of(self.raw_model),
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
@@ -129,7 +131,8 @@ class Worker:
         """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
         model = self.config.model
         try:
-            predicted = estimate(load_model_config(model.name_or_path, model.revision), self.config, self.device.type)
+            predicted = estimate(load_model_config(model.name_or_path, model.revision), self.config, self.device.type,
+                                 run_scale_out(self.config))
         except StudioError as exc:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
             return None

@@ -1,0 +1,47 @@
+"""The launch bundle for several machines: what each node runs, and a config that loads there."""
+
+import json
+import shlex
+
+import pytest
+
+from studio.cli import main
+from studio.core.config import load_config, save_config
+from studio.core.errors import StudioError
+from studio.core.presets import demo_config
+from studio.core.validation import validate
+
+
+def test_two_host_bundle_has_each_nodes_command_and_a_portable_config(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    config = demo_config().replace(distributed={"sharding": "zero2"})
+    save_config(config, source / "run.yaml")
+    out = tmp_path / "bundle"
+    assert main(["bundle", str(source / "run.yaml"), "--hosts", "10.0.0.1,10.0.0.2", "--gpus-per-host", "4",
+                 "--port", "29444", "--out", str(out)]) == 0
+
+    for rank in (0, 1):
+        argv = shlex.split((out / f"launch-node-{rank}.sh").read_text().splitlines()[-1].removeprefix("exec "))
+        assert f"--node-rank={rank}" in argv and "--nnodes=2" in argv and "--nproc-per-node=4" in argv
+        assert "--master-addr=10.0.0.1" in argv and "--master-port=29444" in argv
+        assert argv[-3:] == ["config.yaml", "--run-dir", "run"]
+        assert f"'--node-rank={rank}'" in (out / f"launch-node-{rank}.ps1").read_text()
+    assert (out / "hostfile").read_text() == "10.0.0.1 slots=4\n10.0.0.2 slots=4\n"
+    assert json.loads((out / "cluster.json").read_text())["world_size"] == 8
+
+    moved = tmp_path / "elsewhere"  # another node: the bundle copied to another path
+    (out).rename(moved)
+    loaded = load_config(moved / "config.yaml")
+    assert validate(loaded) == []
+    assert loaded.data.train_files[0].startswith(str(moved)) and loaded.distributed.num_processes == 4
+    assert "10.0.0.2: launch-node-1.sh" in (moved / "README.txt").read_text()
+
+
+def test_plain_data_parallel_needs_no_hostfile_and_a_layer_split_no_bundle(tmp_path):
+    from studio.core.bundle import write_bundle
+
+    bundle = write_bundle(demo_config(), ("a", "b"), 1, tmp_path / "ddp")
+    assert not (bundle.folder / "hostfile").exists()
+    with pytest.raises(StudioError, match="one machine"):
+        write_bundle(demo_config().replace(distributed={"layer_split": True}), ("a", "b"), 1, tmp_path / "split")

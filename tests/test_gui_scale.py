@@ -1,0 +1,59 @@
+"""The scale-out panel: distributed choices, refusals with their reason, the estimate, the cluster bundle."""
+
+import pytest
+
+from studio.core.config import load_config
+from test_gui import app_dirs, open_window  # noqa: F401 (fixture)
+
+
+@pytest.fixture
+def window(qtbot, app_dirs):  # noqa: F811
+    window = open_window(qtbot)
+    window.setup_tabs.setCurrentWidget(window.scale_panel)
+    return window
+
+
+def test_sharding_over_gpus_lowers_the_estimate_per_gpu(window):
+    panel, estimate = window.scale_panel, window.estimate_panel
+    window.store.update(method="full")
+    single = estimate.estimate.peak_bytes
+    panel.processes.spin.setValue(4)
+    panel.sharding.combo.setCurrentIndex(3)  # zero3
+    assert window.store.config.distributed.sharding == "zero3"
+    assert len([d for d in estimate.estimate.devices if d.device != "host"]) == 4
+    assert estimate.estimate.parts["optimizer_state"] < single
+
+
+def test_choices_validation_refuses_are_disabled_with_the_reason(window, tmp_path):
+    panel = window.scale_panel
+    offload = panel.offload_optimizer.combo.model()
+    assert not offload.item(1).isEnabled() and "ZeRO" in offload.item(1).toolTip()  # no sharding yet
+    assert not panel.nvme_path.edit.isEnabled() and "NVMe" in panel.nvme_path.edit.toolTip()
+    assert not panel.deepspeed_config.browse.isEnabled()
+    panel.processes.spin.setValue(2)
+    assert not panel.layer_split.check.isEnabled() and "one process" in panel.layer_split.check.toolTip()
+    panel.processes.spin.setValue(1)
+    panel.sharding.combo.setCurrentIndex(2)  # zero2: optimizer offload and the DeepSpeed file apply
+    assert offload.item(1).isEnabled() and panel.deepspeed_config.browse.isEnabled()
+    assert not offload.item(2).isEnabled() and "needs a folder" in offload.item(2).toolTip()  # nvme: no folder yet
+    assert panel.nvme_path.edit.isEnabled()
+    panel.nvme_path.write(str(tmp_path))
+    assert offload.item(2).isEnabled()
+
+
+def test_layer_split_shows_where_the_layers_go(window):
+    panel, estimate = window.scale_panel, window.estimate_panel
+    assert not panel.max_gpu.isEnabled()
+    panel.layer_split.check.click()
+    assert window.store.config.distributed.layer_split and panel.max_gpu.isEnabled()
+    assert estimate.estimate.placement is not None and "Layer split: " in estimate.phase.text()
+    assert not panel.bundle_button.isEnabled()
+
+
+def test_export_cluster_bundle_writes_a_loadable_config(window, tmp_path):
+    panel = window.scale_panel
+    panel.sharding.combo.setCurrentIndex(1)  # zero1
+    bundle = panel.export_bundle("node-a, node-b", 2, 29600, tmp_path / "bundle")
+    assert (bundle.folder / "hostfile").read_text() == "node-a slots=2\nnode-b slots=2\n"
+    assert "--node-rank=1" in (bundle.folder / "launch-node-1.sh").read_text()
+    assert load_config(bundle.folder / "config.yaml").distributed.sharding == "zero1"
