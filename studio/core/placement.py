@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from studio.core.errors import StudioError
-from studio.core.estimate import (GIB, DeviceEstimate, Regime, _complete, _peak, block_weight_bytes, format_bytes,
+from studio.core.estimate import (DeviceEstimate, Regime, _complete, _peak, block_weight_bytes, format_bytes,
                                    outer_weight_bytes)
 from studio.core.modelinfo import ModelShape
 
