@@ -132,10 +132,12 @@ def _config(args) -> int:
         print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
         return 0
     from studio.core.dataset import inspect_files
+    from studio.train.preflight import check_model
 
     config = load_config(args.file)
     raise_if_invalid(config, str(args.file))
     report = inspect_files(config.data.train_files, config.data.format, keep=0)
+    check_model(config)  # imports transformers only for an architecture the estimator does not know
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
     return 0
 

@@ -11,12 +11,13 @@ from pathlib import Path
 from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
+from studio.core.modelcheck import is_local_model, looks_like_path
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     """Return every problem with ``config``; an empty list means it can run."""
     problems: list[Problem] = []
-    problems += _check_model(config)
+    problems += _check_model(config, check_files)
     problems += _check_data(config, check_files)
     problems += _check_method(config)
     problems += _check_training(config)
@@ -35,9 +36,13 @@ def _positive(value: float, where: str, what: str) -> list[Problem]:
     return [] if value > 0 else [Problem(where, f"must be greater than 0, got {value}", f"set a positive {what}")]
 
 
-def _check_model(config: RunConfig) -> list[Problem]:
-    if not config.model.name_or_path:
+def _check_model(config: RunConfig, check_files: bool) -> list[Problem]:
+    name = config.model.name_or_path
+    if not name:
         return [Problem("model.name_or_path", "no model chosen", "give a local model folder or a Hub id")]
+    if check_files and looks_like_path(name) and not is_local_model(name):
+        return [Problem("model.name_or_path", f"{name}: no such model folder",
+                        "check the path (relative paths start at the config's folder), or give a Hub id owner/name")]
     return []
 
 

@@ -17,6 +17,7 @@ import torch
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.modelinfo import cached_config
+from studio.train.preflight import weight_load_kwargs
 
 log = logging.getLogger("studio.train")
 
@@ -124,7 +125,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
     """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
     from transformers import AutoModelForCausalLM
 
-    kwargs = _hub_kwargs(config)
+    kwargs = {**_hub_kwargs(config), **weight_load_kwargs(config)}
     quant = quantization_config(config) if quantized else None
     if quant is not None:
         kwargs["quantization_config"] = quant
