@@ -6,6 +6,7 @@ and combinations. The GUI calls it on every change to disable impossible choices
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from studio.core.config import RunConfig
@@ -26,10 +27,18 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     return problems
 
 
-def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True) -> None:
+def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True,
+                     lines: dict[str, int] | None = None) -> None:
+    """Raise every problem at once; with the file's ``lines`` (config.key_lines) each names its YAML line."""
     problems = validate(config, check_files)
     if problems:
-        raise ProblemsError(problems, "config", source)
+        raise ProblemsError([_with_line(p, source, lines or {}) for p in problems], "config", source)
+
+
+def _with_line(problem: Problem, source: str, lines: dict[str, int]) -> Problem:
+    """``data.train_files[0]`` -> ``data.train_files[0] (run.yaml:7)`` when the file sets that key."""
+    line = lines.get(problem.where.split("[")[0])
+    return replace(problem, where=f"{problem.where} ({source}:{line})") if line else problem
 
 
 def _positive(value: float, where: str, what: str) -> list[Problem]:
