@@ -247,3 +247,76 @@ def test_bad_input_is_refused_naming_what_and_where(name, tmp_path, monkeypatch,
     assert not any(runs.glob("*/checkpoints")), "a refused input must not train"
 
     assert snapshot(user) == before, "nothing may be written into the folder holding the bad input"
+
+
+# ---------------------------------------------------------------- the app shows the same, readably
+
+GUI_DATA = ("missing field", "chat turns out of order", "a 10 MB line cut off", "parquet with wrong types", "csv with tabs")
+GUI_MODELS = {name: case.expected for name, case in CORPUS.items() if case.make.__qualname__.startswith("broken_model")
+              and name != "unknown architecture"}  # the app does not import transformers: the worker says that one
+GUI_MODELS["model folder missing"] = ("no model folder at ./model", "choose a folder holding config.json")
+
+
+def assert_readable(text: str, expected) -> None:
+    for part in expected:
+        assert part in text, f"{part!r} not in:\n{text}"
+    assert "Traceback" not in text and 'File "' not in text
+
+
+def user_config(name: str, tmp_path: Path):
+    from studio.core.config import load_config
+
+    user = tmp_path / "user"
+    user.mkdir()
+    return load_config(CORPUS[name].make(user))
+
+
+@pytest.mark.parametrize("name", GUI_DATA)
+def test_data_panel_shows_a_readable_problem(name, tmp_path, qtbot):
+    from studio.gui.data_panel import DataPanel
+    from studio.gui.widgets import ConfigStore
+
+    panel = DataPanel(ConfigStore(user_config(name, tmp_path)))
+    qtbot.addWidget(panel)
+    qtbot.waitUntil(lambda: not panel.task.busy and panel.banner.isVisibleTo(panel), timeout=20000)
+    assert_readable(panel.banner.text.text(), [html_quoted(e) for e in CORPUS[name].expected])
+    assert panel.preview is None
+
+
+@pytest.mark.parametrize("name", GUI_MODELS)
+def test_model_panel_names_the_broken_file(name, tmp_path, qtbot):
+    from studio.gui.model_panel import ModelPanel
+    from studio.gui.settings import AppSettings
+    from studio.gui.widgets import ConfigStore
+
+    panel = ModelPanel(ConfigStore(user_config(name, tmp_path)), AppSettings())
+    qtbot.addWidget(panel)
+    assert panel.banner.isVisibleTo(panel)
+    assert_readable(panel.banner.text.text(), [html_quoted(e) for e in GUI_MODELS[name]])
+    assert panel.summary is None or not panel.settings.recent_models  # a broken folder is not remembered
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("config: wrong types", ("model.trust_remote_code (", "last-choices.yaml:4): expected true or false",
+                             "training.learning_rate (", "last-choices.yaml:10): expected a number")),
+    ("config: broken yaml", ("last-choices.yaml:5: not valid YAML",)),
+])
+def test_unreadable_last_choices_are_explained_when_the_app_opens(name, expected, tmp_path, qtbot, monkeypatch):
+    from studio.core.presets import demo_config
+    from studio.gui.main_window import MainWindow
+
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("STUDIO_RUNS_DIR", str(tmp_path / "runs"))
+    (tmp_path / "config").mkdir()
+    CORPUS[name].make(tmp_path / "config").rename(tmp_path / "config" / "last-choices.yaml")
+    window = MainWindow(attach_live_runs=False)
+    window.ask_close_choice = lambda: "stop"
+    qtbot.addWidget(window)
+    assert window.notice.isVisibleTo(window) and window.store.config == demo_config()
+    assert_readable(window.notice.text.text(), expected + ("last-choices.yaml.broken", "demo preset"))
+
+
+def html_quoted(text: str) -> str:
+    import html
+
+    return html.escape(text)
