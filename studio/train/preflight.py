@@ -17,7 +17,7 @@ from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.dataset import DatasetReport, inspect_files
-from studio.core.errors import Problem, ProblemsError
+from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.events import EventWriter
 from studio.core.modelcheck import is_local_model, raise_for_model_folder, remote_code_warning, weight_format
 from studio.core.modelinfo import SUPPORTED_MODEL_TYPES, cached_config
@@ -105,3 +105,12 @@ def weight_load_kwargs(config: RunConfig) -> dict:
         kwargs["use_safetensors"] = True
     return kwargs
 
+
+
+def refused_pickle_error(name_or_path: str, exc: Exception) -> StudioError:
+    """A pickle weights file that holds more than tensors: said plainly, without torch's advice to load it unsafely."""
+    lines = str(exc).splitlines()
+    detail = next((line.strip() for line in lines if "WeightsUnpickler error" in line), type(exc).__name__)
+    return StudioError(f"refused to load the weights of {name_or_path}: the PyTorch pickle file holds Python objects "
+                       f"that could run code, not only tensors ({detail})",
+                       "use the model's safetensors weights, or convert a copy you trust to safetensors", kind="model")
