@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(args) -> int:
-    from studio.core.config import load_config
+    from studio.core.config import key_lines, load_config
+    from studio.core.validation import raise_if_invalid
     from studio.train.worker import run
 
     if args.resume:
@@ -94,6 +95,7 @@ def _train(args) -> int:
     if args.config is None:
         raise StudioError("no config given", "run `studio train CONFIG.yaml`, or `studio config init my.yaml` to write one", kind="usage")
     config = load_config(args.config)
+    raise_if_invalid(config, str(args.config), lines=key_lines(args.config))  # refused with YAML lines, before any run folder
     code, _ = run(config, args.run_dir)
     return code
 
@@ -141,7 +143,7 @@ def _bundle(args) -> int:
 
 
 def _config(args) -> int:
-    from studio.core.config import load_config, reference_markdown, save_config
+    from studio.core.config import key_lines, load_config, reference_markdown, save_config
     from studio.core.validation import raise_if_invalid
 
     if args.action == "reference":
@@ -158,10 +160,12 @@ def _config(args) -> int:
         print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
         return 0
     from studio.core.dataset import inspect_files
+    from studio.train.preflight import check_model
 
     config = load_config(args.file)
-    raise_if_invalid(config, str(args.file))
+    raise_if_invalid(config, str(args.file), lines=key_lines(args.file))
     report = inspect_files(config.data.train_files, config.data.format, keep=0)
+    check_model(config)  # imports transformers only for an architecture the estimator does not know
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
     return 0
 

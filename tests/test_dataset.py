@@ -104,8 +104,12 @@ def test_explicit_format_overrides_detection(tmp_path):
 
 
 def test_explicit_format_names_what_the_row_looks_like(tmp_path):
-    (message,) = problems_of(write(tmp_path / "d.jsonl", PROMPT_COMPLETION[:1]), "instruction")
-    assert "d.jsonl:1: field 'instruction' is missing" in message and "looks like prompt_completion" in message
+    (message,) = problems_of(write(tmp_path / "d.jsonl", PROMPT_COMPLETION), "instruction")
+    assert message == ("d.jsonl:1: the rows look like prompt_completion, but data.format is instruction (field "
+                       "'instruction' is missing) (set data.format to prompt_completion or auto)")
+    rows = ALPACA + PROMPT_COMPLETION[:1]
+    (message,) = problems_of(write(tmp_path / "later.jsonl", rows), "instruction")
+    assert message.startswith("later.jsonl:3: field 'instruction' is missing") and "looks like prompt_completion" in message
 
 
 def test_csv_cell_may_hold_a_conversation_as_json(tmp_path):

@@ -155,5 +155,5 @@ def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs):
     window.start_action.trigger()
     qtbot.waitUntil(lambda: window.controller.job.state is State.FAILED, timeout=WORKER_TIMEOUT_MS)
     banner = window.run_banner.text.text()
-    assert "Training failed" in banner and "cannot load the model" in banner and "weights" in banner
+    assert "Training failed" in banner and "broken-model: no weights" in banner and "model.safetensors" in banner
     assert window.status.text().startswith("Failed")

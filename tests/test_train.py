@@ -5,6 +5,7 @@ import json
 import pytest
 
 from helpers import losses, quick_config
+from studio.core.errors import ProblemsError
 from studio.core.events import read_events
 from studio.train.worker import EXIT_FAILED, EXIT_OK, run
 
@@ -87,12 +88,11 @@ def test_invalid_config_is_refused_before_anything_is_written(tmp_path, small_da
     assert not (tmp_path / "run").exists()
 
 
-def test_missing_model_folder_fails_with_a_readable_error(tmp_path, small_data):
+def test_missing_model_folder_is_refused_before_a_run_starts(tmp_path, small_data):
     config = quick_config(small_data, model={"name_or_path": str(tmp_path / "no-such-model")})
-    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
-    error = next(e for e in read_events(run_dir.events) if e["type"] == "error")
-    assert code == EXIT_FAILED and error["kind"] == "model"
-    assert "does not exist" in error["message"] and error["hint"]
+    with pytest.raises(ProblemsError, match="model.name_or_path: .*no-such-model: no such model folder"):
+        run(config, tmp_path / "run", watch_stdin=False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_data_row_fails_naming_file_and_line(tmp_path, small_data):

@@ -384,6 +384,14 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem], where) -> 
     raise TypeError(f"unsupported config type {tp} at {path}")  # schema bug, not user input
 
 
+def key_lines(path: Path) -> dict[str, int]:
+    """The 1-based YAML line of each dotted key in a config file ({} when it cannot be read)."""
+    try:
+        return _key_lines(yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+
+
 def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:
     """Map each dotted key path in a composed YAML tree to its 1-based line."""
     lines: dict[str, int] = {}

@@ -546,6 +546,8 @@ class _Scanner:
         self.format: str | None = None if fmt == "auto" else fmt
         self.decided_at = ""
         self.complete = True
+        self.rows_checked = 0
+        self.wrong_format = False  # the explicit format does not fit the first row: stop at that one problem
 
     def items(self, paths: list[Path], limit: int | None = None) -> Iterator[tuple[Path, Example | Problem]]:
         """(file, example or problem) for each row; files without rows are problems too."""
@@ -574,9 +576,15 @@ class _Scanner:
             return to_messages(record, self.format, location)
         except DataError as exc:
             if self.requested != "auto" and seen and seen != self.format:
+                if not self.rows_checked:  # the first row already: the whole dataset is likely another format
+                    self.wrong_format = True
+                    return Problem(exc.problem.where, f"the rows look like {seen}, but data.format is {self.format} "
+                                   f"({exc.problem.message})", f"set data.format to {seen} or auto")
                 return Problem(exc.problem.where, exc.problem.message,
                                f"the row looks like {seen} but data.format is {self.format}")
             return exc.problem
+        finally:
+            self.rows_checked += 1
 
 
 def iter_examples(paths: Iterable[str | Path], fmt: str = "auto") -> Iterator[Example]:
@@ -616,6 +624,8 @@ def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | N
                     kept.append(item)
             elif len(problems) < MAX_PROBLEMS:
                 problems.append(item)
+                if scanner.wrong_format:
+                    break
             else:
                 problems.append(Problem("", f"stopped checking after {MAX_PROBLEMS} problems"))
                 break

@@ -6,17 +6,19 @@ and combinations. The GUI calls it on every change to disable impossible choices
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
+from studio.core.modelcheck import is_local_model, looks_like_path
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     """Return every problem with ``config``; an empty list means it can run."""
     problems: list[Problem] = []
-    problems += _check_model(config)
+    problems += _check_model(config, check_files)
     problems += _check_data(config, check_files)
     problems += _check_method(config)
     problems += _check_training(config)
@@ -25,19 +27,31 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     return problems
 
 
-def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True) -> None:
+def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True,
+                     lines: dict[str, int] | None = None) -> None:
+    """Raise every problem at once; with the file's ``lines`` (config.key_lines) each names its YAML line."""
     problems = validate(config, check_files)
     if problems:
-        raise ProblemsError(problems, "config", source)
+        raise ProblemsError([_with_line(p, source, lines or {}) for p in problems], "config", source)
+
+
+def _with_line(problem: Problem, source: str, lines: dict[str, int]) -> Problem:
+    """``data.train_files[0]`` -> ``data.train_files[0] (run.yaml:7)`` when the file sets that key."""
+    line = lines.get(problem.where.split("[")[0])
+    return replace(problem, where=f"{problem.where} ({source}:{line})") if line else problem
 
 
 def _positive(value: float, where: str, what: str) -> list[Problem]:
     return [] if value > 0 else [Problem(where, f"must be greater than 0, got {value}", f"set a positive {what}")]
 
 
-def _check_model(config: RunConfig) -> list[Problem]:
-    if not config.model.name_or_path:
+def _check_model(config: RunConfig, check_files: bool) -> list[Problem]:
+    name = config.model.name_or_path
+    if not name:
         return [Problem("model.name_or_path", "no model chosen", "give a local model folder or a Hub id")]
+    if check_files and looks_like_path(name) and not is_local_model(name):
+        return [Problem("model.name_or_path", f"{name}: no such model folder",
+                        "check the path (relative paths start at the config's folder), or give a Hub id owner/name")]
     return []
 
 

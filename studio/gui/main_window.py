@@ -11,6 +11,7 @@ from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QTabWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
+from studio.core.errors import Problem
 from studio.core.rundir import default_runs_root
 from studio.gui import settings as app_settings
 from studio.gui.charts import WAITING, ChartsPanel
@@ -27,7 +28,7 @@ from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import wait_for_background_work
 from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
-from studio.gui.widgets import Banner, ConfigStore
+from studio.gui.widgets import Banner, ConfigStore, problems_html
 
 ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -40,7 +41,8 @@ class MainWindow(QMainWindow):
         if ICON.is_file():
             self.setWindowIcon(QIcon(str(ICON)))
         self.settings = app_settings.load_settings()
-        self.store = ConfigStore(app_settings.load_last_config(), self)
+        config, self.unreadable_choices = app_settings.read_last_config()
+        self.store = ConfigStore(config, self)
         self.runs_root = Path(runs_root) if runs_root else default_runs_root()
         self.controller = RunController(self.runs_root, self)
         self.ask_close_choice = self._ask_close_choice  # tests answer the question themselves
@@ -56,6 +58,7 @@ class MainWindow(QMainWindow):
         self.export_panel = ExportPanel()
         self.try_panel = TryPanel()
         self.run_banner = Banner()
+        self.notice = Banner()
         self.problems = QLabel()
         self.status = QLabel()
 
@@ -63,6 +66,7 @@ class MainWindow(QMainWindow):
         self._build_layout()
         self._connect()
         self.data_panel.set_model(self.model_panel.summary)
+        self._show_unreadable_choices()
         self._restore_window_state()
         self._on_config_changed()
         self._on_run_changed()
@@ -70,6 +74,18 @@ class MainWindow(QMainWindow):
             self._attach_to_live_run()
 
     # ------------------------------------------------------------ building
+    def _show_unreadable_choices(self) -> None:
+        """Say why the last choices are gone instead of silently opening the demo preset."""
+        error = self.unreadable_choices
+        if error is None:
+            return
+        path = app_settings.choices_path()
+        problems = getattr(error, "problems", None) or [Problem(str(path), error.message, error.hint)]
+        self.notice.show_message(problems_html(
+            "Your last choices could not be read", problems,
+            f"The file was kept as {path.name}.broken; the window opens with the demo preset."), error=True)
+        self.notice.add_button("Dismiss", self.notice.hide)
+
     def _build_actions(self) -> None:
         toolbar = QToolBar("Run")
         toolbar.setObjectName("run-toolbar")
@@ -108,6 +124,7 @@ class MainWindow(QMainWindow):
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(6, 6, 0, 6)
+        left_layout.addWidget(self.notice)
         left_layout.addWidget(self.setup_tabs, 1)
         left_layout.addWidget(self.problems)
         left_layout.addWidget(self.estimate_panel)

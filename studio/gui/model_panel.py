@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.modelcheck import check_model_folder, is_local_model, remote_code_warning
 from studio.core.presets import DEMO_MODEL
-from studio.gui.model_summary import ModelSummary, human_bytes, human_count, summarize_model
+from studio.gui.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_bytes, human_count, summarize_model
 from studio.gui.settings import AppSettings
-from studio.gui.widgets import BAD, GOOD, WARN, Banner, ConfigStore, explanation
+from studio.gui.controls import ToggleControl
+from studio.gui.widgets import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html
 
 
 class ModelPanel(QWidget):
@@ -41,6 +45,12 @@ class ModelPanel(QWidget):
         self.current.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.current.setWordWrap(True)
         self.banner = Banner()
+        self.trust_remote_code = ToggleControl(
+            store, "model.trust_remote_code", "Run Python code shipped with the model (trust_remote_code)",
+            "Some models need their own code to load. It runs with your user's rights: turn this on only for a "
+            "model whose code you have read, pinned to that revision.", compact=True)
+        self.remote_code_warning = explanation("", role="reason")
+        self.remote_code_warning.hide()
         self.facts: dict[str, QLabel] = {}
         self._build_layout(hub_button)
         store.changed.connect(self._on_config)
@@ -65,6 +75,8 @@ class ModelPanel(QWidget):
         recent.addWidget(QLabel("Recent:"))
         recent.addWidget(self.recent, 1)
         grid.addLayout(recent)
+        grid.addWidget(self.trust_remote_code)
+        grid.addWidget(self.remote_code_warning)
 
         info = QGroupBox("This model")
         form = QFormLayout(info)
@@ -105,23 +117,38 @@ class ModelPanel(QWidget):
 
     # ------------------------------------------------------------ showing
     def _on_config(self, config: RunConfig) -> None:
+        self._show_remote_code_warning(config)
         name = config.model.name_or_path
         if name == self._shown_model:
             return
         self._shown_model = name
         self.current.setText(name or "(none chosen)")
+        problems = check_model_folder(name) if is_local_model(name) else []
         try:
             self.summary = summarize_model(name, config.model.revision)
         except StudioError as exc:
             self.summary = None
-            self.banner.show_message(f"<b>{exc.message}</b><br>{exc.hint}", error=True)
             self._show_facts(None)
+            if not problems:
+                self.banner.show_message(f"<b>{html.escape(exc.message)}</b><br>{html.escape(exc.hint)}", error=True)
         else:
             self.banner.hide()
             self._show_facts(self.summary)
-            self.settings.remember_model(name)
-            self._fill_recent()
+            if not problems:
+                self.settings.remember_model(name)
+                self._fill_recent()
+        if problems:
+            self.banner.show_message(problems_html("This model folder cannot be loaded", problems), error=True)
+            if any(p.where.endswith(WEIGHT_SUFFIXES) or p.message.startswith("no weights") for p in problems):
+                self.facts["Weights"].setText(f"<span style='color:{BAD}'>damaged or missing</span>: see the problem above")
         self.summary_changed.emit(self.summary)
+
+    def _show_remote_code_warning(self, config: RunConfig) -> None:
+        model = config.model
+        if model.trust_remote_code:
+            message, hint = remote_code_warning(model.name_or_path, model.revision)
+            self.remote_code_warning.setText(f"⚠ {message}. To do: {hint}.")
+        self.remote_code_warning.setVisible(model.trust_remote_code)
 
     def _show_facts(self, s: ModelSummary | None) -> None:
         if s is None:
@@ -145,3 +172,4 @@ class ModelPanel(QWidget):
         }
         for key, text in values.items():
             self.facts[key].setText(text)
+

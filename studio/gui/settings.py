@@ -80,14 +80,19 @@ def save_settings(settings: AppSettings) -> None:
 
 def load_last_config() -> RunConfig:
     """The config as the user left it, or the demo preset (first start, or a file that no longer loads)."""
+    return read_last_config()[0]
+
+
+def read_last_config() -> tuple[RunConfig, StudioError | None]:
+    """(the config as the user left it, None), or (the demo preset, why the file was set aside)."""
     path = choices_path()
     if not path.is_file():
-        return demo_config()
+        return demo_config(), None
     try:
-        return load_config(path)
-    except StudioError:
+        return load_config(path), None
+    except StudioError as exc:
         _set_aside(path)
-        return demo_config()
+        return demo_config(), exc
 
 
 def save_last_config(config: RunConfig) -> None:

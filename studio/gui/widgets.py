@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -59,6 +60,13 @@ def set_combo_item_enabled(combo: QComboBox, index: int, enabled: bool, reason: 
     item = combo.model().item(index)
     item.setEnabled(enabled)
     item.setToolTip(reason)
+
+
+def problems_html(title: str, problems: list[Problem], note: str = "") -> str:
+    """A titled list of problems for a banner, each with where it is and what to do."""
+    items = "".join(f"<li>{html.escape(str(p))}</li>" for p in problems)
+    tail = f"{html.escape(note)}" if note else ""
+    return f"<b>{html.escape(title)}:</b><ul style='margin:0'>{items}</ul>{tail}"
 
 
 class Banner(QFrame):

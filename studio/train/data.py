@@ -204,16 +204,19 @@ class _SplitBuilder:
         return datasets.Dataset(InMemoryTable(pa.Table.from_batches(self._batches, schema=_SCHEMA)))
 
 
-def prepare_data(config: RunConfig, tokenizer: Any) -> PreparedData:
+def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None) -> PreparedData:
     """Validate, render and tokenize the training (and eval) data.
 
-    Every file is checked first (all problems reported together); then one
-    pass tokenizes. The eval split comes from data.eval_files, else a
+    Every file is checked first (all problems reported together), unless
+    ``reports`` holds the (train, eval) inspect_files reports of a check
+    already made; then one pass tokenizes. The eval split comes from data.eval_files, else a
     seeded random eval_fraction of the training rows, else there is none.
     """
     data = config.data
-    train_report = inspect_files(data.train_files, data.format, keep=0)
-    eval_report = inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None
+    if reports is None:
+        reports = (inspect_files(data.train_files, data.format, keep=0),
+                   inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None)
+    train_report, eval_report = reports
     formats = {report.format for report in (train_report, eval_report) if report}
     template = resolve_template(data.template, tokenizer) if formats & {"instruction", "chat"} else "none"
     encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.modelinfo import cached_config
+from studio.train.preflight import refused_pickle_error, weight_load_kwargs
 
 log = logging.getLogger("studio.train")
 
@@ -44,6 +46,8 @@ def _hub_kwargs(config: RunConfig) -> dict:
 
 def _load_error(config: RunConfig, exc: Exception) -> StudioError:
     name = config.model.name_or_path
+    if isinstance(exc, pickle.UnpicklingError):  # torch's weights_only loader found code in a pickle file
+        return refused_pickle_error(name, exc)
     if Path(name).exists():
         return StudioError(f"cannot load the model in {name}: {exc}",
                            "the folder needs config.json, the weights (*.safetensors) and the tokenizer files", kind="model")
@@ -124,7 +128,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
     """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
     from transformers import AutoModelForCausalLM
 
-    kwargs = _hub_kwargs(config)
+    kwargs = {**_hub_kwargs(config), **weight_load_kwargs(config)}
     quant = quantization_config(config) if quantized else None
     if quant is not None:
         kwargs["quantization_config"] = quant

@@ -41,6 +41,7 @@ from studio.train.metrics import describe_devices, library_versions, memory_snap
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_optimizer, build_scheduler
+from studio.train.preflight import check_inputs
 
 log = logging.getLogger("studio.train")
 
@@ -90,13 +91,14 @@ class Worker:
 
         AcceleratorState._reset_state(reset_partial_state=True)  # several runs in one process (tests, demo)
         config = self.config
+        reports = check_inputs(config, self.events)  # bad data or model files fail here, in seconds
         torch.manual_seed(config.training.seed)
         mixed = {"fp32": "no"}.get(config.training.precision, config.training.precision)
         self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
         self.device = self.accelerator.device
 
         self.tokenizer = load_tokenizer(config)
-        data = prepare_data(config, self.tokenizer)
+        data = prepare_data(config, self.tokenizer, reports)
         self.train_rows, self.eval_rows = data.train, data.eval
         self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed)
         self.total_steps = self.plan.total_steps(config)

@@ -1,0 +1,116 @@
+"""What the worker checks before it loads anything heavy, and the safe way to load weights.
+
+The data is read and validated first (seconds, no tokenizer), then a local model
+folder is checked file by file, then whether this transformers knows the
+architecture: a bad input is refused with its file and line before minutes of
+model loading. The security-relevant load options live here too: remote code
+runs only when the config asks for it (with a warning naming the revision), and
+weights load from safetensors, or from pickle files only through torch's
+``weights_only=True`` loader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from studio.core.config import RunConfig
+from studio.core.dataset import DatasetReport, inspect_files
+from studio.core.errors import Problem, ProblemsError, StudioError
+from studio.core.events import EventWriter
+from studio.core.modelcheck import is_local_model, raise_for_model_folder, remote_code_warning, weight_format
+from studio.core.modelinfo import SUPPORTED_MODEL_TYPES, cached_config
+
+log = logging.getLogger("studio.train")
+
+DataReports = tuple[DatasetReport, DatasetReport | None]
+
+
+def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
+    """Validate the data and the model; warn about remote code and pickle weights.
+
+    Returns the (train, eval) data reports for studio.train.data.prepare_data.
+    Raises ProblemsError (kind "data" or "model") naming the file and line.
+    """
+    data = config.data
+    train = inspect_files(data.train_files, data.format, keep=0)
+    evaluation = inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None
+    check_model(config)
+    for message, hint in load_warnings(config):
+        log.warning("%s (%s)", message, hint)
+        events.emit("warning", message=message, hint=hint)
+    return train, evaluation
+
+
+def check_model(config: RunConfig) -> None:
+    """A local folder file by file, then (local or cached) whether transformers knows its architecture."""
+    name = config.model.name_or_path
+    if is_local_model(name):
+        raise_for_model_folder(name)
+        config_path = Path(name).expanduser() / "config.json"
+    else:
+        config_path = cached_config(name, config.model.revision)
+    if config_path is not None:
+        check_architecture(config_path, config.model.trust_remote_code)
+
+
+def check_architecture(config_path: Path, trust_remote_code: bool) -> None:
+    """Refuse a model_type this transformers cannot build, unless the model brings (trusted) code."""
+    try:
+        settings = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a cached Hub config transformers reads itself; local folders were checked already
+    model_type = settings.get("model_type") if isinstance(settings, dict) else None
+    if not isinstance(model_type, str) or model_type in SUPPORTED_MODEL_TYPES:
+        return  # the estimator's families are all transformers architectures: no need to import it
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type in CONFIG_MAPPING_NAMES or ("auto_map" in settings and trust_remote_code):
+        return
+    architectures = ", ".join(map(str, settings.get("architectures") or [])) or "none named"
+    if "auto_map" in settings:
+        hint = ("the model ships its own Python code (auto_map): if you trust it, turn on model.trust_remote_code; "
+                "otherwise choose a model of a supported architecture")
+    else:
+        hint = "update transformers (pip install -U transformers), or choose a model of a supported architecture"
+    raise ProblemsError([Problem(str(config_path), f"model_type '{model_type}' (architectures: {architectures}) "
+                                 f"is not an architecture transformers {transformers.__version__} knows", hint)],
+                        "model", str(config_path.parent))
+
+
+def load_warnings(config: RunConfig) -> list[tuple[str, str]]:
+    """(message, hint) pairs the run should show before it loads the model."""
+    model = config.model
+    warnings = []
+    if model.trust_remote_code:
+        warnings.append(remote_code_warning(model.name_or_path, model.revision))
+    if is_local_model(model.name_or_path) and weight_format(model.name_or_path) == "pickle":
+        warnings.append((f"{model.name_or_path} has only PyTorch pickle weights (pytorch_model.bin): they load with "
+                         "torch's weights_only=True loader, which runs no code from the file", "convert them to safetensors"))
+    return warnings
+
+
+def weight_load_kwargs(config: RunConfig) -> dict:
+    """from_pretrained options for the weights: safetensors when there are any; pickle only weights_only.
+
+    transformers 5 already prefers safetensors and passes weights_only=True to
+    torch.load; saying both explicitly keeps that true if a default ever changes,
+    and ``use_safetensors=True`` refuses to fall back to a pickle file beside them.
+    """
+    kwargs: dict = {"weights_only": True}
+    name = config.model.name_or_path
+    if is_local_model(name) and weight_format(name) == "safetensors":
+        kwargs["use_safetensors"] = True
+    return kwargs
+
+
+
+def refused_pickle_error(name_or_path: str, exc: Exception) -> StudioError:
+    """A pickle weights file that holds more than tensors: said plainly, without torch's advice to load it unsafely."""
+    lines = str(exc).splitlines()
+    detail = next((line.strip() for line in lines if "WeightsUnpickler error" in line), type(exc).__name__)
+    return StudioError(f"refused to load the weights of {name_or_path}: the PyTorch pickle file holds Python objects "
+                       f"that could run code, not only tensors ({detail})",
+                       "use the model's safetensors weights, or convert a copy you trust to safetensors", kind="model")
