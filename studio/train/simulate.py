@@ -31,10 +31,10 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.train import model as model_module
+from studio.train.loss import token_loss_sum
 from studio.train.memtrack import LiveTensorTracker, tracker_for
 from studio.train.model import build_model, compute_dtype
 from studio.train.optim import build_optimizer
-from studio.train.worker import token_loss_sum
 
 STEPS = 2
 
