@@ -22,10 +22,10 @@ import torch
 from torch.nn.functional import cross_entropy
 from torch.utils.checkpoint import checkpoint
 
+from studio.core.estimate import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
 from studio.train.data import IGNORE_INDEX
 from studio.train.packing import model_inputs
 
-CHUNK_BYTES = 64 * 2**20  # fp32 logits of one chunk
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -36,11 +36,16 @@ def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn
         logits = model(**model_inputs(batch)).logits
         shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
         return cross_entropy(shifted, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
-    nothing = torch.zeros(0, dtype=torch.long, device=targets.device)
-    outputs = model(**model_inputs(batch), logits_to_keep=nothing, output_hidden_states=True)
+    hidden = predicting_hidden_states(model, batch)
     keep = targets != IGNORE_INDEX
-    hidden = outputs.hidden_states[-1][:, :-1][keep]
-    return chunked_cross_entropy(hidden, targets[keep], output_layer)
+    return chunked_cross_entropy(hidden[keep], targets[keep], output_layer)
+
+
+def predicting_hidden_states(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The final hidden states of the positions that predict a next token (all but the last), no logits."""
+    nothing = torch.zeros(0, dtype=torch.long, device=batch["input_ids"].device)
+    outputs = model(**model_inputs(batch), logits_to_keep=nothing, output_hidden_states=True)
+    return outputs.hidden_states[-1][:, :-1]
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
