@@ -193,11 +193,20 @@ def test_verdict_bands():
 
 
 def test_logits_of_a_large_vocabulary_are_itemized():
-    result = estimate(LLAMA_31_8B, run(training={"micro_batch_size": 4, "gradient_checkpointing": True},
-                                       data={"max_length": 2048}))
+    result = estimate(LLAMA_31_8B, run(training={"micro_batch_size": 4, "gradient_checkpointing": True,
+                                                 "chunked_loss": False}, data={"max_length": 2048}))
     # three fp32 copies of the logits at the loss's backward: 12 bytes x 4 x 2047 positions x 128256
     assert result.parts["logits_loss"] >= 12 * 4 * 2047 * 128256
     assert result.peak_phase == "forward"
+
+
+def test_the_chunked_loss_needs_a_fraction_of_the_logits_memory():
+    config = run(training={"micro_batch_size": 4, "gradient_checkpointing": True}, data={"max_length": 2048})
+    full = estimate(LLAMA_31_8B, config.replace(training={"chunked_loss": False}))
+    chunked = estimate(LLAMA_31_8B, config)
+    assert chunked.parts["logits_loss"] * 10 < full.parts["logits_loss"]
+    assert chunked.peak_bytes < full.peak_bytes
+    assert any("chunked loss" in note for note in chunked.notes)
 
 
 # ---------------------------------------------------------------- ZeRO and several GPUs

@@ -12,7 +12,8 @@ from helpers import quick_config
 from studio.core.errors import StudioError
 from studio.core.events import read_events
 from studio.train.oom import SIMULATE_ENV, MemoryCap, consistent_after, overflowed_part
-from studio.train.worker import EXIT_FAILED, EXIT_OK, run, token_loss_sum
+from studio.train.loss import token_loss_sum
+from studio.train.worker import EXIT_FAILED, EXIT_OK, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -53,15 +54,29 @@ def test_running_out_of_memory_saves_the_last_step_and_suggests_a_fix_that_fits(
     assert code == EXIT_OK, "the suggested change must fit the same memory"
 
 
-def test_the_overflowing_part_is_read_from_where_memory_ran_out():
-    def model(input_ids, attention_mask):
-        return SimpleNamespace(logits=torch.randn(*input_ids.shape, 500))
+class LogitsModel(torch.nn.Module):
+    """Returns logits of a given vocabulary; ``scratch_bytes`` of extra work inside its forward."""
 
+    def __init__(self, vocab: int, scratch_bytes: int = 0):
+        super().__init__()
+        self.vocab, self.scratch_bytes = vocab, scratch_bytes
+
+    def forward(self, input_ids, attention_mask=None, **_):
+        torch.ones(self.scratch_bytes // 4)
+        return SimpleNamespace(logits=torch.randn(*input_ids.shape, self.vocab))
+
+
+@pytest.mark.parametrize("scratch_bytes, part", [(4 * 2**20, "the forward pass"), (0, "the loss over the logits")])
+def test_the_overflowing_part_is_read_from_where_memory_ran_out(scratch_bytes, part):
     batch = {"input_ids": torch.zeros(2, 64, dtype=torch.long), "labels": torch.zeros(2, 64, dtype=torch.long)}
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-    with pytest.raises(torch.OutOfMemoryError) as caught, MemoryCap(256 * 1024, "cpu"):
-        token_loss_sum(model, batch)
-    assert overflowed_part(caught.value) == "the loss over the logits"
+    # The logits (256 KiB) fit; a 4 MiB forward does not, nor do the logits' loss temporaries.
+    with pytest.raises(torch.OutOfMemoryError) as caught, MemoryCap(400 * 1024, "cpu"):
+        token_loss_sum(LogitsModel(500, scratch_bytes), batch)
+    assert overflowed_part(caught.value) == part
+
+
+def test_only_a_failure_before_the_optimizer_step_leaves_weights_worth_saving():
     assert consistent_after("the backward pass") and not consistent_after("the optimizer step")
 
 

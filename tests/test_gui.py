@@ -113,6 +113,19 @@ def test_toggles_change_the_estimate(window):
     assert window.store.config.training.optimizer == "adafactor" and panel.estimate.peak_bytes < full
 
 
+def test_the_lean_loss_toggle_shows_its_memory_effect(window, tmp_path):
+    from model_factory import make_tiny_model
+
+    panel, techniques = window.estimate_panel, window.techniques_panel
+    window.store.update(model={"name_or_path": str(make_tiny_model("llama", tmp_path, weights=False, vocab_size=32000))})
+    assert window.store.config.training.chunked_loss and window.store.config.data.packing == "padding_free"
+    lean = panel.estimate.parts["logits_loss"]
+    techniques.chunked_loss.check.click()
+    assert not window.store.config.training.chunked_loss
+    assert panel.estimate.parts["logits_loss"] > 1.5 * lean  # every position a target: the worst case
+    assert "logits memory" in techniques.chunked_loss.explain.text()
+
+
 def test_effective_batch_is_shown(window):
     window.techniques_panel.micro_batch.spin.setValue(4)
     window.techniques_panel.accumulation.spin.setValue(8)

@@ -33,6 +33,7 @@ LoadIn = Literal["auto", "none", "4bit", "8bit"]
 QuantType = Literal["nf4", "fp4"]
 Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp"]
 Offload = Literal["none", "cpu", "nvme"]
+Packing = Literal["padding_free", "length_grouped", "none"]
 
 
 def _field(default: Any, doc: str, **kwargs: Any) -> Any:
@@ -86,6 +87,13 @@ class DataConfig:
     max_length: int = _field(512, "Maximum tokens per example; longer examples are truncated (and counted).")
     train_on_prompt: bool = _field(
         False, "Also compute the loss on prompt tokens. Off: loss only on the response tokens."
+    )
+    packing: Packing = _field(
+        "padding_free",
+        "How a micro-batch's examples are laid out. padding_free: end to end in rows no wider than the "
+        "longest, each attending only to itself (same examples and losses as none, no compute on padding; "
+        "see docs/performance.md). length_grouped: padded, but micro-batches of similar lengths (changes "
+        "which examples share a micro-batch). none: padded to the longest of the micro-batch.",
     )
 
 
@@ -143,6 +151,16 @@ class TrainingConfig:
     weight_decay: float = _field(0.0, "Decoupled weight decay.")
     max_grad_norm: float = _field(1.0, "Clip the gradient norm to this; 0 disables clipping.")
     seed: int = _field(42, "Random seed for initialization, shuffling and dropout.")
+    chunked_loss: bool = _field(
+        True,
+        "Compute the output layer and fp32 cross-entropy only for tokens that carry a loss, a chunk at a "
+        "time: same loss and gradients, a fraction of the logits memory, less compute with prompt masking. "
+        "Models that scale or soft-cap their logits, and zero3/fsdp sharding, use the full logits anyway.",
+    )
+    torch_compile: bool = _field(
+        False, "Compile the model with torch.compile (inductor): faster steps after a slow first one; "
+        "not with 4/8-bit quantization or DeepSpeed."
+    )
 
 
 @dataclass(frozen=True)

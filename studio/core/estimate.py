@@ -300,15 +300,26 @@ class Regime:
         return self.full or self.checkpointing
 
 
-def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str = "full_fp32") -> Regime:
+LOSS_IMPLS = ("full_fp32", "chunked")
+CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss (studio.train.loss)
+
+
+def loss_impl_for(config: RunConfig) -> str:
+    """The loss the worker computes: chunked unless switched off or the weights are sharded (Worker._lean_output_layer)."""
+    chunked = config.training.chunked_loss and config.distributed.sharding not in ("zero3", "fsdp")
+    return "chunked" if chunked else "full_fp32"
+
+
+def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str | None = None) -> Regime:
     training = config.training
     precision = training.precision  # the config's names are the estimate's dtype names
     if config.model.dtype != "auto":
         base = _CONFIG_DTYPES[config.model.dtype]
     else:  # studio.train.model.weight_dtype
         base = "fp32" if config.method == "full" else precision
-    if loss_impl != "full_fp32":
-        raise StudioError(f"unknown loss implementation {loss_impl!r}", "use full_fp32", kind="config")
+    loss_impl = loss_impl or loss_impl_for(config)
+    if loss_impl not in LOSS_IMPLS:
+        raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
     autocast = precision != "fp32"
     return Regime(
         device_type=device_type, compute=precision if autocast else base, autocast=autocast, base_dtype=base,
@@ -809,12 +820,30 @@ def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> t
     positions = b * (s - 1)
     width = DTYPE_BYTES[logits_dtype]
     targets = 8 * positions  # int64 labels, shifted (a copy)
+    if regime.loss_impl == "chunked":
+        return _chunked_loss_bytes(shape, regime, positions, width, targets)
     reshape_copy = b > 1
     if width == 4:
         forward = 4 * b * s * v + (4 * positions * v if reshape_copy else 0) + 4 * positions * v
     else:
         forward = width * b * s * v + 8 * positions * v
     return forward + targets, 12 * positions * v + targets
+
+
+def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, width: int, targets: int) -> tuple[int, int]:
+    """The chunked loss: at worst every position a target; the logits of one chunk at a time.
+
+    Forward: the gathered hidden states, one chunk's fp32 logits (a 16-bit chunk is
+    freed once copied to fp32) and their log-softmax. Backward (the chunk
+    recomputed): the gathered hidden states and their gradient, and the three fp32
+    tensors of the log-softmax backward.
+    """
+    v = shape.vocab
+    chunk = min(positions, max(1, CHUNKED_LOSS_BYTES // (4 * v)))
+    gathered = positions * shape.hidden * DTYPE_BYTES[regime.outer_dtype]
+    forward = gathered + max(width + 4, 8) * chunk * v
+    backward = 2 * gathered + 12 * chunk * v
+    return forward + targets, backward + targets
 
 
 # ---------------------------------------------------------------- weights, gradients, optimizer
@@ -1040,7 +1069,7 @@ def _complete(parts: dict[str, int]) -> dict[str, int]:
 
 
 def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: str = "cuda",
-             scale_out: ScaleOut = ScaleOut(), loss_impl: str = "full_fp32",
+             scale_out: ScaleOut = ScaleOut(), loss_impl: str | None = None,
              overheads: CudaOverheads = CudaOverheads()) -> Estimate:
     """The itemized peak memory of ``config`` on ``model_config`` (a config.json mapping).
 
@@ -1175,4 +1204,7 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
         notes.append(f"activation {shape.activation} is modelled as keeping its input")
     if regime.dora:
         notes.append("DoRA is modelled approximately (its weight-norm temporaries are not counted)")
+    if regime.loss_impl == "chunked":
+        notes.append("chunked loss: the logits of at most "
+                     f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab))} tokens exist at a time")
     return tuple(notes)

@@ -114,6 +114,9 @@ def _check_training(config: RunConfig) -> list[Problem]:
         problems.append(Problem("training.weight_decay", f"must be 0 or more, got {t.weight_decay}"))
     if t.max_grad_norm < 0:
         problems.append(Problem("training.max_grad_norm", f"must be 0 or more, got {t.max_grad_norm}"))
+    if t.torch_compile and (config.effective_load_in != "none" or config.distributed.deepspeed_stage is not None):
+        problems.append(Problem("training.torch_compile", "torch.compile does not work with bitsandbytes weights or DeepSpeed",
+                                "turn training.torch_compile off"))
     return problems
 
 

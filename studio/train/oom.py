@@ -31,25 +31,28 @@ log = logging.getLogger("studio.train")
 
 SIMULATE_ENV = "STUDIO_SIMULATE_GPU_MEMORY"
 
-# (what a frame's file path contains, its function name or None for any, the part it means)
+# In priority order: (what a frame's file path contains, its function names, the part).
+# The first rule matching any frame wins: a forward recomputed in the backward pass is the backward
+# pass, a forward during evaluation is evaluation.
 _PARTS = (
-    ("transformers", "from_pretrained", "loading the model"),
-    ("studio", "evaluate", "evaluation"),
-    ("studio", "save_checkpoint", "saving a checkpoint"),
-    ("optim", "step", "the optimizer step"),
-    ("torch/autograd", None, "the backward pass"),
-    ("studio", "token_loss_sum", "the loss over the logits"),
+    ("transformers", {"from_pretrained"}, "loading the model"),
+    ("studio", {"evaluate"}, "evaluation"),
+    ("studio", {"save_checkpoint"}, "saving a checkpoint"),
+    ("optim", {"step"}, "the optimizer step"),
+    ("", {"backward"}, "the backward pass"),
+    ("", {"cross_entropy", "chunked_cross_entropy", "_chunk_loss"}, "the loss over the logits"),
+    ("torch/nn/modules", {"_call_impl", "_wrapped_call_impl"}, "the forward pass"),
+    ("studio", {"token_loss_sum"}, "the loss over the logits"),  # its fp32 upcast of the logits
 )
 
 
 def overflowed_part(exc: BaseException) -> str:
-    """The part of training that ran out of memory, read from the traceback (innermost known frame wins)."""
+    """The part of training that ran out of memory, read from the stack where it was raised."""
     stack = getattr(exc, "stack", None) or traceback.extract_tb(exc.__traceback__)
     frames = [(frame.filename.replace("\\", "/"), frame.name) for frame in stack]
-    for filename, function in reversed(frames):
-        for path_part, name, part in _PARTS:
-            if path_part in filename and name in (None, function):
-                return part
+    for path_part, names, part in _PARTS:
+        if any(path_part in filename and function in names for filename, function in frames):
+            return part
     return "the forward pass"
 
 

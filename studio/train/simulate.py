@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig
+from studio.core.estimate import loss_impl_for
 from studio.train import model as model_module
+from studio.train.loss import chunked_cross_entropy, lean_output_layer, predicting_hidden_states, token_loss_sum
 from studio.train.memtrack import LiveTensorTracker, tracker_for
 from studio.train.model import build_model, compute_dtype
 from studio.train.optim import build_optimizer
-from studio.train.worker import token_loss_sum
 
 STEPS = 2
 
@@ -77,11 +78,12 @@ def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, s
     precision = config.training.precision
     autocast = torch.autocast(device_type, dtype=compute_dtype(config), enabled=precision != "fp32")
     max_norm = config.training.max_grad_norm
+    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
     model.train()
     for _ in range(steps):
         for batch in batches:
             with tracker.phase("forward"), autocast:
-                loss = token_loss_sum(model, batch) / max(targets, 1)
+                loss = loss_sum(model, batch, output_layer) / max(targets, 1)
             with tracker.phase("backward"):
                 loss.backward()
             del loss
@@ -89,6 +91,15 @@ def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, s
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
+
+def loss_sum(model, batch, output_layer) -> torch.Tensor:
+    """token_loss_sum for these batches, where every position is a target: the chunked loss then
+    needs no boolean gather (whose output shape fake tensors cannot know)."""
+    if output_layer is None:
+        return token_loss_sum(model, batch)
+    hidden = predicting_hidden_states(model, batch)
+    return chunked_cross_entropy(hidden.flatten(0, 1), batch["labels"][:, 1:].flatten(), output_layer)
 
 
 def _trainable(model) -> list[torch.nn.Parameter]:

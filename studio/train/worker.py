@@ -36,11 +36,13 @@ from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
 from studio.train.data import collate, prepare_data
 from studio.train.layersplit import placement_of, run_scale_out
+from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_optimizer, build_scheduler
+from studio.train.packing import example_count, length_grouped, pack, real_tokens
 from studio.train.preflight import check_inputs
 
 log = logging.getLogger("studio.train")
@@ -56,6 +58,7 @@ class BatchPlan:
     rows: int
     micro_batch_size: int
     seed: int
+    lengths: list[int] | None = None  # given: each epoch is grouped by length (packing.length_grouped)
 
     def __post_init__(self):
         self.per_epoch = math.ceil(self.rows / self.micro_batch_size)
@@ -66,6 +69,8 @@ class BatchPlan:
         if epoch != self._epoch:
             generator = torch.Generator().manual_seed(self.seed + epoch)
             self._epoch, self._order = epoch, torch.randperm(self.rows, generator=generator).tolist()
+            if self.lengths is not None:
+                self._order = length_grouped(self._order, self.lengths, self.micro_batch_size)
         start = offset * self.micro_batch_size
         return self._order[start:start + self.micro_batch_size]
 
@@ -100,7 +105,9 @@ class Worker:
         self.tokenizer = load_tokenizer(config)
         data = prepare_data(config, self.tokenizer, reports)
         self.train_rows, self.eval_rows = data.train, data.eval
-        self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed)
+        grouped = config.data.packing == "length_grouped"
+        lengths = [len(ids) for ids in self.train_rows["input_ids"]] if grouped else None
+        self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
         self.total_steps = self.plan.total_steps(config)
 
         model = build_model(config, self.device)
@@ -109,6 +116,9 @@ class Worker:
         scheduler = build_scheduler(config, optimizer, self.total_steps)
         # The scheduler stays unprepared: accelerate would step it once per process.
         self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
+        self.output_layer = self._lean_output_layer()
+        if config.training.torch_compile:
+            model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
         if resume_from is not None:
@@ -128,6 +138,15 @@ class Worker:
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
+
+    def _lean_output_layer(self) -> torch.nn.Module | None:
+        """The output layer for the chunked loss, or None for the full-logits loss (see studio.train.loss)."""
+        if not self.config.training.chunked_loss or self.config.distributed.sharding in ("zero3", "fsdp"):
+            return None  # sharded weights are only gathered inside the model's own forward
+        layer = lean_output_layer(self.raw_model)
+        if layer is None:
+            log.info("this model transforms its logits: using the full-logits loss")
+        return layer
 
     def _emit_estimate(self) -> int | None:
         """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
@@ -188,10 +207,11 @@ class Worker:
         accumulation = self.config.training.gradient_accumulation_steps
         first = self.step * accumulation
         pad = self.tokenizer.pad_token_id
+        layout = pack if self.config.data.packing == "padding_free" else collate
         batches = []
         for index in range(first, first + accumulation):
             rows = [self.train_rows[i] for i in self.plan.rows_of(index)]
-            batches.append({k: v.to(self.device) for k, v in collate(rows, pad).items()})
+            batches.append({k: v.to(self.device) for k, v in layout(rows, pad).items()})
         return batches
 
     def _optimizer_step(self) -> dict:
@@ -202,7 +222,7 @@ class Worker:
         loss_sum = 0.0
         for batch in batches:
             with self.accelerator.autocast():
-                loss = token_loss_sum(self.model, batch) / max(target_tokens, 1)
+                loss = token_loss_sum(self.model, batch, self.output_layer) / max(target_tokens, 1)
             self.accelerator.backward(loss)
             loss_sum += loss.item()
         max_norm = self.config.training.max_grad_norm
@@ -212,8 +232,8 @@ class Worker:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
-        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-        samples = sum(len(b["input_ids"]) for b in batches)
+        tokens = sum(real_tokens(b) for b in batches)
+        samples = sum(example_count(b) for b in batches)
         if not math.isfinite(loss_sum):
             raise StudioError(f"the loss became {loss_sum} at step {self.step + 1}",
                               "lower training.learning_rate, or use bf16 instead of fp16", kind="diverged")
@@ -233,7 +253,7 @@ class Worker:
             batch = collate([self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))], pad)
             batch = {k: v.to(self.device) for k, v in batch.items()}
             with self.accelerator.autocast():
-                total_loss += float(token_loss_sum(self.model, batch))
+                total_loss += float(token_loss_sum(self.model, batch, self.output_layer))
             total_tokens += int((batch["labels"][:, 1:] != -100).sum())
         eval_loss = total_loss / max(total_tokens, 1)
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens)
@@ -258,14 +278,6 @@ def record_calibration(config: RunConfig, device_type: str, predicted: int, meas
             f.write(json.dumps(entry) + "\n")
     except OSError as exc:  # a calibration record is never worth failing a run
         log.warning("cannot record memory calibration in %s: %s", path, exc)
-
-
-def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Summed next-token cross-entropy over the target tokens (labels != -100), in fp32."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-    targets = batch["labels"][:, 1:].reshape(-1)
-    return torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="sum")
 
 
 # ---------------------------------------------------------------------- entry
@@ -315,6 +327,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     later failure becomes an ``error`` event and a non-zero exit code.
     """
     config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
+    use_expandable_segments()
     rd.clear_control_files()
     rd.write_worker_info(sys.argv)
     _setup_logging(rd)
@@ -367,6 +380,13 @@ def _report_oom(events: EventWriter, worker: Worker, exc: torch.OutOfMemoryError
     log.error("%s\n  hint: %s", report["message"], report["hint"])
     events.emit("error", **report)
     events.emit("finished", status="failed", step=worker.step)
+
+
+def use_expandable_segments() -> None:
+    """Let the CUDA allocator grow segments instead of caching many sizes (less fragmentation with
+    packed rows of varying width); read when CUDA allocates first. A user's own setting wins."""
+    if torch.cuda.is_available() and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
 
 def _report(events: EventWriter, kind: str, message: str, hint: str) -> None:

@@ -1,0 +1,137 @@
+"""Padding-free packing and the chunked loss change the cost of a step, never its numbers."""
+
+import pytest
+import torch
+
+from helpers import losses, quick_config
+from model_factory import tiny_config
+from studio.train.data import IGNORE_INDEX, collate
+from studio.train.loss import chunked_cross_entropy, lean_output_layer, token_loss_sum
+from studio.train.packing import first_fit_decreasing, pack, real_tokens
+from studio.train.worker import EXIT_OK, BatchPlan, run
+
+LENGTHS = (5, 17, 3, 11, 9, 16)
+
+
+def tiny_model(family: str, **overrides):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config(family, **overrides)))
+    model.config.use_cache = False
+    return model
+
+
+def examples(lengths=LENGTHS, vocab=512, seed=0):
+    """Random token rows with a masked prompt: the first third of each carries no loss."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(3, vocab, (n,), generator=generator).tolist()
+        prompt = n // 3
+        rows.append({"input_ids": ids, "labels": [IGNORE_INDEX] * prompt + ids[prompt:]})
+    return rows
+
+
+def per_token_losses(model, batch):
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    logits = model(**inputs).logits.float()
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), batch["labels"][:, 1:],
+                                               ignore_index=IGNORE_INDEX, reduction="none")
+    return torch.nn.functional.pad(losses, (1, 0))  # losses[r, t]: predicting token t of row r
+
+
+def padded_example_losses(model, rows):
+    table = per_token_losses(model, collate(rows, 0))
+    return [float(table[i, :len(row["input_ids"])].sum()) for i, row in enumerate(rows)]
+
+
+def packed_example_losses(model, rows):
+    table = per_token_losses(model, pack(rows, 0))
+    lengths = [len(row["input_ids"]) for row in rows]
+    found = {}
+    for r, members in enumerate(first_fit_decreasing(lengths, max(lengths))):
+        start = 0
+        for index in members:
+            found[index] = float(table[r, start:start + lengths[index]].sum())
+            start += lengths[index]
+    return [found[i] for i in range(len(rows))]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gpt_neox"])
+def test_packed_rows_give_every_example_its_padded_loss(family):
+    model = tiny_model(family).eval()
+    rows = examples()
+    with torch.no_grad():
+        padded, packed = padded_example_losses(model, rows), packed_example_losses(model, rows)
+    assert packed == pytest.approx(padded, rel=1e-5, abs=1e-5)
+    batch = pack(rows, 0)
+    assert len(batch["input_ids"]) < len(rows)  # several examples share a row
+    assert real_tokens(batch) == sum(LENGTHS) < batch["input_ids"].numel() <= collate(rows, 0)["input_ids"].numel()
+
+
+def test_packing_keeps_the_target_tokens_and_the_gradients():
+    rows = examples()
+    padded, packed = collate(rows, 0), pack(rows, 0)
+    count = lambda batch: int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())  # noqa: E731
+    assert count(packed) == count(padded)
+    grads = []
+    for batch in (padded, packed):
+        model = tiny_model("llama")
+        token_loss_sum(model, batch).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_chunked_loss_equals_the_full_loss_and_gradients(tied):
+    rows, results = examples(), []
+    for chunked in (False, True):
+        model = tiny_model("llama", tie_word_embeddings=tied)
+        layer = lean_output_layer(model) if chunked else None
+        loss = token_loss_sum(model, pack(rows, 0), layer)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (full, full_grads), (chunked, chunked_grads) = results
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_chunks_are_summed_exactly():
+    generator = torch.Generator().manual_seed(1)
+    layer = torch.nn.Linear(16, 300, bias=False)
+    hidden, targets = torch.randn(37, 16, generator=generator), torch.randint(0, 300, (37,), generator=generator)
+    whole = chunked_cross_entropy(hidden, targets, layer)
+    in_chunks = chunked_cross_entropy(hidden, targets, layer, chunk_bytes=4 * 300 * 5)  # 8 chunks of 5 tokens
+    torch.testing.assert_close(in_chunks, whole)
+    torch.testing.assert_close(whole, torch.nn.functional.cross_entropy(layer(hidden), targets, reduction="sum"))
+
+
+def test_models_with_transformed_logits_keep_the_full_loss():
+    model = tiny_model("llama")
+    model.config.final_logit_softcapping = 30.0
+    assert lean_output_layer(model) is None
+
+
+def test_length_grouping_is_deterministic_and_groups_similar_lengths():
+    lengths = [(i * 37) % 101 + 1 for i in range(400)]
+    plan, again = BatchPlan(400, 8, seed=3, lengths=lengths), BatchPlan(400, 8, seed=3, lengths=lengths)
+    plain = BatchPlan(400, 8, seed=3)
+    spread = lambda p, i: max(lengths[r] for r in p.rows_of(i)) - min(lengths[r] for r in p.rows_of(i))  # noqa: E731
+    assert [again.rows_of(i) for i in range(60)] == [plan.rows_of(i) for i in range(60)]
+    assert sorted(sum((plan.rows_of(i) for i in range(50)), [])) == list(range(400))  # one epoch, every row once
+    assert sum(spread(plan, i) for i in range(50)) * 5 < sum(spread(plain, i) for i in range(50))
+
+
+@pytest.mark.slow
+def test_packed_chunked_training_follows_the_padded_full_loss_curve(tmp_path, small_data):
+    curves = {}
+    for name, packing, chunked in [("padded", "none", False), ("packed", "padding_free", True),
+                                   ("grouped", "length_grouped", True)]:
+        config = quick_config(small_data, data={"packing": packing}, training={"chunked_loss": chunked, "max_steps": 4})
+        code, run_dir = run(config, tmp_path / name, watch_stdin=False)
+        assert code == EXIT_OK
+        curves[name] = losses(run_dir)
+    assert curves["packed"] == pytest.approx(curves["padded"], rel=1e-4)
+    assert curves["grouped"][-1] < curves["grouped"][0]
