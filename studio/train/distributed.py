@@ -210,7 +210,8 @@ class DeepSpeedEngine(AccelerateEngine):
     def prepare(self, model, optimizer):
         import deepspeed
 
-        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
+        with _local_rank_set():
+            self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
         return self.model, self.optimizer
 
     def autocast(self):
@@ -270,6 +271,20 @@ def _init_deepspeed_process_group() -> torch.device:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     return torch.device("cuda", local)
+
+
+@contextlib.contextmanager
+def _local_rank_set() -> Iterator[None]:
+    """LOCAL_RANK for DeepSpeed's check, in a single process only while it initializes (a lasting
+    one would make accelerate think later runs in this process were launched)."""
+    if "LOCAL_RANK" in os.environ:
+        yield
+        return
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("LOCAL_RANK", None)
 
 
 def _free_port() -> int:
