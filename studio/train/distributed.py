@@ -62,6 +62,11 @@ class AccelerateEngine:
         self.config = config
         mixed = {"fp32": "no"}.get(config.training.precision, config.training.precision)
         fsdp = config.distributed.sharding == "fsdp"
+        if fsdp and not torch.cuda.is_available():
+            # accelerate applies its FSDP plugin only across accelerators; on the CPU it would
+            # silently run plain DDP (MULTI_CPU), which is not what the config asks for.
+            raise StudioError("FSDP sharding needs GPUs: accelerate does not shard with FSDP on the CPU",
+                              "on the CPU use distributed.sharding zero2 or zero3 (DeepSpeed), or none", kind="config")
         plugin = {"fsdp_plugin": _fsdp_plugin()} if fsdp else {}
         self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available(), **plugin)
         if fsdp and self.accelerator.distributed_type != DistributedType.FSDP:
