@@ -336,11 +336,13 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     """Train one run; returns (exit code, run directory).
 
     A config that cannot start raises StudioError before anything is loaded; every
-    later failure becomes an ``error`` event and a non-zero exit code.
+    later failure becomes an ``error`` event and a non-zero exit code. With
+    ``distributed.num_processes`` > 1 this process prepares the run directory and
+    launches the ranks (studio.train.launcher); inside torchrun it trains as its rank.
     """
     config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
     rank = process_rank() if inside_launcher() else None
-    if not launched_by_studio():
+    if not rank and not launched_by_studio():  # the process the user (or the GUI) started
         rd.clear_control_files()
         rd.write_worker_info(sys.argv)
     _setup_logging(rd, rank)
