@@ -215,8 +215,7 @@ class DeepSpeedEngine(AccelerateEngine):
     def prepare(self, model, optimizer):
         import deepspeed
 
-        with _local_rank_set():
-            self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
+        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
         return self.model, self.optimizer
 
     def autocast(self):
@@ -267,29 +266,16 @@ def _init_deepspeed_process_group() -> torch.device:
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
     if _dist() is None and "RANK" not in os.environ:
-        # One process without torchrun: a one-member group, made here so that no launcher
-        # variables leak into os.environ (they would make later runs in this process "launched").
+        # One process without torchrun: a one-member group on a free port, made here so that
+        # RANK/WORLD_SIZE stay unset (they would make later runs in this process "launched").
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        os.environ.setdefault("LOCAL_RANK", "0")  # read by DeepSpeed (its offload too); without WORLD_SIZE, not "launched"
     deepspeed.init_distributed(dist_backend=backend)  # adopts torch's group, or makes it from torchrun's env
     if not cuda:
         return torch.device("cpu")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     return torch.device("cuda", local)
-
-
-@contextlib.contextmanager
-def _local_rank_set() -> Iterator[None]:
-    """LOCAL_RANK for DeepSpeed's check, in a single process only while it initializes (a lasting
-    one would make accelerate think later runs in this process were launched)."""
-    if "LOCAL_RANK" in os.environ:
-        yield
-        return
-    os.environ["LOCAL_RANK"] = "0"
-    try:
-        yield
-    finally:
-        os.environ.pop("LOCAL_RANK", None)
 
 
 def _free_port() -> int:
