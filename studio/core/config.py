@@ -184,7 +184,7 @@ class DistributedConfig:
     sharding: Sharding = _field(
         "none", "How the processes share the training state. none: each holds a full copy (DDP). "
         "zero1 / zero2 / zero3: DeepSpeed ZeRO shards the optimizer state / and the gradients / and the "
-        "weights. fsdp: PyTorch FSDP (full sharding) through accelerate."
+        "weights. fsdp: PyTorch FSDP2 (full sharding) through accelerate, on GPUs only."
     )
     offload_optimizer: Offload = _field(
         "none", "DeepSpeed ZeRO: keep the optimizer state in CPU RAM (cpu) or on an SSD (nvme) instead of GPU memory."
@@ -194,7 +194,8 @@ class DistributedConfig:
     )
     nvme_path: str = _field("", "Folder on a fast SSD for nvme offload.")
     deepspeed_config: str = _field(
-        "", "Your own DeepSpeed JSON file; its keys override the ones generated from this config."
+        "", "Your own DeepSpeed JSON file; its keys override the ones generated from this config (nested "
+        "sections key by key). The merged result is written to deepspeed.json in the run directory."
     )
     layer_split: bool = _field(
         False, "Model parallel: split the model's layers across this machine's GPUs in one process, for a "

@@ -3,7 +3,8 @@
 A checkpoint folder holds the trained tensors (``trainable.safetensors``: the
 adapter for LoRA, every weight for full fine-tuning), the optimizer, scheduler and
 RNG states (``torch.save``, read back with ``weights_only=True``) and
-``state.json`` (the step; the data position follows from it). It is written into a
+``state.json`` (the step; the data position follows from it). Under DeepSpeed ZeRO
+the optimizer state is DeepSpeed's own, one shard per rank in ``deepspeed/``. It is written into a
 staging folder with its COMPLETE marker and renamed into place in one step, so
 resume never picks a torn one.
 """
@@ -18,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from studio.core.errors import StudioError
-from studio.core.rundir import RunDir, atomic_folder
-from studio.train.model import load_trainable_state_dict, trainable_state_dict
+from studio.core.rundir import RunDir
+from studio.train.model import load_trainable_state_dict
 
 TENSORS = "trainable.safetensors"
 
@@ -38,15 +39,22 @@ def _restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: RunDir, step: int, model, optimizer, scheduler, extra: dict) -> Path:
+def save_checkpoint(run_dir: RunDir, step: int, engine, raw_model, scheduler, extra: dict) -> Path:
+    """Write the checkpoint of ``step``; every rank calls it (see studio.train.distributed)."""
+    tensors = engine.trainable_tensors(raw_model)
     destination = run_dir.checkpoint_path(step)
-    with atomic_folder(destination, replace=True) as staging:
-        save_file(trainable_state_dict(model), str(staging / TENSORS))
-        torch.save(optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(scheduler.state_dict(), staging / "scheduler.pt")
-        torch.save(_rng_state(), staging / "rng.pt")
-        (staging / "state.json").write_text(json.dumps({"step": step, **extra}, indent=1), encoding="utf-8")
+    with engine.shared_staging(destination) as staging:
+        engine.save_optimizer(staging)
+        torch.save(_rng_state(), staging / _rng_file(engine.rank))
+        if engine.is_main:
+            save_file(tensors, str(staging / TENSORS))
+            torch.save(scheduler.state_dict(), staging / "scheduler.pt")
+            (staging / "state.json").write_text(json.dumps({"step": step, **extra}, indent=1), encoding="utf-8")
     return destination
+
+
+def _rng_file(rank: int) -> str:
+    return "rng.pt" if rank == 0 else f"rng-rank{rank}.pt"
 
 
 def read_state(checkpoint: Path) -> dict:
@@ -58,14 +66,18 @@ def load_weights(checkpoint: Path, model) -> None:
     load_trainable_state_dict(model, load_file(str(Path(checkpoint) / TENSORS)))
 
 
-def load_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict:
-    """Restore everything saved by save_checkpoint; returns its state.json."""
+def load_checkpoint(checkpoint: Path, engine, scheduler) -> dict:
+    """Restore the optimizer, scheduler and random state saved by save_checkpoint; returns its state.json.
+
+    The trained tensors are loaded before the engine wraps the model (``load_weights``):
+    then every layout, sharded or not, reads them the same way.
+    """
     checkpoint = Path(checkpoint)
     try:
-        load_weights(checkpoint, model)
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
+        engine.load_optimizer(checkpoint)
         scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
-        _restore_rng(torch.load(checkpoint / "rng.pt", weights_only=True))
+        rng = checkpoint / _rng_file(engine.rank)
+        _restore_rng(torch.load(rng if rng.is_file() else checkpoint / _rng_file(0), weights_only=True))
         return read_state(checkpoint)
     except (OSError, RuntimeError, ValueError, KeyError) as exc:
         raise StudioError(f"checkpoint {checkpoint} cannot be loaded: {exc}",

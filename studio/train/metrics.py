@@ -42,12 +42,21 @@ def _process_rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def memory_snapshot() -> list[dict]:
-    """One entry per device; see the module docstring."""
+def memory_snapshot(device: torch.device | None = None, rank: int | None = None) -> list[dict]:
+    """One entry per device; see the module docstring.
+
+    With ``rank`` (one of several training processes) only this process's own device:
+    its GPU, or on the CPU its process memory, keyed "cpu rank N" so that each rank
+    draws its own curve.
+    """
     if not torch.cuda.is_available():
+        if rank is not None:
+            return [{"device": f"cpu rank {rank}", "kind": "process", "label": f"rank {rank} process memory (CPU, no GPU)",
+                     "rss_bytes": _process_rss()}]
         return [{"device": "cpu", "kind": "process", "label": "process memory (CPU, no GPU)", "rss_bytes": _process_rss()}]
     entries = []
-    for index in range(torch.cuda.device_count()):
+    indices = [device.index or 0] if rank is not None and device is not None else range(torch.cuda.device_count())
+    for index in indices:
         entries.append({
             "device": f"cuda:{index}",
             "kind": "cuda",

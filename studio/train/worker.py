@@ -9,6 +9,13 @@ sees exactly the micro-batches an uninterrupted run would have seen from step k.
 The loss of each optimizer step is the mean over all target tokens of its
 micro-batches (not a mean of per-micro-batch means), which makes gradient
 accumulation equal to a bigger batch.
+
+With ``distributed.num_processes`` N > 1 the command launches itself N times
+through torchrun (studio.train.launcher) and each process trains as one rank
+(studio.train.distributed): an optimizer step takes N x accumulation micro-batches
+of the same plan, each rank its own contiguous share, so N processes equal one
+process with N times the accumulation. Rank 0 writes the events and checkpoints;
+the ranks agree on a stop at the same step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
 from studio.core.events import EventWriter
+from studio.core.launch import inside_launcher, needs_launcher
 from studio.core.modelinfo import load_model_config
 from studio.core.rundir import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid
@@ -39,9 +47,11 @@ from studio.train.layersplit import placement_of, run_scale_out
 from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
+from studio.train.distributed import make_engine, process_rank
+from studio.train.launcher import launch, launched_by_studio, record_failure
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
-from studio.train.optim import build_optimizer, build_scheduler
+from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, real_tokens
 from studio.train.preflight import check_inputs
 
@@ -74,11 +84,11 @@ class BatchPlan:
         start = offset * self.micro_batch_size
         return self._order[start:start + self.micro_batch_size]
 
-    def total_steps(self, config: RunConfig) -> int:
+    def total_steps(self, config: RunConfig, world_size: int = 1) -> int:
         t = config.training
         if t.max_steps:
             return t.max_steps
-        return max(1, math.ceil(t.epochs * self.per_epoch / t.gradient_accumulation_steps))
+        return max(1, math.ceil(t.epochs * self.per_epoch / (t.gradient_accumulation_steps * world_size)))
 
 
 class Worker:
@@ -91,16 +101,11 @@ class Worker:
 
     # ------------------------------------------------------------------ setup
     def setup(self, resume_from: Path | None) -> None:
-        from accelerate import Accelerator
-        from accelerate.state import AcceleratorState
-
-        AcceleratorState._reset_state(reset_partial_state=True)  # several runs in one process (tests, demo)
         config = self.config
         reports = check_inputs(config, self.events)  # bad data or model files fail here, in seconds
         torch.manual_seed(config.training.seed)
-        mixed = {"fp32": "no"}.get(config.training.precision, config.training.precision)
-        self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
-        self.device = self.accelerator.device
+        self.engine = make_engine(config, self.run_dir.path)
+        self.device = self.engine.device
 
         self.tokenizer = load_tokenizer(config)
         data = prepare_data(config, self.tokenizer, reports)
@@ -108,33 +113,33 @@ class Worker:
         grouped = config.data.packing == "length_grouped"
         lengths = [len(ids) for ids in self.train_rows["input_ids"]] if grouped else None
         self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
-        self.total_steps = self.plan.total_steps(config)
+        self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
         model = build_model(config, self.device)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = build_optimizer(config, params)
-        scheduler = build_scheduler(config, optimizer, self.total_steps)
+        if resume_from is not None:
+            ckpt.load_weights(resume_from, model)  # whole, before any sharding
+        optimizer = self.engine.build_optimizer([p for p in model.parameters() if p.requires_grad])
         # The scheduler stays unprepared: accelerate would step it once per process.
+        self.scheduler = build_scheduler(config, optimizer, self.total_steps)
         self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
         self.output_layer = self._lean_output_layer()
+        trainable, total = count_parameters(model)  # before ZeRO-3 or FSDP shard the weights
+        adapted = adapted_module_names(model) if config.uses_adapter else []
         if config.training.torch_compile:
             model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.scheduler = scheduler
+        self.model, self.optimizer = self.engine.prepare(model, optimizer)
         if resume_from is not None:
-            state = ckpt.load_checkpoint(resume_from, self.model, self.optimizer, self.scheduler)
+            state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
             self.step = self.start_step = state["step"]
             log.info("resumed from %s at step %d", resume_from, self.step)
 
-        trainable, total = count_parameters(self.model)
         self.events.emit(
             "run_started",
             config=to_dict(config), versions=library_versions(), devices=describe_devices(),
             run_dir=str(self.run_dir.path), pid=os.getpid(), total_steps=self.total_steps,
             start_step=self.step, resumed_from=str(resume_from) if resume_from else None,
-            trainable_params=trainable, total_params=total, data=data.stats,
-            adapted_modules=adapted_module_names(self.model) if config.uses_adapter else [],
-            placement=placement_of(self.raw_model),
+            trainable_params=trainable, total_params=total, data=data.stats, world_size=self.engine.world_size,
+            adapted_modules=adapted, placement=placement_of(self.raw_model),
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
@@ -172,8 +177,8 @@ class Worker:
                 metrics = self._optimizer_step()
             self.step += 1
             if self.step % schedule.log_every == 0 or self.step == self.total_steps:
-                self.events.emit("step", step=self.step, **metrics, memory=memory_snapshot())
-            if self.control.stop_requested:
+                self.events.emit("step", step=self.step, **metrics, memory=self._memory_of_every_rank())
+            if self.engine.any_rank(self.control.stop_requested):
                 self.save()
                 return "stopped"
             if schedule.eval_every and self.step % schedule.eval_every == 0:
@@ -194,18 +199,30 @@ class Worker:
         tracker = tracker_for(self.device)
         with tracker:
             tracker.add_module(self.raw_model)
-            tracker.add(state for state in self.optimizer.state.values())
+            tracker.add(self.engine.optimizer_state())
             metrics = self._optimizer_step()
-        measured = tracker.report.peak_bytes
-        self.events.emit("memory_measured", step=self.step + 1, device=str(self.device), peak_bytes=measured,
-                         peak_phase=tracker.report.peak_phase, predicted_bytes=self.predicted_peak)
-        if self.predicted_peak:
-            record_calibration(self.config, self.device.type, self.predicted_peak, measured)
+        mine = {"device": self._device_name(), "peak_bytes": tracker.report.peak_bytes, "peak_phase": tracker.report.peak_phase}
+        for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
+            self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
+        if self.predicted_peak and self.engine.is_main:
+            record_calibration(self.config, self.device.type, self.predicted_peak, mine["peak_bytes"])
         return metrics
 
+    def _device_name(self) -> str:
+        if self.engine.world_size == 1:
+            return str(self.device)
+        return str(self.device) if self.device.type == "cuda" else f"cpu rank {self.engine.rank}"
+
+    def _memory_of_every_rank(self) -> list[dict]:
+        if self.engine.world_size == 1:
+            return memory_snapshot()
+        entries = self.engine.gather(memory_snapshot(self.device, self.engine.rank))
+        return [entry for rank_entries in entries for entry in rank_entries]
+
     def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
+        """This rank's share of the step's micro-batches: a contiguous block of the plan."""
         accumulation = self.config.training.gradient_accumulation_steps
-        first = self.step * accumulation
+        first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
         pad = self.tokenizer.pad_token_id
         layout = pack if self.config.data.packing == "padding_free" else collate
         batches = []
@@ -217,28 +234,31 @@ class Worker:
     def _optimizer_step(self) -> dict:
         started = time.perf_counter()
         batches = self._micro_batches()
-        target_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+        engine = self.engine
+        local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+        target_tokens = int(engine.all_sum([local_targets])[0])  # the mean is over the tokens of every rank
+        # Data parallel averages the ranks' gradients; scaling by the world size turns that into their sum.
+        scale = engine.world_size / max(target_tokens, 1)
         self.model.train()
         loss_sum = 0.0
-        for batch in batches:
-            with self.accelerator.autocast():
-                loss = token_loss_sum(self.model, batch, self.output_layer) / max(target_tokens, 1)
-            self.accelerator.backward(loss)
-            loss_sum += loss.item()
-        max_norm = self.config.training.max_grad_norm
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else float("inf"))
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            with engine.micro_batch(last):
+                with engine.autocast():
+                    token_loss = token_loss_sum(self.model, batch, self.output_layer)
+                engine.backward(token_loss * scale, last)
+            loss_sum += token_loss.item() / max(target_tokens, 1)
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
+        grad_norm = engine.optimizer_step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
-        tokens = sum(real_tokens(b) for b in batches)
-        samples = sum(example_count(b) for b in batches)
+        loss_sum, tokens, samples = engine.all_sum([loss_sum, sum(real_tokens(b) for b in batches),
+                                                    sum(example_count(b) for b in batches)])
         if not math.isfinite(loss_sum):
             raise StudioError(f"the loss became {loss_sum} at step {self.step + 1}",
                               "lower training.learning_rate, or use bf16 instead of fp16", kind="diverged")
         return {
-            "epoch": round((self.step + 1) * len(batches) / self.plan.per_epoch, 4),
+            "epoch": round((self.step + 1) * len(batches) * engine.world_size / self.plan.per_epoch, 4),
             "loss": loss_sum, "lr": lr, "grad_norm": float(grad_norm),
             "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
             "target_tokens": target_tokens, "step_seconds": seconds,
@@ -246,13 +266,14 @@ class Worker:
 
     @torch.no_grad()
     def evaluate(self) -> float:
+        """Every rank evaluates every row (sharded models need all ranks in each forward); rank 0 reports."""
         self.model.eval()
         size, pad = self.config.training.micro_batch_size, self.tokenizer.pad_token_id
         total_loss, total_tokens = 0.0, 0
         for start in range(0, len(self.eval_rows), size):
             batch = collate([self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))], pad)
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            with self.accelerator.autocast():
+            with self.engine.autocast():
                 total_loss += float(token_loss_sum(self.model, batch, self.output_layer))
             total_tokens += int((batch["labels"][:, 1:] != -100).sum())
         eval_loss = total_loss / max(total_tokens, 1)
@@ -260,9 +281,10 @@ class Worker:
         return eval_loss
 
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.raw_model,
-                                    self.optimizer, self.scheduler, {"total_steps": self.total_steps})
-        self.run_dir.prune_checkpoints(self.config.schedule.keep_checkpoints)
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.engine, self.raw_model,
+                                    self.scheduler, {"total_steps": self.total_steps})
+        if self.engine.is_main:
+            self.run_dir.prune_checkpoints(self.config.schedule.keep_checkpoints)
         self.events.emit("checkpoint", step=self.step, path=str(path))
         return path
 
@@ -283,17 +305,18 @@ def record_calibration(config: RunConfig, device_type: str, predicted: int, meas
 # ---------------------------------------------------------------------- entry
 
 
-def _setup_logging(run_dir: RunDir) -> None:
+def _setup_logging(run_dir: RunDir, rank: int | None = None) -> None:
     logger = logging.getLogger("studio")
     logger.setLevel(logging.INFO)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
     file_handler = logging.FileHandler(run_dir.log, encoding="utf-8")
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    who = "" if rank is None else f"rank {rank} "  # the ranks share one log
+    file_handler.setFormatter(logging.Formatter(f"%(asctime)s {who}%(levelname)s %(message)s"))
     logger.addHandler(file_handler)
     stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(logging.Formatter("[studio] %(message)s"))
+    stream.setFormatter(logging.Formatter(f"[studio{' ' + who.strip() if who else ''}] %(message)s"))
     logger.addHandler(stream)
     logging.captureWarnings(True)
     logging.getLogger("py.warnings").addHandler(file_handler)
@@ -309,6 +332,12 @@ def prepare_run_dir(config: RunConfig, run_dir: Path | None, resume: bool) -> tu
         raise_if_invalid(config, str(rd.config))
         return config, rd, rd.latest_checkpoint()
     raise_if_invalid(config)
+    if inside_launcher():  # one of several ranks: the parent (or rank 0) prepares the folder
+        rd = RunDir(run_dir)
+        rd.path.mkdir(parents=True, exist_ok=True)
+        if process_rank() == 0 and not rd.config.is_file():
+            save_config(config, rd.config)
+        return config, rd, None
     if run_dir is None:
         rd = RunDir.create(config.name)
     else:
@@ -324,18 +353,25 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     """Train one run; returns (exit code, run directory).
 
     A config that cannot start raises StudioError before anything is loaded; every
-    later failure becomes an ``error`` event and a non-zero exit code.
+    later failure becomes an ``error`` event and a non-zero exit code. With
+    ``distributed.num_processes`` > 1 this process prepares the run directory and
+    launches the ranks (studio.train.launcher); inside torchrun it trains as its rank.
     """
     config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
     use_expandable_segments()
-    rd.clear_control_files()
-    rd.write_worker_info(sys.argv)
-    _setup_logging(rd)
-    events = EventWriter(rd.events)
-    control = StopController(rd, watch_stdin=watch_stdin)
-    log.info("run directory %s", rd.path)
-    if resume and (torn := rd.remove_torn_checkpoints()):
+    rank = process_rank() if inside_launcher() else None
+    if not rank and not launched_by_studio():  # the process the user (or the GUI) started
+        rd.clear_control_files()
+        rd.write_worker_info(sys.argv)
+    _setup_logging(rd, rank)
+    if resume and not rank and (torn := rd.remove_torn_checkpoints()):
         log.info("removed torn checkpoint folders left by an interrupted save: %s", ", ".join(torn))
+    if needs_launcher(config.distributed.num_processes):
+        return launch(rd, config.distributed.num_processes, resume, watch_stdin), rd
+    events = EventWriter(rd.events) if not rank else SilentEvents()
+    reporter = FailureReporter(events, rd, rank)
+    control = StopController(rd, watch_stdin=watch_stdin and rank is None)
+    log.info("run directory %s", rd.path)
     if resume and checkpoint is None:
         events.emit("warning", message=f"{rd.path} has no complete checkpoint: training starts again from step 0")
     worker = Worker(config, rd, events, control)
@@ -347,39 +383,39 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         log.info("%s at step %d", status, worker.step)
         return EXIT_OK, rd
     except KeyboardInterrupt:
-        events.emit("finished", status="aborted", step=worker.step)
+        reporter.aborted(worker.step)
         log.info("aborted")
         return EXIT_ABORTED, rd
     except StudioError as exc:
-        _report(events, exc.kind, exc.message, exc.hint)
+        reporter.failed(exc.kind, exc.message, exc.hint)
         return EXIT_FAILED, rd
     except torch.OutOfMemoryError as exc:
-        _report_oom(events, worker, exc)
+        _report_oom(reporter, worker, exc)
         return EXIT_FAILED, rd
     except Exception as exc:  # report anything else readably; the traceback goes to the log
         log.error("%s", traceback.format_exc())
-        _report(events, "internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
+        reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
         return EXIT_FAILED, rd
     finally:
         control.close()
         events.close()
 
 
-def _report_oom(events: EventWriter, worker: Worker, exc: torch.OutOfMemoryError) -> None:
-    """Save the last finished step when the weights are still consistent, then say what overflowed and the fix."""
+def _report_oom(reporter: "FailureReporter", worker: Worker, exc: torch.OutOfMemoryError) -> None:
+    """Save the last finished step when the weights are still consistent (and saving needs no other
+    rank, which may not have failed), then say what overflowed and the cheapest fix."""
     saved = None
     part = overflowed_part(exc)
     exc.__traceback__ = None  # its frames hold the activations that filled the memory
-    if consistent_after(part) and worker.step > worker.start_step:
+    alone = getattr(worker, "engine", None) is not None and worker.engine.world_size == 1
+    if alone and consistent_after(part) and worker.step > worker.start_step:
         release_memory(getattr(worker, "optimizer", None))
         try:
             saved = worker.save()
         except (OSError, StudioError, torch.OutOfMemoryError) as save_error:
             log.error("could not save after running out of memory: %s", save_error)
     report = oom_report(exc, worker.config, getattr(worker, "device", None), saved)
-    log.error("%s\n  hint: %s", report["message"], report["hint"])
-    events.emit("error", **report)
-    events.emit("finished", status="failed", step=worker.step)
+    reporter.failed(report.pop("kind"), report.pop("message"), report.pop("hint"), step=worker.step, **report)
 
 
 def use_expandable_segments() -> None:
@@ -389,7 +425,34 @@ def use_expandable_segments() -> None:
         os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
 
-def _report(events: EventWriter, kind: str, message: str, hint: str) -> None:
-    log.error("%s\n  hint: %s", message, hint)
-    events.emit("error", kind=kind, message=message, hint=hint)
-    events.emit("finished", status="failed")
+class FailureReporter:
+    """Where a failure or an abort is reported: the events, or for a rank under a studio parent,
+    a file the parent reads (it writes the run's single error and finished events)."""
+
+    def __init__(self, events: EventWriter, run_dir: RunDir, rank: int | None):
+        self.events, self.run_dir, self.rank = events, run_dir, rank
+        self.to_parent = rank is not None and launched_by_studio()
+
+    def failed(self, kind: str, message: str, hint: str, step: int | None = None, **details) -> None:
+        """``details`` (e.g. an out-of-memory fix) go into the error event."""
+        log.error("%s\n  hint: %s", message, hint)
+        if self.to_parent:
+            record_failure(self.run_dir, self.rank, kind, message, hint)
+            return
+        self.events.emit("error", kind=kind, message=message, hint=hint, **details)
+        self.events.emit("finished", status="failed", **({} if step is None else {"step": step}))
+
+    def aborted(self, step: int) -> None:
+        if not self.to_parent:
+            self.events.emit("finished", status="aborted", step=step)
+
+
+class SilentEvents:
+    """The event writer of ranks other than 0: rank 0 writes the run's events (other ranks'
+    memory reaches it through a gather), so one process appends to events.jsonl."""
+
+    def emit(self, type_: str, **fields) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,123 @@
+"""Several training processes on this machine: the parent that torchrun's children report to.
+
+``studio train`` with ``distributed.num_processes`` > 1 prepares the run directory
+once, then runs torchrun (studio.core.launch.torchrun_argv) as a subprocess and
+waits. Stop requests reach the children through the run directory, the one channel
+every OS shares: the parent keeps its StopController (stdin, signals, the control
+files) and turns a stop into the STOP file and an abort into the ABORT file, which
+each child polls; the children agree on the step to stop at (studio.train.distributed).
+torchrun runs in its own process group, so a terminal's Ctrl+C reaches only the
+parent, which turns it into a clean stop like the one-process worker does.
+
+A failing rank writes its error to ``rank-N.error.json`` and exits; torchrun then
+ends the others, and the parent writes one ``error`` and one ``finished`` event from
+the earliest failure (later ones are usually just "the other side hung up").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from studio.core.events import EventWriter
+from studio.core.launch import Cluster, torchrun_argv, worker_args
+from studio.core.rundir import RunDir
+from studio.train.control import StopController
+
+log = logging.getLogger("studio.train")
+
+PARENT_ENV = "STUDIO_LAUNCH_PARENT"  # set for the children: a parent reports failures and aborts
+ABORT_GRACE_S = 30.0  # after an abort, how long the children get to exit before they are killed
+
+
+def launched_by_studio() -> bool:
+    return PARENT_ENV in os.environ
+
+
+def failure_file(run_dir: RunDir, rank: int) -> Path:
+    return run_dir.path / f"rank-{rank}.error.json"
+
+
+def record_failure(run_dir: RunDir, rank: int, kind: str, message: str, hint: str) -> None:
+    """A child's failure, for the parent to report (it alone writes the final events)."""
+    entry = {"time": time.time(), "rank": rank, "kind": kind, "message": message, "hint": hint}
+    failure_file(run_dir, rank).write_text(json.dumps(entry), encoding="utf-8")
+
+
+def launch(run_dir: RunDir, num_processes: int, resume: bool, watch_stdin: bool = True) -> int:
+    """Run the children to the end; returns the exit code (0 ok, 1 failed, 130 aborted)."""
+    from studio.train.worker import EXIT_ABORTED, EXIT_FAILED, EXIT_OK
+
+    for stale in run_dir.path.glob("rank-*.error.json"):
+        stale.unlink()
+    argv = torchrun_argv(Cluster(processes_per_machine=num_processes), 0, worker_args(run_dir.config, run_dir.path, resume))
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    log.info("starting %d training processes: %s", num_processes, " ".join(argv))
+    events = EventWriter(run_dir.events)
+    control = StopController(run_dir, watch_stdin=watch_stdin)
+    process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, **_own_process_group())
+    aborted = False
+    try:
+        _wait_forwarding_stops(process, run_dir, control)
+    except KeyboardInterrupt:
+        aborted = True
+        _abort(process, run_dir)
+    finally:
+        control.close()
+    try:
+        if process.returncode == 0 and not aborted:
+            return EXIT_OK
+        if aborted or control.aborting:
+            events.emit("finished", status="aborted")
+            return EXIT_ABORTED
+        kind, message, hint = _first_failure(run_dir, process.returncode)
+        log.error("%s\n  hint: %s", message, hint)
+        events.emit("error", kind=kind, message=message, hint=hint)
+        events.emit("finished", status="failed")
+        return EXIT_FAILED
+    finally:
+        events.close()
+
+
+def _own_process_group() -> dict:
+    if sys.platform == "win32":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def _wait_forwarding_stops(process: subprocess.Popen, run_dir: RunDir, control: StopController) -> None:
+    forwarded = False
+    while process.poll() is None:
+        if control.stop_requested and not forwarded:
+            forwarded = True
+            if not run_dir.stop_file.exists():
+                run_dir.request_stop()
+        time.sleep(0.2)
+
+
+def _abort(process: subprocess.Popen, run_dir: RunDir) -> None:
+    run_dir.request_stop(abort=True)
+    try:
+        process.wait(timeout=ABORT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _first_failure(run_dir: RunDir, returncode: int) -> tuple[str, str, str]:
+    failures = []
+    for path in run_dir.path.glob("rank-*.error.json"):
+        try:
+            failures.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    if not failures:
+        return ("internal", f"a training process ended with exit code {returncode} without reporting why",
+                f"see {run_dir.log}; a process killed by the system (out of memory) ends like this")
+    first = min(failures, key=lambda f: f["time"])
+    return first["kind"], f"rank {first['rank']}: {first['message']}", first["hint"]

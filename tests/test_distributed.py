@@ -1,0 +1,144 @@
+"""Several processes (torchrun over gloo on the CPU), DeepSpeed ZeRO and FSDP, against plain training.
+
+One plain reference run (1 process, accumulation 2) fixes the expected loss curve:
+data parallel with 2 processes and accumulation 1 takes the same rows per optimizer
+step, so every layout below must reproduce that curve (tolerance: 1e-4 relative,
+the difference of summation orders in float32).
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import losses, quick_config
+from studio.core.config import save_config
+from studio.core.events import read_events
+from studio.core.rundir import RunDir
+from studio.gui.series import RunSeries
+from studio.train.deepspeed_config import deepspeed_config
+from studio.train.export import export_run
+from studio.train.worker import EXIT_FAILED, EXIT_OK, run
+
+STEPS = 6
+CLOSE = {"rel": 1e-4, "abs": 1e-5}
+
+
+def config_for(data, processes: int, **distributed):
+    return quick_config(data, training={"micro_batch_size": 4, "max_steps": STEPS, "gradient_accumulation_steps": 2 // processes},
+                        schedule={"save_every": 3}, distributed={"num_processes": processes, **distributed})
+
+
+def train_cli(config, folder, *extra) -> tuple[int, RunDir]:
+    """``studio train`` in a subprocess, as a user (or the GUI) starts it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_config(config, folder / "run.yaml")
+    run_dir = RunDir(folder / "run")
+    process = subprocess.run([sys.executable, "-m", "studio.train", str(folder / "run.yaml"), "--run-dir", str(run_dir.path), *extra],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+    return process.returncode, run_dir
+
+
+def resume_cli(run_dir: RunDir) -> int:
+    return subprocess.run([sys.executable, "-m", "studio.train", "--resume", str(run_dir.path)], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600).returncode
+
+
+def events_of(run_dir: RunDir, kind: str) -> list[dict]:
+    return [e for e in read_events(run_dir.events) if e["type"] == kind]
+
+
+def resumed_copy(run_dir: RunDir, folder) -> RunDir:
+    """The run as if it had been stopped after its first checkpoint."""
+    copy = RunDir(folder)
+    shutil.copytree(run_dir.path, copy.path)
+    shutil.rmtree(copy.latest_checkpoint())
+    return copy
+
+
+@pytest.fixture(scope="module")
+def reference(small_data, tmp_path_factory) -> list[float]:
+    code, run_dir = run(config_for(small_data, 1), tmp_path_factory.mktemp("reference") / "run", watch_stdin=False)
+    assert code == EXIT_OK
+    return losses(run_dir)
+
+
+def test_user_deepspeed_keys_win_over_the_generated_ones(small_data, tmp_path):
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 0.5}))
+    config = config_for(small_data, 2, sharding="zero2", offload_optimizer="cpu", deepspeed_config=str(user))
+    generated = deepspeed_config(config, world_size=2)
+    assert generated["zero_optimization"] == {"stage": 3, "overlap_comm": True,
+                                              "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    assert generated["gradient_clipping"] == 0.5 and generated["train_batch_size"] == 4 * 1 * 2
+
+
+@pytest.mark.slow
+def test_two_processes_equal_doubled_accumulation_and_stop_on_the_stop_file(small_data, tmp_path, reference):
+    long = config_for(small_data, 2).replace(training={"max_steps": 400}, schedule={"save_every": 0})
+    tmp_path.mkdir(exist_ok=True)
+    save_config(long, tmp_path / "run.yaml")
+    run_dir = RunDir(tmp_path / "run")
+    process = subprocess.Popen([sys.executable, "-m", "studio.train", str(tmp_path / "run.yaml"), "--run-dir", str(run_dir.path)],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not any(e["step"] >= STEPS for e in events_of(run_dir, "step")):
+        assert process.poll() is None, "the ranks ended before the stop"
+        time.sleep(0.1)
+    run_dir.request_stop()
+    assert process.wait(timeout=300) == EXIT_OK
+    stopped = events_of(run_dir, "finished")[-1]
+    assert stopped["status"] == "stopped" and STEPS <= stopped["step"] < 400
+    assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
+    assert losses(run_dir)[:STEPS] == pytest.approx(reference, **CLOSE)
+
+    # Every rank's memory is drawn: one curve per process.
+    assert {e["device"] for e in events_of(run_dir, "memory_measured")} == {"cpu rank 0", "cpu rank 1"}
+    assert set(RunSeries.from_events(read_events(run_dir.events)).memory) == {"cpu rank 0", "cpu rank 1"}
+
+    # A rank that cannot resume (its random state is damaged) fails; the other does not hang.
+    (run_dir.latest_checkpoint() / "rng-rank1.pt").write_bytes(b"damaged")
+    assert resume_cli(run_dir) == EXIT_FAILED
+    assert events_of(run_dir, "finished")[-1]["status"] == "failed"
+    errors = events_of(run_dir, "error")
+    assert len(errors) == 1 and errors[0]["message"].startswith("rank 1: ")
+
+
+# Stage x processes x offload, each value twice and each pair of values at least once.
+DEEPSPEED_RUNS = {
+    "zero2-1proc": (1, {"sharding": "zero2"}),
+    "zero3-1proc-offload": (1, {"sharding": "zero3", "offload_optimizer": "cpu"}),
+    "zero2-2proc-offload": (2, {"sharding": "zero2", "offload_optimizer": "cpu"}),
+    "zero3-2proc": (2, {"sharding": "zero3"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DEEPSPEED_RUNS)
+def test_deepspeed_trains_resumes_and_exports_like_plain_training(small_data, tmp_path, reference, name):
+    processes, distributed = DEEPSPEED_RUNS[name]
+    code, run_dir = train_cli(config_for(small_data, processes, **distributed), tmp_path)
+    assert code == EXIT_OK, events_of(run_dir, "error")
+    assert losses(run_dir) == pytest.approx(reference, **CLOSE)
+    assert json.loads((run_dir.path / "deepspeed.json").read_text())["zero_optimization"]["stage"] == int(distributed["sharding"][-1])
+
+    resumed = resumed_copy(run_dir, tmp_path / "resumed")
+    assert resume_cli(resumed) == EXIT_OK
+    assert losses(resumed)[STEPS:] == pytest.approx(reference[3:], **CLOSE)
+
+    _, verification = export_run(run_dir.path, "adapter" if processes == 1 else "merged")
+    assert verification.passed
+
+
+@pytest.mark.slow
+def test_zero1_trains(small_data, tmp_path, reference):
+    code, run_dir = train_cli(config_for(small_data, 1, sharding="zero1"), tmp_path)
+    assert code == EXIT_OK and losses(run_dir) == pytest.approx(reference, **CLOSE)
+
+
+def test_fsdp_is_refused_on_the_cpu_with_a_reason(small_data, tmp_path):
+    code, run_dir = run(config_for(small_data, 1, sharding="fsdp"), tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_FAILED
+    assert "FSDP sharding needs GPUs" in events_of(run_dir, "error")[0]["message"]
