@@ -37,7 +37,7 @@ from studio.train.control import StopController
 from studio.train.data import collate, prepare_data
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
-from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model import adapted_module_names, after_optimizer_step, build_model, count_parameters, load_tokenizer
 from studio.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger("studio.train")
@@ -99,7 +99,7 @@ class Worker:
         self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed)
         self.total_steps = self.plan.total_steps(config)
 
-        model = build_model(config, self.device)
+        model = build_model(config, self.device, self.total_steps)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = build_optimizer(config, params)
         scheduler = build_scheduler(config, optimizer, self.total_steps)
@@ -204,6 +204,7 @@ class Worker:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
+        after_optimizer_step(self.raw_model, self.step)
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
         tokens = sum(int(b["attention_mask"].sum()) for b in batches)
@@ -257,6 +258,7 @@ def record_calibration(config: RunConfig, device_type: str, predicted: int, meas
 def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Summed next-token cross-entropy over the target tokens (labels != -100), in fp32."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = logits[:, -batch["input_ids"].shape[1]:]  # prompt tuning prepends its virtual tokens' logits
     shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
     targets = batch["labels"][:, 1:].reshape(-1)
     return torch.nn.functional.cross_entropy(shifted, targets, ignore_index=-100, reduction="sum")
