@@ -128,9 +128,8 @@ def _check_qat(config: RunConfig) -> list[Problem]:
         return problems
     problems += _positive(q.group_size, "qat.group_size", "group size such as 32")
     if config.effective_load_in != "none":
-        problems.append(Problem("qat.weights", f"a {config.effective_load_in} bitsandbytes base is already quantized: "
-                                "QAT fake-quantizes full-precision weights", "set quantization.load_in to none (and "
-                                "use lora instead of qlora), or qat.weights to none"))
+        problems.append(Problem("qat.weights", "QAT needs full-precision base weights, not a bitsandbytes base",
+                                "set quantization.load_in to none (lora instead of qlora), or qat.weights to none"))
     return problems
 
 
