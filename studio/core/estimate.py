@@ -244,8 +244,9 @@ class Regime:
 
     @property
     def embedding_output_needs_grad(self) -> bool:
-        # full fine-tuning trains the embeddings; LoRA with checkpointing calls enable_input_require_grads
-        return self.full or self.checkpointing
+        # full fine-tuning trains the embeddings; LoRA with checkpointing calls enable_input_require_grads;
+        # prompt tuning's trained tokens are part of the input
+        return self.full or self.checkpointing or self.method == "prompt_tuning"
 
 
 def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str = "full_fp32") -> Regime:
@@ -501,7 +502,8 @@ class ActivationTape:
     def attention(self, q: _Tensor, k: _Tensor, v: _Tensor) -> _Tensor:
         shape, regime = self.shape, self.regime
         q, k, v = (self._autocast(t) for t in (q, k, v))
-        grad = q.requires_grad or k.requires_grad or v.requires_grad
+        # prefix tuning's trained keys and values join every layer's attention
+        grad = q.requires_grad or k.requires_grad or v.requires_grad or regime.method == "prefix_tuning"
         scores = self.tokens * shape.heads * regime.sequence
         dropout = shape.attention_dropout
         if regime.attention == "sdpa" and not (dropout > 0 and regime.device_type == "cpu"):

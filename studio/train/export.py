@@ -24,8 +24,7 @@ from studio.core.events import EventWriter
 from studio.core.rundir import RunDir, atomic_folder
 from studio.train.checkpoint import load_weights, read_state
 from studio.train.data import encode, render_segments
-from studio.train.model import (attach_adapter, build_model, load_base_model, load_tokenizer, prepare_qat,
-                                qat_base_config)
+from studio.train.model import attach_adapter, build_model, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
 
@@ -102,8 +101,8 @@ def export_form(config: RunConfig, kind: str) -> str:
     scheme = f"{qat.weights} weights (groups of {qat.group_size})" + (
         f", {qat.activations} dynamic activations" if qat.activations != "none" else "")
     if kind == "adapter":
-        return (f"adapter trained on a base fake-quantized to {scheme}: full precision; export merged for the "
-                "quantized model")
+        return (f"full-precision adapter for the base quantized with torchao to {scheme} (verified on that base: "
+                "load the base with transformers' TorchAoConfig, then the adapter)")
     return f"quantized with torchao: {scheme}; the linears hold integer weights, the output head stays full precision"
 
 
@@ -148,10 +147,28 @@ def _base_difference(trained, inputs, reference: torch.Tensor) -> float | None:
 def _reload_adapter(config: RunConfig, folder: Path, device):
     from peft import PeftModel
 
-    base = load_base_model(config, device)
-    if config.qat.enabled:  # the adapter learned on a fake-quantized base: verify it on one
-        base = prepare_qat(base, config)
+    # an adapter trained with QAT learned on a fake-quantized base: it is verified on the really quantized one
+    base = quantized_base(config, device) if config.qat.enabled else load_base_model(config, device)
     return PeftModel.from_pretrained(base, str(folder)).eval()
+
+
+def torchao_config(config: RunConfig):
+    """transformers' TorchAoConfig for the quantization the run's QAT simulated (the output head is left out)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, TorchAoConfig
+
+    model_config = AutoConfig.from_pretrained(config.model.name_or_path, trust_remote_code=config.model.trust_remote_code)
+    with torch.device("meta"):  # only to learn the head's name
+        skeleton = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
+    head = next(name for name, module in skeleton.named_modules() if module is skeleton.get_output_embeddings())
+    return TorchAoConfig(qat_base_config(config), modules_to_not_convert=[head])
+
+
+def quantized_base(config: RunConfig, device):
+    """The base model quantized with torchao as the run's QAT simulated: what a QAT adapter runs on."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(config.model.name_or_path, dtype=torch.float32,
+                                                quantization_config=torchao_config(config)).to(device)
 
 
 def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, dtype: torch.dtype, device,
@@ -170,17 +187,15 @@ def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, d
     model.to(dtype).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     if config.qat.enabled:
-        _quantize_saved(config, model, folder, dtype)
+        _quantize_saved(config, folder, dtype)
 
 
-def _quantize_saved(config: RunConfig, model, folder: Path, dtype: torch.dtype) -> None:
+def _quantize_saved(config: RunConfig, folder: Path, dtype: torch.dtype) -> None:
     """Requantize the merged folder in place through transformers' torchao integration, so that
     ``from_pretrained`` alone loads the integer weights back."""
-    from transformers import AutoModelForCausalLM, TorchAoConfig
+    from transformers import AutoModelForCausalLM
 
-    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
-    quantization = TorchAoConfig(qat_base_config(config), modules_to_not_convert=[head])
-    quantized = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, quantization_config=quantization)
+    quantized = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, quantization_config=torchao_config(config))
     quantized.save_pretrained(folder, safe_serialization=True)
 
 
