@@ -550,14 +550,16 @@ class ActivationTape:
     def linear(self, x: _Tensor, path: str) -> _Tensor:
         layer = self.shape.linear(path)
         if path in self._adapted and self.regime.method == "ia3" and layer.in_features == self.regime.feedforward_width:
-            x = self.mul(x, self.new(layer.in_features, "fp32", True))  # IA3 scales a feedforward layer's input
+            # IA3 scales a feedforward layer's input in the vector's dtype (fp32), then casts it back
+            x = self.cast(self.mul(self.cast(x, "fp32"), self.new(layer.in_features, "fp32", True)), x.dtype)
         out = self._base_linear(x, layer)
         if path not in self._adapted:
             return out
         method = self.regime.method
         if method == "ia3":
-            return out if layer.in_features == self.regime.feedforward_width else self.mul(
-                out, self.new(layer.out_features, "fp32", True))
+            if layer.in_features == self.regime.feedforward_width:
+                return out
+            return self.cast(self.mul(out, self.new(layer.out_features, "fp32", True)), out.dtype)  # back to out's dtype
         if method in ("loha", "lokr"):
             return self._rebuilt_update(x, layer, out)
         return self._lora(x, layer, out)
@@ -581,7 +583,7 @@ class ActivationTape:
             return out
         bias = layer.out_features if layer.bias else 0
         if regime.qat_activations:  # torchao fake-quantizes the input into a new tensor, which the matmul keeps
-            x = self.unary(x)
+            x = self._fake_quantize(x)
         return self._dense(x, layer.weight_elements, regime.base_dtype, regime.full, elements, bias, regime.qat)
 
     def _dense(self, x: _Tensor, weight_elements: int, weight_dtype: str, trainable: bool, out_elements: int,
@@ -589,6 +591,8 @@ class ActivationTape:
         x_in = self._autocast(x)
         weight = self._weight_copy(weight_elements, weight_dtype, trainable)
         if fake_quantized:  # the fake-quantized weight is a new tensor (fp32 work inside), kept for the input's gradient
+            if trainable:  # its rounding graph keeps an fp32 copy for the straight-through gradient
+                self._fake_quantize(self.new(weight_elements, weight_dtype, True))
             weight = self.new(weight_elements, x_in.dtype if self.regime.autocast else weight_dtype, trainable,
                               kind="weight_copy")
         if trainable:
@@ -603,6 +607,13 @@ class ActivationTape:
             transient += weight_elements * 4
         self.record([out], [x_in], temporary=transient, parameter_grad=parameter)
         return out
+
+    def _fake_quantize(self, tensor: _Tensor) -> _Tensor:
+        """torchao's fake quantization (scale, round, clamp, rescale): when a gradient flows through it,
+        its graph keeps about one fp32 copy of the tensor (measured, benchmarks/memory_accuracy.py)."""
+        if tensor.requires_grad:
+            self.save(self.new(tensor.elements, "fp32", False))
+        return self.unary(tensor)
 
     def _rebuilt_update(self, x: _Tensor, layer: LinearLayer, base_out: _Tensor) -> _Tensor:
         """LoHa / LoKr rebuild the whole weight update (fp32) from their factors every forward and
