@@ -225,10 +225,12 @@ class TechniquesPanel(QScrollArea):
                                  (self.dropout, method != "ia3"), (self.rslora, method in ("lora", "qlora")),
                                  (self.dora, method in ("lora", "qlora"))):
             control.setVisible(applies)
-        self.lora_note.setText("" if adapts_linears else _no_adapter_settings(method))
+        self.lora_note.setText("" if adapts_linears else "Only for adapter methods: full fine-tuning trains the "
+                               "weights themselves.")
         self.lora_note.setVisible(not adapts_linears)
         self.lora_group.setTitle({"adalora": "AdaLoRA adapter", "ia3": "IA3 adapter", "loha": "LoHa adapter",
                                   "lokr": "LoKr adapter"}.get(method, "LoRA adapter"))
+        self.lora_group.setVisible(method not in VIRTUAL_TOKEN_METHODS)  # nothing of it applies to virtual tokens
         self.virtual_group.setVisible(method in VIRTUAL_TOKEN_METHODS)
         self.adalora_group.setVisible(method == "adalora")
         qat = config.qat.enabled
@@ -242,12 +244,6 @@ class TechniquesPanel(QScrollArea):
         t = config.training
         self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
                                      f"{config.effective_batch_size} examples per optimizer step")
-
-
-def _no_adapter_settings(method: str) -> str:
-    if method == "full":
-        return "Only for adapter methods: full fine-tuning trains the weights themselves."
-    return "Prefix and prompt tuning adapt no layer: they train virtual tokens (below)."
 
 
 def _group(title: str, *widgets: QWidget) -> QGroupBox:
