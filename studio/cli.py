@@ -107,10 +107,14 @@ def _demo(args) -> int:
 
 
 def _export(args) -> int:
+    import json
+
     from studio.train.export import export_run
 
     out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)
     print(f"exported {args.kind} to {out}")
+    form = json.loads((out / "studio_export.json").read_text(encoding="utf-8")).get("form")
+    print(f"form: {form}")
     print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
           f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
     return 0

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from model_factory import FAMILIES, tiny_config
 from studio.core.config import RunConfig
+from studio.core.presets import DEMO_MODEL, demo_config
 from studio.core.errors import StudioError
 from studio.core.estimate import (
     PARTS, ScaleOut, estimate, model_states, regime_for, verdict_for, zero_model_states, _quantized_weight_bytes,
@@ -359,3 +360,43 @@ def test_bad_memory_size_is_a_usage_error():
     with pytest.raises(StudioError, match="24 gigs"):
         parse_size("24 gigs")
     assert math.isfinite(parse_size("1b"))
+
+
+# ---------------------------------------------------------------- PEFT methods and QAT
+
+_TINY = json.loads((DEMO_MODEL / "config.json").read_text())
+_GQA = {**_TINY, "num_key_value_heads": 2, "hidden_size": 96, "intermediate_size": 264, "head_dim": 24}
+
+
+@pytest.mark.parametrize("model_config", [_TINY, _GQA], ids=["tiny", "gqa"])
+@pytest.mark.parametrize("method", ["lora", "adalora", "ia3", "loha", "lokr", "prefix_tuning", "prompt_tuning"])
+@pytest.mark.parametrize("rank", [8, 64])
+def test_trainable_parameters_agree_exactly_with_peft(model_config, method, rank):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from studio.train.model import attach_adapter, count_parameters
+
+    config = demo_config().replace(method=method, lora={"r": rank}, peft={"adalora_target_r": 4})
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**model_config))
+    real = count_parameters(attach_adapter(model, config, total_steps=100))[0]
+    assert estimate(model_config, config, "cpu").trainable_parameters == real
+
+
+@pytest.mark.parametrize("method, precision", [("full", "fp32"), ("lora", "bf16"), ("lora", "fp32")])
+@pytest.mark.parametrize("activations", ["none", "int8"])
+def test_qat_costs_more_than_no_qat(method, precision, activations):
+    config = demo_config().replace(method=method, training={"precision": precision})
+    qat = config.replace(qat={"weights": "int4", "activations": activations})
+    plain, fake_quantized = (estimate(_TINY, c, "cpu") for c in (config, qat))
+    # the fake-quantized weight copies (and inputs) live through forward and backward
+    assert fake_quantized.devices[0].phases["forward"] > plain.devices[0].phases["forward"]
+    assert fake_quantized.peak_bytes >= plain.peak_bytes
+    assert fake_quantized.trainable_parameters == plain.trainable_parameters
+
+
+def test_virtual_tokens_cost_activation_memory():
+    base = demo_config().replace(method="prompt_tuning", peft={"num_virtual_tokens": 1})
+    for method in ("prompt_tuning", "prefix_tuning"):
+        few, many = (estimate(_TINY, base.replace(method=method, peft={"num_virtual_tokens": n}), "cpu")
+                     for n in (1, 64))
+        assert many.parts["activations"] > few.parts["activations"]

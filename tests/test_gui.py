@@ -144,7 +144,7 @@ def test_impossible_combinations_are_disabled_with_the_reason(window):
     model = techniques.load_in.combo.model()
     assert not model.item(2).isEnabled() and "cannot be fully fine-tuned" in model.item(2).toolTip()
     assert "Not available now" in techniques.load_in.reason.text()
-    assert not techniques.rank.isEnabled() and "Only for LoRA" in techniques.lora_note.text()
+    assert not techniques.rank.isEnabled() and "Only for adapter methods" in techniques.lora_note.text()
     dtype_items = techniques.weight_dtype.combo.model()
     assert not dtype_items.item(2).isEnabled() and "loses small updates" in dtype_items.item(2).toolTip()
 
@@ -389,3 +389,37 @@ def test_out_of_memory_offers_the_suggested_change_and_applies_it(window, qtbot,
     assert window.store.config.training.gradient_checkpointing
     assert window.techniques_panel.checkpointing.check.isChecked()
     assert not window.apply_fix_button.isVisible() and "Applied" in window.run_banner.text.text()
+
+
+def test_prompt_tuning_runs_cannot_export_merged(window, app_dirs):
+    run = write_run(app_dirs / "runs", "prompt", [2.0])
+    (run / "config.yaml").write_text("method: prompt_tuning\n")
+    panel = window.export_panel
+    panel.set_run(run)
+    assert panel.adapter.isChecked() and not panel.merged.isEnabled()
+    assert "cannot be merged" in panel.kind_reason.text() and "cannot be merged" in panel.merged.toolTip()
+    (run / "config.yaml").write_text("method: ia3\n")
+    panel.set_run(run)
+    assert panel.merged.isEnabled() and panel.kind_reason.isHidden()
+
+
+def test_method_specific_settings_show_only_when_they_apply(window):
+    techniques = window.techniques_panel
+    by_value = {option.value: button for option, button in zip(techniques.method.options, techniques.method.buttons)}
+    by_value["prompt_tuning"].click()
+    assert not techniques.virtual_group.isHidden() and techniques.adalora_group.isHidden()
+    assert techniques.lora_group.isHidden()  # prefix and prompt tuning adapt no layer
+    by_value["adalora"].click()
+    assert techniques.virtual_group.isHidden() and not techniques.adalora_group.isHidden()
+    assert techniques.rank.isEnabled() and techniques.dora.isHidden() and techniques.lora_group.title() == "AdaLoRA adapter"
+    by_value["ia3"].click()
+    assert techniques.rank.isHidden() and not techniques.targets.isHidden()
+    # LoHa cannot adapt a 4-bit base: with one chosen, the method is disabled with validation's reason
+    techniques.load_in.combo.setCurrentIndex(2)
+    assert not by_value["loha"].isEnabled() and "quantized layers" in by_value["loha"].toolTip()
+    # QAT fake-quantizes full-precision weights: not on a bitsandbytes base
+    assert not techniques.qat_weights.combo.model().item(1).isEnabled()
+    techniques.load_in.combo.setCurrentIndex(1)
+    assert not techniques.qat_activations.isEnabled()
+    techniques.qat_weights.combo.setCurrentIndex(1)
+    assert window.store.config.qat.weights == "int4" and techniques.qat_activations.isEnabled()

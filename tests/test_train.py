@@ -36,6 +36,8 @@ TECHNIQUES = {
     "paged_adamw_8bit": {"training": {"optimizer": "paged_adamw_8bit"}},
     "sgd": {"training": {"optimizer": "sgd", "learning_rate": 3.0}},
     "adafactor": {"training": {"optimizer": "adafactor"}},
+    "qat_lora_int4_int8": {"qat": {"weights": "int4", "activations": "int8"}},
+    "qat_full_int8": {"method": "full", "qat": {"weights": "int8"}, "training": {"learning_rate": 5e-4}},
 }
 
 

@@ -23,7 +23,17 @@ from studio.core.errors import Problem, ProblemsError
 SCHEMA_VERSION = 1
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Method = Literal["full", "lora", "qlora"]
+Method = Literal["full", "lora", "qlora", "ia3", "adalora", "loha", "lokr", "prefix_tuning", "prompt_tuning"]
+QatWeights = Literal["none", "int4", "int8"]
+QatActivations = Literal["none", "int8"]
+
+# Methods whose adapter wraps the linear layers named by lora.target_modules (peft can merge them).
+LINEAR_ADAPTER_METHODS = ("lora", "qlora", "ia3", "adalora", "loha", "lokr")
+# Methods that train virtual tokens in front of the sequence: nothing to merge into the weights.
+VIRTUAL_TOKEN_METHODS = ("prefix_tuning", "prompt_tuning")
+# Methods whose adapter works on a bitsandbytes 4/8-bit base (peft has quantized layers for them,
+# or leaves the linears untouched); LoHa and LoKr would adapt the packed weights.
+KBIT_METHODS = ("lora", "qlora", "ia3", "adalora", "prefix_tuning", "prompt_tuning")
 Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
 Scheduler = Literal["constant", "linear", "cosine"]
 DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text"]
@@ -99,18 +109,62 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """LoRA adapter settings (method lora or qlora)."""
+    """Adapter settings: LoRA and QLoRA, and the shared ones of AdaLoRA, IA3, LoHa and LoKr."""
 
-    r: int = _field(16, "Rank of the low-rank update: more capacity, more memory.")
-    alpha: float = _field(32.0, "Scaling numerator: the update is scaled by alpha/r (alpha/sqrt(r) with rsLoRA).")
-    dropout: float = _field(0.05, "Dropout on the adapter input; costs activation memory when > 0.")
+    r: int = _field(16, "Rank of the low-rank update: more capacity, more memory. AdaLoRA: the starting rank; "
+                    "LoHa / LoKr: the rank of their factors.")
+    alpha: float = _field(32.0, "Scaling numerator: the update is scaled by alpha/r (alpha/sqrt(r) with rsLoRA). "
+                          "Also AdaLoRA, LoHa and LoKr.")
+    dropout: float = _field(0.05, "Dropout on the adapter input; costs activation memory when > 0. "
+                            "LoHa / LoKr: dropout of ranks. Unused by IA3 and the virtual-token methods.")
     target_modules: tuple[str, ...] = _field(
         ("all-linear",),
-        "Module names to adapt. all-linear: every linear layer of the transformer blocks, found "
-        "per architecture (the output head excluded).",
+        "Module names to adapt (LoRA, QLoRA, AdaLoRA, IA3, LoHa, LoKr). all-linear: every linear layer of the "
+        "transformer blocks, found per architecture (the output head excluded). IA3 scales the input of the "
+        "MLP's output projection and the output of the others.",
     )
     use_rslora: bool = _field(False, "Rank-stabilized LoRA: scale by alpha/sqrt(r), better at high ranks.")
     use_dora: bool = _field(False, "DoRA: weight-decomposed LoRA; a little better, slower and more memory.")
+
+
+@dataclass(frozen=True)
+class PeftConfig:
+    """Settings of the PEFT methods beyond LoRA (the lora section's rank, alpha, dropout and targets are shared)."""
+
+    num_virtual_tokens: int = _field(
+        20, "prefix_tuning / prompt_tuning: trained virtual tokens put in front of every sequence "
+        "(prompt tuning: input embeddings; prefix tuning: keys and values of every layer)."
+    )
+    adalora_target_r: int = _field(
+        4, "adalora: average rank per adapted layer left after pruning; it starts from lora.r and the least "
+        "important ranks are pruned."
+    )
+    adalora_warmup_ratio: float = _field(
+        0.1, "adalora: fraction of the steps trained at the full rank before pruning starts (peft's tinit)."
+    )
+    adalora_final_ratio: float = _field(
+        0.2, "adalora: fraction of the steps at the end trained with the final ranks fixed (peft's tfinal)."
+    )
+    adalora_update_every: int = _field(1, "adalora: steps between two rank re-allocations (peft's deltaT).")
+
+
+@dataclass(frozen=True)
+class QatConfig:
+    """Quantization-aware training with torchao: the block linears compute with fake-quantized numbers."""
+
+    weights: QatWeights = _field(
+        "none", "Fake-quantize the weights of the decoder blocks' linear layers to int4 or int8 (symmetric, one "
+        "scale per group) during training, so that the model learns to work quantized; none: no QAT. The merged "
+        "export is then the really quantized model (torchao). Under an adapter the frozen base is fake-quantized."
+    )
+    activations: QatActivations = _field(
+        "none", "Also fake-quantize the linears' inputs to int8 (dynamic, asymmetric, per token); needs weights."
+    )
+    group_size: int = _field(32, "Weights per quantization scale; must divide the linears' input width.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.weights != "none"
 
 
 @dataclass(frozen=True)
@@ -222,11 +276,16 @@ class RunConfig:
     name: str = _field("run", "Short name, used in the run directory's name.")
     method: Method = _field(
         "lora", "full: train every weight. lora: train a low-rank adapter on a frozen base. "
-        "qlora: LoRA on a 4-bit quantized base."
+        "qlora: LoRA on a 4-bit quantized base. adalora: LoRA whose ranks are pruned to a budget while training. "
+        "ia3: learned scaling vectors (fewest parameters). loha / lokr: Hadamard / Kronecker product updates. "
+        "prefix_tuning / prompt_tuning: trained virtual tokens (keys and values of every layer / input "
+        "embeddings); these cannot be merged into the weights."
     )
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "The base model."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "The data."})
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"doc": "LoRA settings."})
+    peft: PeftConfig = field(default_factory=PeftConfig, metadata={"doc": "Other PEFT methods' settings."})
+    qat: QatConfig = field(default_factory=QatConfig, metadata={"doc": "Quantization-aware training."})
     quantization: QuantizationConfig = field(
         default_factory=QuantizationConfig, metadata={"doc": "Base-model quantization."}
     )
@@ -246,6 +305,22 @@ class RunConfig:
     @property
     def uses_adapter(self) -> bool:
         return self.method != "full"
+
+    @property
+    def adapts_linears(self) -> bool:
+        """Whether the adapter wraps linear layers (lora.target_modules applies)."""
+        return self.method in LINEAR_ADAPTER_METHODS
+
+    @property
+    def can_merge(self) -> bool:
+        """Whether the trained model can be exported as one merged model (virtual tokens cannot)."""
+        return self.method not in VIRTUAL_TOKEN_METHODS
+
+    @property
+    def packs_padding_free(self) -> bool:
+        """Whether micro-batches are packed: padding_free, except for virtual-token methods (peft drops
+        or shifts the position ids that keep packed examples apart, so they train padded)."""
+        return self.data.packing == "padding_free" and self.method not in VIRTUAL_TOKEN_METHODS
 
     @property
     def effective_batch_size(self) -> int:

@@ -269,7 +269,7 @@ class Regime:
     quantization: str  # "none", "4bit", "8bit"
     double_quant: bool
     full: bool  # every weight trains
-    adapted: tuple[LinearLayer, ...]  # block linears with a LoRA adapter
+    adapted: tuple[LinearLayer, ...]  # block linears with an adapter (LoRA, AdaLoRA, IA3, LoHa, LoKr)
     rank: int
     lora_dropout: float
     dora: bool
@@ -280,6 +280,11 @@ class Regime:
     accumulation: int
     sequence: int
     loss_impl: str
+    method: str = "lora"
+    virtual_tokens: int = 0  # prefix / prompt tuning
+    feedforward_width: int = 0  # IA3 scales the input of linears this wide (the MLP's output projection)
+    qat: bool = False  # torchao fake-quantizes the block linears' weights
+    qat_activations: bool = False  # and their inputs
 
     @property
     def kbit_prepared(self) -> bool:
@@ -296,8 +301,9 @@ class Regime:
 
     @property
     def embedding_output_needs_grad(self) -> bool:
-        # full fine-tuning trains the embeddings; LoRA with checkpointing calls enable_input_require_grads
-        return self.full or self.checkpointing
+        # full fine-tuning trains the embeddings; LoRA with checkpointing calls enable_input_require_grads;
+        # prompt tuning's trained tokens are part of the input
+        return self.full or self.checkpointing or self.method == "prompt_tuning"
 
 
 LOSS_IMPLS = ("full_fp32", "chunked")
@@ -321,15 +327,19 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
     if loss_impl not in LOSS_IMPLS:
         raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
     autocast = precision != "fp32"
+    virtual = config.peft.num_virtual_tokens if config.method in ("prefix_tuning", "prompt_tuning") else 0
+    prompt = virtual if config.method == "prompt_tuning" else 0  # the virtual tokens run through the whole model
     return Regime(
         device_type=device_type, compute=precision if autocast else base, autocast=autocast, base_dtype=base,
         quantization=config.effective_load_in, double_quant=config.quantization.double_quant,
         full=config.method == "full",
-        adapted=shape.resolve_targets(config.lora.target_modules) if config.uses_adapter else (),
+        adapted=shape.resolve_targets(config.lora.target_modules) if config.adapts_linears else (),
         rank=config.lora.r, lora_dropout=config.lora.dropout, dora=config.lora.use_dora,
         checkpointing=training.gradient_checkpointing, attention=config.model.attn_implementation,
         optimizer=training.optimizer, micro_batch=training.micro_batch_size,
-        accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length, loss_impl=loss_impl,
+        accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
+        loss_impl=loss_impl, method=config.method, virtual_tokens=virtual, feedforward_width=shape.intermediate,
+        qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
     )
 
 
@@ -560,7 +570,8 @@ class ActivationTape:
     def attention(self, q: _Tensor, k: _Tensor, v: _Tensor) -> _Tensor:
         shape, regime = self.shape, self.regime
         q, k, v = (self._autocast(t) for t in (q, k, v))
-        grad = q.requires_grad or k.requires_grad or v.requires_grad
+        # prefix tuning's trained keys and values join every layer's attention
+        grad = q.requires_grad or k.requires_grad or v.requires_grad or regime.method == "prefix_tuning"
         scores = self.tokens * shape.heads * regime.sequence
         dropout = shape.attention_dropout
         if regime.attention == "sdpa" and not (dropout > 0 and regime.device_type == "cpu"):
@@ -606,10 +617,20 @@ class ActivationTape:
 
     def linear(self, x: _Tensor, path: str) -> _Tensor:
         layer = self.shape.linear(path)
+        if path in self._adapted and self.regime.method == "ia3" and layer.in_features == self.regime.feedforward_width:
+            # IA3 scales a feedforward layer's input in the vector's dtype (fp32), then casts it back
+            x = self.cast(self.mul(self.cast(x, "fp32"), self.new(layer.in_features, "fp32", True)), x.dtype)
         out = self._base_linear(x, layer)
-        if path in self._adapted:
-            out = self._lora(x, layer, out)
-        return out
+        if path not in self._adapted:
+            return out
+        method = self.regime.method
+        if method == "ia3":
+            if layer.in_features == self.regime.feedforward_width:
+                return out
+            return self.cast(self.mul(out, self.new(layer.out_features, "fp32", True)), out.dtype)  # back to out's dtype
+        if method in ("loha", "lokr"):
+            return self._rebuilt_update(x, layer, out)
+        return self._lora(x, layer, out)
 
     def _base_linear(self, x: _Tensor, layer: LinearLayer) -> _Tensor:
         regime = self.regime
@@ -629,12 +650,19 @@ class ActivationTape:
             self.record([out], [x], temporary=layer.weight_elements * DTYPE_BYTES[x.dtype], forward_temporary=dequantized)
             return out
         bias = layer.out_features if layer.bias else 0
-        return self._dense(x, layer.weight_elements, regime.base_dtype, regime.full, elements, bias)
+        if regime.qat_activations:  # torchao fake-quantizes the input into a new tensor, which the matmul keeps
+            x = self._fake_quantize(x)
+        return self._dense(x, layer.weight_elements, regime.base_dtype, regime.full, elements, bias, regime.qat)
 
     def _dense(self, x: _Tensor, weight_elements: int, weight_dtype: str, trainable: bool, out_elements: int,
-               bias: int = 0) -> _Tensor:
+               bias: int = 0, fake_quantized: bool = False) -> _Tensor:
         x_in = self._autocast(x)
         weight = self._weight_copy(weight_elements, weight_dtype, trainable)
+        if fake_quantized:  # the fake-quantized weight is a new tensor (fp32 work inside), kept for the input's gradient
+            if trainable:  # its rounding graph keeps an fp32 copy for the straight-through gradient
+                self._fake_quantize(self.new(weight_elements, weight_dtype, True))
+            weight = self.new(weight_elements, x_in.dtype if self.regime.autocast else weight_dtype, trainable,
+                              kind="weight_copy")
         if trainable:
             self.save(x_in)
         if x_in.requires_grad and weight is not None:
@@ -643,8 +671,31 @@ class ActivationTape:
         parameter = (weight_elements + bias) * DTYPE_BYTES[weight_dtype] if trainable else 0
         # the gradient of an autocast copy is cast to the weight's dtype before it is accumulated
         transient = weight_elements * DTYPE_BYTES[x_in.dtype] if trainable and weight is not None else 0
+        if fake_quantized and trainable:  # the straight-through gradient reaches the weight through an fp32 copy
+            transient += weight_elements * 4
         self.record([out], [x_in], temporary=transient, parameter_grad=parameter)
         return out
+
+    def _fake_quantize(self, tensor: _Tensor) -> _Tensor:
+        """torchao's fake quantization (scale, round, clamp, rescale): when a gradient flows through it,
+        its graph keeps about one fp32 copy of the tensor (measured, benchmarks/memory_accuracy.py)."""
+        if tensor.requires_grad:
+            self.save(self.new(tensor.elements, "fp32", False))
+        return self.unary(tensor)
+
+    def _rebuilt_update(self, x: _Tensor, layer: LinearLayer, base_out: _Tensor) -> _Tensor:
+        """LoHa / LoKr rebuild the whole weight update (fp32) from their factors every forward and
+        apply it with a second matmul, which keeps the update (or its autocast copy) and the input."""
+        update = self.new(layer.weight_elements, "fp32", True)
+        x_in = self._autocast(self.dropout(x, 0.0))
+        weight = self.cast(update, x_in.dtype) if self.regime.autocast else update
+        self.save(x_in)
+        if x_in.requires_grad:
+            self.save(weight)
+        out = self.new(base_out.elements, x_in.dtype, True)
+        factors = sum(g.nbytes for g in adapter_groups(layer, self.regime))
+        self.record([out], [x_in], temporary=2 * update.nbytes, parameter_grad=factors)
+        return self.add(base_out, out)
 
     def _lora(self, x: _Tensor, layer: LinearLayer, base_out: _Tensor) -> _Tensor:
         regime, rank = self.regime, self.regime.rank
@@ -871,12 +922,54 @@ def trainable_tensors(shape: ModelShape, regime: Regime) -> tuple[TensorGroup, .
         groups = [TensorGroup(p.shape, regime.base_dtype, 1) for p in shape.outer_parameters]
         groups += [TensorGroup(p.shape, regime.base_dtype, shape.layers) for p in shape.block_parameters]
         return tuple(groups)
-    groups = []
-    for layer in regime.adapted:
-        groups += [TensorGroup((regime.rank, layer.in_features), "fp32", shape.layers),
-                   TensorGroup((layer.out_features, regime.rank), "fp32", shape.layers)]
-        if regime.dora:
-            groups.append(TensorGroup((layer.out_features,), "fp32", shape.layers))
+    layers = shape.layers
+    if regime.method == "prompt_tuning":  # one embedding row per virtual token
+        return (TensorGroup((regime.virtual_tokens, shape.hidden), "fp32", 1),)
+    if regime.method == "prefix_tuning":  # a key and a value row per virtual token and layer
+        return (TensorGroup((regime.virtual_tokens, 2 * layers * shape.kv_width), "fp32", 1),)
+    return tuple(replace(group, count=group.count * layers) for layer in regime.adapted
+                 for group in adapter_groups(layer, regime))
+
+
+def adapter_groups(layer: LinearLayer, regime: Regime) -> tuple[TensorGroup, ...]:
+    """The trainable tensors peft adds to one linear layer (fp32), per method."""
+    r, n_in, n_out = regime.rank, layer.in_features, layer.out_features
+    if regime.method == "ia3":  # a scaling vector: of the input for feedforward layers, else of the output
+        return (TensorGroup((1, n_in) if n_in == regime.feedforward_width else (n_out, 1), "fp32", 1),)
+    if regime.method == "loha":  # two Hadamard-multiplied low-rank products
+        return tuple(TensorGroup(s, "fp32", 2) for s in ((n_out, r), (r, n_in)))
+    if regime.method == "lokr":
+        return _lokr_groups(n_in, n_out, r)
+    groups = [TensorGroup((r, n_in), "fp32", 1), TensorGroup((n_out, r), "fp32", 1)]
+    if regime.method == "adalora":  # and the singular values
+        groups.append(TensorGroup((r, 1), "fp32", 1))
+    if regime.dora:
+        groups.append(TensorGroup((n_out,), "fp32", 1))
+    return tuple(groups)
+
+
+def _factorization(dimension: int) -> tuple[int, int]:
+    """peft's LoKr split of a dimension into two factors near its square root (smaller first)."""
+    m, n = 1, dimension
+    while m < n:
+        candidate = m + 1
+        while dimension % candidate:
+            candidate += 1
+        if candidate + dimension // candidate > 1 + dimension:
+            break
+        m, n = candidate, dimension // candidate
+    return min(m, n), max(m, n)
+
+
+def _lokr_groups(n_in: int, n_out: int, r: int) -> tuple[TensorGroup, ...]:
+    """LoKr: a small full matrix Kronecker-multiplied with a second one, low-rank when the rank is small."""
+    in_m, in_n = _factorization(n_in)
+    out_l, out_k = _factorization(n_out)
+    groups = [TensorGroup((out_l, in_m), "fp32", 1)]
+    if r < max(out_k, in_n) / 2:
+        groups += [TensorGroup((out_k, r), "fp32", 1), TensorGroup((r, in_n), "fp32", 1)]
+    else:
+        groups.append(TensorGroup((out_k, in_n), "fp32", 1))
     return tuple(groups)
 
 
@@ -1026,6 +1119,7 @@ def model_states(shape: ModelShape, regime: Regime) -> ModelStates:
 def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations) -> dict[str, dict[str, int]]:
     """Every part at each phase's peak moment, on one device."""
     inputs = 3 * 8 * regime.tokens * regime.accumulation  # input_ids, attention_mask, labels (int64), all micro-batches
+    inputs += prefix_bytes(shape, regime)
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state, "master_weights": states.master_weights}
     return {
@@ -1062,6 +1156,15 @@ def _backward_moment(shape: ModelShape, regime: Regime, states: ModelStates, act
          "temporaries": shape.head_elements * DTYPE_BYTES[regime.base_dtype] if regime.full and shape.tie_embeddings else 0},
     ]
     return max(candidates, key=lambda parts: sum(parts.values()))
+
+
+def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
+    """Prefix tuning's keys and values for one micro-batch: the fp32 prefix, and every layer's
+    attention keeping keys and values longer by the virtual tokens (compute dtype)."""
+    if regime.method != "prefix_tuning":
+        return 0
+    elements = regime.micro_batch * regime.virtual_tokens * 2 * shape.layers * shape.kv_width
+    return elements * (4 + DTYPE_BYTES[regime.compute])
 
 
 def _complete(parts: dict[str, int]) -> dict[str, int]:
@@ -1207,4 +1310,8 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.loss_impl == "chunked":
         notes.append("chunked loss: the logits of at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab))} tokens exist at a time")
+    if regime.method == "prefix_tuning":
+        notes.append("prefix tuning's longer keys and values are modelled approximately")
+    if regime.qat:
+        notes.append("QAT: each fake-quantized weight is a new tensor kept for backward (fp32 work while it is made)")
     return tuple(notes)

@@ -31,7 +31,7 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from studio.core.config import RunConfig, to_dict
+from studio.core.config import KBIT_METHODS, RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import PARTS, ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.modelinfo import ModelShape, model_shape
@@ -84,8 +84,10 @@ def _eight_bit_optimizer(c: Candidate) -> list[Candidate]:
 
 def _four_bit_base(c: Candidate) -> list[Candidate]:
     options = [c]
-    if c.config.uses_adapter and c.config.effective_load_in != "4bit":
-        options.append(replace(c, config=c.config.replace(method="qlora", quantization={"load_in": "4bit"})))
+    config = c.config
+    if config.method in KBIT_METHODS and config.uses_adapter and config.effective_load_in != "4bit" and not config.qat.enabled:
+        method = "qlora" if config.method == "lora" else config.method
+        options.append(replace(c, config=config.replace(method=method, quantization={"load_in": "4bit"})))
     return options
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from studio.core.config import RunConfig
+from studio.core.config import KBIT_METHODS, RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
 from studio.core.modelcheck import is_local_model, looks_like_path
@@ -21,6 +21,8 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     problems += _check_model(config, check_files)
     problems += _check_data(config, check_files)
     problems += _check_method(config)
+    problems += _check_peft(config)
+    problems += _check_qat(config)
     problems += _check_training(config)
     problems += _check_schedule(config)
     problems += _check_distributed(config, check_files)
@@ -84,7 +86,11 @@ def _check_method(config: RunConfig) -> list[Problem]:
                                 "use method lora/qlora, or set quantization.load_in to none"))
     if config.method == "qlora" and load_in == "none":
         problems.append(Problem("quantization.load_in", "qlora needs a quantized base", "set it to 4bit or 8bit, or use method lora"))
-    if config.uses_adapter:
+    if load_in != "none" and config.method not in KBIT_METHODS:
+        problems.append(Problem("quantization.load_in", f"{config.method} cannot adapt a {load_in} base (peft has no "
+                                "quantized layers for it)", "use lora, adalora or ia3 on a quantized base, or set "
+                                "quantization.load_in to none"))
+    if config.adapts_linears:
         lora = config.lora
         problems += _positive(lora.r, "lora.r", "rank such as 8 or 16")
         problems += _positive(lora.alpha, "lora.alpha", "alpha such as 2 x r")
@@ -92,9 +98,52 @@ def _check_method(config: RunConfig) -> list[Problem]:
             problems.append(Problem("lora.dropout", f"must be in [0, 1), got {lora.dropout}"))
         if not lora.target_modules:
             problems.append(Problem("lora.target_modules", "empty", "use all-linear or name the modules"))
+    for name, label in (("use_dora", "DoRA"), ("use_rslora", "rsLoRA")):
+        if getattr(config.lora, name) and config.method not in ("lora", "qlora"):
+            problems.append(Problem(f"lora.{name}", f"{label} is a variant of LoRA, not of {config.method}",
+                                    f"use method lora or qlora, or turn lora.{name} off"))
     if config.method == "full" and config.model.dtype in ("float16", "bfloat16") and config.training.optimizer != "adafactor":
         problems.append(Problem("model.dtype", f"full fine-tuning with {config.model.dtype} weights loses small updates",
                                 "keep model.dtype auto (fp32 master weights) and use training.precision bf16"))
+    return problems
+
+
+def _check_peft(config: RunConfig) -> list[Problem]:
+    p = config.peft
+    problems: list[Problem] = []
+    if config.method in ("prefix_tuning", "prompt_tuning"):
+        problems += _positive(p.num_virtual_tokens, "peft.num_virtual_tokens", "number of virtual tokens such as 20")
+        if config.method == "prefix_tuning" and config.training.gradient_checkpointing:
+            problems.append(Problem("training.gradient_checkpointing", "prefix tuning passes its prefix as a key/value "
+                                    "cache, which gradient checkpointing turns off", "turn gradient checkpointing off, "
+                                    "or use prompt_tuning"))
+    if config.method == "adalora":
+        problems += _positive(p.adalora_target_r, "peft.adalora_target_r", "target rank such as r / 2")
+        if p.adalora_target_r > config.lora.r:
+            problems.append(Problem("peft.adalora_target_r", f"{p.adalora_target_r} is above the starting rank lora.r "
+                                    f"({config.lora.r}): AdaLoRA only prunes", "lower it or raise lora.r"))
+        problems += _positive(p.adalora_update_every, "peft.adalora_update_every", "interval in steps")
+        for name in ("adalora_warmup_ratio", "adalora_final_ratio"):
+            if not 0.0 <= getattr(p, name) < 1.0:
+                problems.append(Problem(f"peft.{name}", f"must be in [0, 1), got {getattr(p, name)}"))
+        if p.adalora_warmup_ratio + p.adalora_final_ratio >= 1.0:
+            problems.append(Problem("peft.adalora_final_ratio", "warmup and final phases leave no steps for pruning",
+                                    "keep adalora_warmup_ratio + adalora_final_ratio below 1"))
+    return problems
+
+
+def _check_qat(config: RunConfig) -> list[Problem]:
+    q = config.qat
+    problems: list[Problem] = []
+    if q.activations != "none" and not q.enabled:
+        problems.append(Problem("qat.activations", "activation fake-quantization comes with weight fake-quantization",
+                                "set qat.weights to int4 or int8, or qat.activations to none"))
+    if not q.enabled:
+        return problems
+    problems += _positive(q.group_size, "qat.group_size", "group size such as 32")
+    if config.effective_load_in != "none":
+        problems.append(Problem("qat.weights", "QAT needs full-precision base weights, not a bitsandbytes base",
+                                "set quantization.load_in to none (lora instead of qlora), or qat.weights to none"))
     return problems
 
 
@@ -153,6 +202,9 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
                                     "set distributed.sharding to zero1, zero2 or zero3, or clear the file"))
         elif check_files and not Path(d.deepspeed_config).is_file():
             problems.append(Problem("distributed.deepspeed_config", f"{d.deepspeed_config}: no such file", "check the path"))
+    if config.method == "adalora" and d.sharding != "none":
+        problems.append(Problem("distributed.sharding", "AdaLoRA reallocates its ranks from whole gradients, which "
+                                f"{d.sharding} splits across processes", "use sharding none (DDP) with adalora"))
     if d.layer_split:
         if d.num_processes > 1 or d.sharding != "none":
             problems.append(Problem("distributed.layer_split", "a layer split runs in one process, without sharding",

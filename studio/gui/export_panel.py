@@ -42,6 +42,8 @@ def verification_html(info: dict) -> str:
              f"trained model on {v.get('samples', '?')} examples.",
              f"Max logit difference {v.get('max_abs_diff', float('nan')):.3g}; same next token "
              f"{v.get('top1_agreement', 0):.1%} of the time."]
+    if info.get("form"):
+        lines.insert(0, f"Form: {html.escape(info['form'])}.")
     if v.get("base_max_abs_diff") is not None:
         lines.append(f"It differs from the untrained base model by up to {v['base_max_abs_diff']:.3g} "
                      "(training changed the model).")
@@ -53,11 +55,12 @@ class ExportPanel(QWidget):
         super().__init__(parent)
         self.run_dir: Path | None = None
         self.full_fine_tune = False
+        self.cannot_merge = ""  # why the run's method cannot be merged, if it cannot
         self.result_info: dict | None = None
         self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Export to")
         self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
         self.run_label.setWordWrap(True)
-        self.adapter = QRadioButton("LoRA adapter (small; load it on top of the base model with PEFT)")
+        self.adapter = QRadioButton("Adapter (small; load it on top of the base model with PEFT)")
         self.merged = QRadioButton("Merged model (the base with the adapter built in; loads with transformers alone)")
         self.kind_group = QButtonGroup(self)
         for button in (self.adapter, self.merged):
@@ -115,23 +118,33 @@ class ExportPanel(QWidget):
 
     def set_run(self, run_dir: Path | None) -> None:
         self.run_dir = Path(run_dir) if run_dir else None
-        self.full_fine_tune = False
+        self.full_fine_tune, self.cannot_merge = False, ""
         if self.run_dir is not None:
             try:
-                self.full_fine_tune = load_config(RunDir(self.run_dir).config).method == "full"
+                config = load_config(RunDir(self.run_dir).config)
             except StudioError:
-                pass
+                config = None
+            if config is not None:
+                self.full_fine_tune = config.method == "full"
+                if not config.can_merge:
+                    self.cannot_merge = (f"{config.method.replace('_', ' ')} trains virtual tokens, which cannot be "
+                                         "merged into the weights: export the adapter.")
             has_checkpoint = RunDir(self.run_dir).latest_checkpoint() is not None
             self.run_label.setText(f"<b>{html.escape(self.run_dir.name)}</b>" +
                                    ("" if has_checkpoint else f" <span style='color:{BAD}'>(no checkpoint yet)</span>"))
         if self.full_fine_tune:
             self.merged.setChecked(True)
+        if self.cannot_merge:
+            self.adapter.setChecked(True)
         self._update_form()
 
     def _update_form(self) -> None:
         self.adapter.setEnabled(not self.full_fine_tune)
-        self.kind_reason.setText("A full fine-tune has no adapter: export the merged model." if self.full_fine_tune else "")
-        self.kind_reason.setVisible(self.full_fine_tune)
+        self.merged.setEnabled(not self.cannot_merge)
+        self.merged.setToolTip(self.cannot_merge)
+        reason = "A full fine-tune has no adapter: export the merged model." if self.full_fine_tune else self.cannot_merge
+        self.kind_reason.setText(reason)
+        self.kind_reason.setVisible(bool(reason))
         self.dtype.setEnabled(self.merged.isChecked())
         self.dtype.setToolTip("" if self.merged.isChecked() else "An adapter keeps the dtype it was trained in")
         ready = self.run_dir is not None and RunDir(self.run_dir).latest_checkpoint() is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QCheckBox, QGridLayout, QGroupBox, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from studio.core.config import RunConfig
+from studio.core.config import VIRTUAL_TOKEN_METHODS, RunConfig
 from studio.core.errors import StudioError
 from studio.core.modelinfo import model_shape
 from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
@@ -26,6 +26,35 @@ METHODS = [
     Option("qlora", "QLoRA",
            "LoRA on a 4-bit base. Saves about 70 % of the weight memory on top of LoRA; costs speed "
            "(weights are dequantized every step) and a little accuracy."),
+    Option("adalora", "AdaLoRA",
+           "LoRA that moves rank to the layers that need it and prunes the rest to a budget while training. "
+           "About LoRA's memory; a few more settings."),
+    Option("ia3", "IA3",
+           "Learns one scaling vector per adapted layer: the fewest trainable parameters and the least optimizer "
+           "memory; learns less than LoRA."),
+    Option("loha", "LoHa",
+           "Low-rank Hadamard product: more expressive than LoRA at the same rank; keeps a full-size update per "
+           "layer in memory. Needs an unquantized base."),
+    Option("lokr", "LoKr",
+           "Kronecker-product update: very few parameters for a full-rank update; keeps a full-size update per "
+           "layer in memory. Needs an unquantized base."),
+    Option("prefix_tuning", "Prefix tuning",
+           "Trains keys and values of virtual tokens in every layer; changes no weight, so it cannot be merged. "
+           "Longer attention costs a little activation memory."),
+    Option("prompt_tuning", "Prompt tuning",
+           "Trains only the embeddings of virtual tokens in front of every example: the fewest parameters; "
+           "cannot be merged. Every example grows by the virtual tokens."),
+]
+QAT_WEIGHTS = [
+    Option("none", "off", "No quantization-aware training: the merged export keeps full-precision weights."),
+    Option("int4", "int4", "Train with the block linears' weights rounded to 4 bits (torchao): the int4 export "
+                           "keeps most of the accuracy; costs a fake-quantized copy of each weight during the step."),
+    Option("int8", "int8", "Train with 8-bit weights: small accuracy loss even without QAT; the same memory cost."),
+]
+QAT_ACTIVATIONS = [
+    Option("none", "full precision", "Only the weights are quantized."),
+    Option("int8", "int8 (dynamic)", "Also round each linear's input to 8 bits per token, as the quantized model "
+                                     "will: costs a copy of every linear input."),
 ]
 LOAD_IN = [
     Option("auto", "auto", "4-bit for QLoRA, unquantized otherwise."),
@@ -86,6 +115,11 @@ class TechniquesPanel(QScrollArea):
         layout.addWidget(_group("Method", self.method, self._quantization()))
         self.lora_group = self._lora_group()
         layout.addWidget(self.lora_group)
+        self.virtual_group = self._virtual_tokens_group()
+        layout.addWidget(self.virtual_group)
+        self.adalora_group = self._adalora_group()
+        layout.addWidget(self.adalora_group)
+        layout.addWidget(self._qat_group())
         layout.addWidget(self._precision_group())
         layout.addWidget(self._batch_group())
         layout.addWidget(self._speed_group())
@@ -124,6 +158,34 @@ class TechniquesPanel(QScrollArea):
         self.lora_note = explanation("", role="reason")
         return _group("LoRA adapter", self.lora_note, self.rank, self.alpha, self.dropout, self.targets,
                       self.rslora, self.dora)
+
+    def _virtual_tokens_group(self) -> QGroupBox:
+        self.virtual_tokens = NumberControl(self.store, "peft.num_virtual_tokens", "Virtual tokens",
+                                            "Trained tokens in front of every example: more learn more and make "
+                                            "every sequence longer.", 1, 4096)
+        return _group("Virtual tokens (prefix and prompt tuning)", self.virtual_tokens)
+
+    def _adalora_group(self) -> QGroupBox:
+        store = self.store
+        self.adalora_target = NumberControl(store, "peft.adalora_target_r", "Target rank", "Average rank per layer "
+                                            "after pruning; it starts from the rank above.", 1, 1024)
+        self.adalora_warmup = NumberControl(store, "peft.adalora_warmup_ratio", "Warmup", "Fraction of the steps at "
+                                            "the full rank before pruning starts.", 0.0, 0.95, decimals=2, step=0.05)
+        self.adalora_final = NumberControl(store, "peft.adalora_final_ratio", "Final phase", "Fraction of the steps "
+                                           "at the end with the ranks fixed.", 0.0, 0.95, decimals=2, step=0.05)
+        self.adalora_every = NumberControl(store, "peft.adalora_update_every", "Re-allocate every", "Steps between "
+                                           "two rank re-allocations.", 1, 100_000, suffix=" steps")
+        return _group("AdaLoRA rank budget", self.adalora_target, self.adalora_warmup, self.adalora_final,
+                      self.adalora_every)
+
+    def _qat_group(self) -> QGroupBox:
+        store = self.store
+        self.qat_weights = ChoiceControl(store, "qat.weights", "QAT weights", QAT_WEIGHTS)
+        self.qat_activations = ChoiceControl(store, "qat.activations", "QAT activations", QAT_ACTIVATIONS)
+        self.qat_group_size = NumberControl(store, "qat.group_size", "Group size", "Weights sharing one scale: "
+                                            "smaller groups are more accurate and store more scales.", 1, 8192)
+        return _group("Quantization-aware training (for a quantized export)", self.qat_weights,
+                      self.qat_activations, self.qat_group_size)
 
     def _precision_group(self) -> QGroupBox:
         store = self.store
@@ -179,11 +241,26 @@ class TechniquesPanel(QScrollArea):
 
     def _refresh_groups(self, config: RunConfig) -> None:
         """Sections that do not apply to the current method are disabled, and say why."""
-        uses_adapter = config.uses_adapter
+        method = config.method
+        adapts_linears = config.adapts_linears
         for control in (self.rank, self.alpha, self.dropout, self.targets, self.rslora, self.dora):
-            control.setEnabled(uses_adapter)
-        self.lora_note.setText("" if uses_adapter else "Only for LoRA and QLoRA: full fine-tuning trains the weights themselves.")
-        self.lora_note.setVisible(not uses_adapter)
+            control.setEnabled(adapts_linears)
+        for control, applies in ((self.rank, method != "ia3"), (self.alpha, method != "ia3"),
+                                 (self.dropout, method != "ia3"), (self.rslora, method in ("lora", "qlora")),
+                                 (self.dora, method in ("lora", "qlora"))):
+            control.setVisible(applies)
+        self.lora_note.setText("" if adapts_linears else "Only for adapter methods: full fine-tuning trains the "
+                               "weights themselves.")
+        self.lora_note.setVisible(not adapts_linears)
+        self.lora_group.setTitle({"adalora": "AdaLoRA adapter", "ia3": "IA3 adapter", "loha": "LoHa adapter",
+                                  "lokr": "LoKr adapter"}.get(method, "LoRA adapter"))
+        self.lora_group.setVisible(method not in VIRTUAL_TOKEN_METHODS)  # nothing of it applies to virtual tokens
+        self.virtual_group.setVisible(method in VIRTUAL_TOKEN_METHODS)
+        self.adalora_group.setVisible(method == "adalora")
+        qat = config.qat.enabled
+        for control in (self.qat_activations, self.qat_group_size):
+            control.setEnabled(qat)
+            control.setToolTip("" if qat else "Turn QAT on first (choose int4 or int8 weights).")
         four_bit = config.effective_load_in == "4bit"
         for control in (self.quant_type, self.double_quant):
             control.setEnabled(four_bit)

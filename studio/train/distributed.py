@@ -25,7 +25,7 @@ import contextlib
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -98,11 +98,13 @@ class AccelerateEngine:
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         self.accelerator.backward(loss)
 
-    def optimizer_step(self) -> float:
-        """Clip, step and clear the gradients; returns the gradient norm before clipping."""
+    def optimizer_step(self, after_step: Callable[[], None] = lambda: None) -> float:
+        """Clip, step, run ``after_step`` (it may read the gradients), clear the gradients;
+        returns the gradient norm before clipping."""
         max_norm = self.config.training.max_grad_norm
         norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
+        after_step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
@@ -229,7 +231,10 @@ class DeepSpeedEngine(AccelerateEngine):
         self.model.backward(loss, scale_wrt_gas=False)  # the worker already divides by the step's tokens
         self.model.step()  # steps the optimizer only at the boundary set in micro_batch
 
-    def optimizer_step(self) -> float:
+    def optimizer_step(self, after_step: Callable[[], None] = lambda: None) -> float:
+        """DeepSpeed stepped in the last backward; ``after_step`` runs here (validation keeps AdaLoRA,
+        which needs whole gradients, away from ZeRO)."""
+        after_step()
         norm = self.model.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 

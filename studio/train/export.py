@@ -22,9 +22,9 @@ from studio.core.dataset import inspect_files
 from studio.core.errors import StudioError
 from studio.core.events import EventWriter
 from studio.core.rundir import RunDir, atomic_folder
-from studio.train.checkpoint import load_weights
+from studio.train.checkpoint import load_weights, read_state
 from studio.train.data import encode, render_segments
-from studio.train.model import attach_adapter, build_model, load_base_model, load_tokenizer
+from studio.train.model import attach_adapter, build_model, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
 
@@ -54,11 +54,16 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
         raise StudioError(f"{rd.path} has no complete checkpoint yet", "train (or stop-and-save) the run first", kind="export")
     if kind == "adapter" and not config.uses_adapter:
         raise StudioError("a full fine-tune has no adapter", "export it with --merged", kind="export")
+    if kind == "merged" and not config.can_merge:
+        raise StudioError(f"{config.method} trains virtual tokens, which cannot be merged into the model's weights",
+                          "export the adapter (--adapter) and load it with peft's PeftModel.from_pretrained",
+                          kind="export")
     out = Path(out) if out else rd.exports_dir / kind
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     tokenizer = load_tokenizer(config)
-    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device)
+    total_steps = read_state(checkpoint).get("total_steps")
+    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps)
     load_weights(checkpoint, trained)
     trained.eval()
     inputs = _verification_inputs(config, tokenizer, device)
@@ -72,12 +77,13 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
             reloaded = _reload_adapter(config, staging, device)
             exact = True
         else:
-            _save_merged(config, checkpoint, tokenizer, staging, export_dtype, device)
+            _save_merged(config, checkpoint, tokenizer, staging, export_dtype, device, total_steps)
             reloaded = _reload_merged(staging, export_dtype, device)
-            exact = export_dtype == torch.float32 and config.effective_load_in == "none"
+            exact = export_dtype == torch.float32 and config.effective_load_in == "none" and not config.qat.enabled
         verification = _verify(reloaded, inputs, reference, base_diff, exact)
         info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
-                "base_model": config.model.name_or_path, "verification": asdict(verification)}
+                "base_model": config.model.name_or_path, "form": export_form(config, kind),
+                "verification": asdict(verification)}
         (staging / "studio_export.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
         if not verification.passed:
             raise StudioError(f"the exported {kind} does not reproduce the trained model "
@@ -85,6 +91,19 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
                               "nothing was written; report this with the run's train.log", kind="export")
     _record(rd, kind, out, verification)
     return out, verification
+
+
+def export_form(config: RunConfig, kind: str) -> str:
+    """What the export holds, in words (the CLI prints it, studio_export.json keeps it)."""
+    if not config.qat.enabled:
+        return "adapter" if kind == "adapter" else "full-precision model"
+    qat = config.qat
+    scheme = f"{qat.weights} weights (groups of {qat.group_size})" + (
+        f", {qat.activations} dynamic activations" if qat.activations != "none" else "")
+    if kind == "adapter":
+        return (f"full-precision adapter for the base quantized with torchao to {scheme} (verified on that base: "
+                "load the base with transformers' TorchAoConfig, then the adapter)")
+    return f"quantized with torchao: {scheme}; the linears hold integer weights, the output head stays full precision"
 
 
 def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:
@@ -112,6 +131,7 @@ def _verification_inputs(config: RunConfig, tokenizer, device, count: int = 4) -
 @torch.no_grad()
 def _logits(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     logits = model(**inputs).logits.float()
+    logits = logits[:, -inputs["input_ids"].shape[1]:]  # prompt tuning prepends its virtual tokens' logits
     return logits[inputs["attention_mask"].bool()]  # real positions only
 
 
@@ -127,21 +147,56 @@ def _base_difference(trained, inputs, reference: torch.Tensor) -> float | None:
 def _reload_adapter(config: RunConfig, folder: Path, device):
     from peft import PeftModel
 
-    base = load_base_model(config, device)
+    # an adapter trained with QAT learned on a fake-quantized base: it is verified on the really quantized one
+    base = quantized_base(config, device) if config.qat.enabled else load_base_model(config, device)
     return PeftModel.from_pretrained(base, str(folder)).eval()
 
 
-def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, dtype: torch.dtype, device) -> None:
-    """Merge into an unquantized copy of the base in ``dtype`` (for QLoRA: a 16-bit base)."""
+def torchao_config(config: RunConfig):
+    """transformers' TorchAoConfig for the quantization the run's QAT simulated (the output head is left out)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, TorchAoConfig
+
+    model_config = AutoConfig.from_pretrained(config.model.name_or_path, trust_remote_code=config.model.trust_remote_code)
+    with torch.device("meta"):  # only to learn the head's name
+        skeleton = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
+    head = next(name for name, module in skeleton.named_modules() if module is skeleton.get_output_embeddings())
+    return TorchAoConfig(qat_base_config(config), modules_to_not_convert=[head])
+
+
+def quantized_base(config: RunConfig, device):
+    """The base model quantized with torchao as the run's QAT simulated: what a QAT adapter runs on."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(config.model.name_or_path, dtype=torch.float32,
+                                                quantization_config=torchao_config(config)).to(device)
+
+
+def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, dtype: torch.dtype, device,
+                 total_steps: int | None) -> None:
+    """Merge into an unquantized copy of the base in ``dtype`` (for QLoRA: a 16-bit base).
+
+    After QAT the merged weights are quantized as training simulated them (torchao).
+    """
     model = load_base_model(config, device, quantized=False, dtype=torch.float32)
     if config.uses_adapter:
-        model = attach_adapter(model, config)
+        model = attach_adapter(model, config, total_steps)
         load_weights(checkpoint, model)
         model = model.merge_and_unload()
     else:
         load_weights(checkpoint, model)
     model.to(dtype).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    if config.qat.enabled:
+        _quantize_saved(config, folder, dtype)
+
+
+def _quantize_saved(config: RunConfig, folder: Path, dtype: torch.dtype) -> None:
+    """Requantize the merged folder in place through transformers' torchao integration, so that
+    ``from_pretrained`` alone loads the integer weights back."""
+    from transformers import AutoModelForCausalLM
+
+    quantized = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, quantization_config=torchao_config(config))
+    quantized.save_pretrained(folder, safe_serialization=True)
 
 
 def _reload_merged(folder: Path, dtype: torch.dtype, device):

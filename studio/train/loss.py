@@ -34,6 +34,7 @@ def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn
     targets = batch["labels"][:, 1:]
     if output_layer is None:
         logits = model(**model_inputs(batch)).logits
+        logits = logits[:, -batch["input_ids"].shape[1]:]  # prompt tuning prepends its virtual tokens' logits
         shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
         return cross_entropy(shifted, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
     hidden = predicting_hidden_states(model, batch)
@@ -45,7 +46,8 @@ def predicting_hidden_states(model, batch: dict[str, torch.Tensor]) -> torch.Ten
     """The final hidden states of the positions that predict a next token (all but the last), no logits."""
     nothing = torch.zeros(0, dtype=torch.long, device=batch["input_ids"].device)
     outputs = model(**model_inputs(batch), logits_to_keep=nothing, output_hidden_states=True)
-    return outputs.hidden_states[-1][:, :-1]
+    length = batch["input_ids"].shape[1]  # prompt tuning prepends its virtual tokens
+    return outputs.hidden_states[-1][:, -length:-1]
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,

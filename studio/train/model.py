@@ -1,8 +1,10 @@
 """Loading the tokenizer and model and applying the configured techniques.
 
 Each technique goes through its library: bitsandbytes quantization through
-``BitsAndBytesConfig``, LoRA/DoRA/rsLoRA through peft, k-bit preparation through
-``peft.prepare_model_for_kbit_training``, checkpointing through transformers.
+``BitsAndBytesConfig``, LoRA/DoRA/rsLoRA, AdaLoRA, IA3, LoHa, LoKr, prefix and
+prompt tuning through peft, k-bit preparation through
+``peft.prepare_model_for_kbit_training``, quantization-aware training through
+torchao's ``QATConfig``, checkpointing through transformers.
 """
 
 from __future__ import annotations
@@ -155,23 +157,100 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
     return model
 
 
-def peft_config(config: RunConfig):
-    from peft import LoraConfig
+def peft_config(config: RunConfig, total_steps: int | None = None, model=None):
+    """The peft config of the run's method; AdaLoRA's schedule needs the run's ``total_steps``.
 
-    lora = config.lora
-    targets = lora.target_modules
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules="all-linear" if targets == ("all-linear",) else list(targets),
-        use_rslora=lora.use_rslora,
-        use_dora=lora.use_dora,
-        task_type="CAUSAL_LM",
-    )
+    ``model`` (the base) lets IA3 find its feedforward layers.
+    """
+    import peft
+
+    lora, method = config.lora, config.method
+    targets = "all-linear" if lora.target_modules == ("all-linear",) else list(lora.target_modules)
+    common = {"task_type": "CAUSAL_LM"}
+    if method in ("lora", "qlora"):
+        return peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                               use_rslora=lora.use_rslora, use_dora=lora.use_dora, **common)
+    if method == "adalora":
+        return peft.AdaLoraConfig(init_r=lora.r, target_r=config.peft.adalora_target_r, lora_alpha=lora.alpha,
+                                  lora_dropout=lora.dropout, target_modules=targets,
+                                  **adalora_schedule(config, total_steps), **common)
+    if method == "ia3":
+        return peft.IA3Config(**_ia3_modules(model, targets), **common)
+    if method in ("loha", "lokr"):
+        cls = peft.LoHaConfig if method == "loha" else peft.LoKrConfig
+        return cls(r=lora.r, alpha=lora.alpha, rank_dropout=lora.dropout, target_modules=targets, **common)
+    if method == "prefix_tuning":
+        return peft.PrefixTuningConfig(num_virtual_tokens=config.peft.num_virtual_tokens, **common)
+    if method == "prompt_tuning":
+        return peft.PromptTuningConfig(num_virtual_tokens=config.peft.num_virtual_tokens, **common)
+    raise StudioError(f"method {method} has no adapter", "use full fine-tuning without an adapter", kind="config")
 
 
-def build_model(config: RunConfig, device: torch.device):
+def adalora_schedule(config: RunConfig, total_steps: int | None) -> dict:
+    """peft's tinit / tfinal / deltaT / total_step from the config's fractions of the run's steps.
+
+    Only training reads the schedule; a model rebuilt for export or generation without
+    ``total_steps`` gets a placeholder length.
+    """
+    p = config.peft
+    total = total_steps or max(config.training.max_steps, 100)
+    return {"total_step": total, "tinit": int(p.adalora_warmup_ratio * total),
+            "tfinal": int(p.adalora_final_ratio * total), "deltaT": p.adalora_update_every}
+
+
+def _ia3_modules(model, targets) -> dict:
+    """IA3's target and feedforward layers, by leaf name.
+
+    Feedforward layers (the MLP's output projection: its input is the MLP's width) get their
+    input scaled, the others their output. Leaf names are passed even for all-linear: peft
+    0.21 expands all-linear to full paths and then refuses to reload an adapter whose
+    feedforward names are not among them.
+    """
+    from studio.core.modelinfo import model_shape
+
+    try:
+        shape = model_shape(model.config.to_dict())
+    except StudioError:  # an architecture the estimator does not know: peft's own table, if it has one
+        return {"target_modules": None if targets == "all-linear" else targets, "feedforward_modules": None}
+    wanted = shape.resolve_targets(tuple([targets] if isinstance(targets, str) else targets))
+    return {"target_modules": sorted({layer.name for layer in wanted}),
+            "feedforward_modules": sorted({layer.name for layer in wanted if layer.in_features == shape.intermediate})}
+
+
+def qat_base_config(config: RunConfig):
+    """The torchao post-training quantization that QAT simulates (and that the export applies)."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+    from torchao.quantization.granularity import PerGroup
+
+    qat = config.qat
+    dtype = {"int4": torch.int4, "int8": torch.int8}[qat.weights]
+    if qat.activations == "int8":
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=PerGroup(qat.group_size))
+    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(qat.group_size))
+
+
+def qat_targets(model):
+    """QAT covers the linear layers except the output head (tied to the embeddings in many models)."""
+    head = model.get_output_embeddings()
+    return lambda module, name: isinstance(module, torch.nn.Linear) and module is not head
+
+
+def prepare_qat(model, config: RunConfig):
+    """Swap the linears for torchao's fake-quantized ones (the weights stay full precision)."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.qat import QATConfig
+
+    wanted = qat_targets(model)
+    size = config.qat.group_size
+    for name, module in model.named_modules():
+        if wanted(module, name) and module.in_features % size:
+            raise StudioError(f"qat.group_size {size} does not divide the input width {module.in_features} of {name}",
+                              "pick a group size that divides it (32 or 64 usually do)", kind="config")
+    quantize_(model, QATConfig(qat_base_config(config), step="prepare"), filter_fn=wanted)
+    return model
+
+
+def build_model(config: RunConfig, device: torch.device, total_steps: int | None = None):
     """The trainable model: base, quantized and prepared if configured, with its adapter."""
     model = load_base_model(config, device)
     checkpointing = config.training.gradient_checkpointing
@@ -184,20 +263,22 @@ def build_model(config: RunConfig, device: torch.device):
         )
     elif checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.qat.enabled:
+        model = prepare_qat(model, config)
     if config.uses_adapter:
-        model = attach_adapter(model, config)
+        model = attach_adapter(model, config, total_steps)
         if checkpointing:
             model.enable_input_require_grads()
     return model
 
 
-def attach_adapter(model, config: RunConfig):
+def attach_adapter(model, config: RunConfig, total_steps: int | None = None):
     from peft import get_peft_model
 
     try:
-        model = get_peft_model(model, peft_config(config))
+        model = get_peft_model(model, peft_config(config, total_steps, model))
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
-        raise StudioError(f"cannot attach the LoRA adapter: {exc}",
+        raise StudioError(f"cannot attach the {config.method} adapter: {exc}",
                           "check lora.target_modules against the model's module names, or use all-linear",
                           kind="config") from exc
     if config.distributed.layer_split:
@@ -207,11 +288,35 @@ def attach_adapter(model, config: RunConfig):
     return model
 
 
+def after_optimizer_step(model, step: int) -> None:
+    """AdaLoRA re-allocates its ranks from the gradients' importance after each step (before zero_grad)."""
+    from peft.tuners.adalora import AdaLoraModel
+
+    tuner = getattr(model, "base_model", None)
+    if not isinstance(tuner, AdaLoraModel):
+        return
+    adapter = tuner.peft_config[tuner.trainable_adapter_name]
+    if adapter.rank_pattern is None and step > adapter.total_step - adapter.tfinal:
+        adapter.rank_pattern = _rank_pattern_from_weights(tuner.model)  # a run resumed after the ranks were fixed
+    tuner.update_and_allocate(step)
+
+
+def _rank_pattern_from_weights(model) -> dict[str, list[bool]]:
+    """AdaLoRA's kept ranks are its nonzero singular values (pruned ones are zeroed)."""
+    return {name: (p.detach() != 0).view(-1).tolist() for name, p in model.named_parameters() if "lora_E." in name}
+
+
 def adapted_module_names(model) -> list[str]:
-    """The distinct leaf names that received an adapter (e.g. q_proj, c_attn), for the log."""
+    """The distinct leaf names that received an adapter (e.g. q_proj, c_attn), for the log.
+
+    Prefix and prompt tuning adapt no layer: they train ``prompt_encoder`` (the virtual tokens).
+    """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)})
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    if not names and getattr(model, "prompt_encoder", None) is not None:
+        names = {"prompt_encoder"}
+    return sorted(names)
 
 
 def count_parameters(model) -> tuple[int, int]:
@@ -226,9 +331,28 @@ def count_parameters(model) -> tuple[int, int]:
     return trainable, total
 
 
+_IMPORTANCE = ("ipt", "exp_avg_ipt", "exp_avg_unc")  # AdaLoRA's rank allocator: averaged importance scores
+
+
+def _adalora_allocator(model):
+    from peft.tuners.adalora import AdaLoraModel
+
+    tuner = getattr(model, "base_model", None)
+    return tuner.rankallocator if isinstance(tuner, AdaLoraModel) else None
+
+
 def trainable_state_dict(model) -> dict[str, torch.Tensor]:
-    """Only the trained tensors: what a checkpoint needs to restore the model."""
-    return {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    """Only the trained tensors: what a checkpoint needs to restore the model.
+
+    AdaLoRA's importance scores ride along (``adalora.<score>.<parameter>``): they decide the
+    ranks pruned later, so a resumed run needs them to prune as the uninterrupted one would.
+    """
+    tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    allocator = _adalora_allocator(model)
+    for score in _IMPORTANCE if allocator is not None else ():
+        for name, value in getattr(allocator, score).items():
+            tensors[f"adalora.{score}.{name}"] = value.detach().to("cpu").contiguous()
+    return tensors
 
 
 def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
@@ -237,6 +361,12 @@ def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
     if missing:
         raise StudioError(f"the checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})",
                           "it was written by a different config; start a new run", kind="checkpoint")
+    allocator = _adalora_allocator(model)
+    device = next(iter(params.values())).device
     with torch.no_grad():
         for name, value in tensors.items():
-            params[name].copy_(value.to(params[name].device, params[name].dtype))
+            if name.startswith("adalora.") and allocator is not None:
+                score, parameter = name.removeprefix("adalora.").split(".", 1)
+                getattr(allocator, score)[parameter] = value.to(device)
+            else:
+                params[name].copy_(value.to(params[name].device, params[name].dtype))

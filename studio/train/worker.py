@@ -49,7 +49,7 @@ from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.distributed import make_engine, process_rank
 from studio.train.launcher import launch, launched_by_studio, record_failure
-from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model import adapted_module_names, after_optimizer_step, build_model, count_parameters, load_tokenizer
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, real_tokens
@@ -115,7 +115,7 @@ class Worker:
         self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
         self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
-        model = build_model(config, self.device)
+        model = build_model(config, self.device, self.total_steps)
         if resume_from is not None:
             ckpt.load_weights(resume_from, model)  # whole, before any sharding
         optimizer = self.engine.build_optimizer([p for p in model.parameters() if p.requires_grad])
@@ -224,7 +224,7 @@ class Worker:
         accumulation = self.config.training.gradient_accumulation_steps
         first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
         pad = self.tokenizer.pad_token_id
-        layout = pack if self.config.data.packing == "padding_free" else collate
+        layout = pack if self.config.packs_padding_free else collate
         batches = []
         for index in range(first, first + accumulation):
             rows = [self.train_rows[i] for i in self.plan.rows_of(index)]
@@ -249,7 +249,7 @@ class Worker:
                 engine.backward(token_loss * scale, last)
             loss_sum += token_loss.item() / max(target_tokens, 1)
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm = engine.optimizer_step()
+        grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
         self.scheduler.step()
         seconds = time.perf_counter() - started
         loss_sum, tokens, samples = engine.all_sum([loss_sum, sum(real_tokens(b) for b in batches),
