@@ -170,9 +170,8 @@ def split_devices(phases: dict[str, dict[str, int]], shape: ModelShape, regime: 
     cuda = regime.device_type == "cuda"
     names = [f"cuda:{i}" for i in range(len(scale_out.split_devices))] if cuda else ["cpu"]
     room = max(sum(parts.values()) - parts["weights"] for parts in phases.values())
-    room += overheads.context_bytes if cuda else 0
     block = block_weight_bytes(shape, regime)
-    budgets = _split_budgets(scale_out, names, room)
+    budgets = _split_budgets(scale_out, names, room, overheads if cuda else None)
     placement = plan_placement(shape, regime, budgets, scale_out.split_offload_bytes)
     if placement.offloaded_layers and not scale_out.split_weight_limit:  # room for the block being fetched
         budgets[0] = DeviceBudget(budgets[0].device, max(0, budgets[0].weight_bytes - block))
@@ -196,7 +195,15 @@ def split_devices(phases: dict[str, dict[str, int]], shape: ModelShape, regime: 
     return devices, host, placement
 
 
-def _split_budgets(scale_out, names: list[str], room: int) -> list[DeviceBudget]:
+def _split_budgets(scale_out, names: list[str], room: int, overheads) -> list[DeviceBudget]:
+    """Weight bytes per device: its tensor memory (after the CUDA context and the allocator's margin
+    over the tensor peak) minus the room the rest of the step needs."""
     if scale_out.split_weight_limit:
         return [DeviceBudget(name, scale_out.split_weight_limit) for name in names]
-    return [DeviceBudget(name, max(0, size - room)) for name, size in zip(names, scale_out.split_devices)]
+
+    def tensor_bytes(size: int) -> int:
+        if overheads is None:
+            return size
+        return int((size - overheads.context_bytes) / (1 + overheads.allocator_fraction))
+
+    return [DeviceBudget(name, max(0, tensor_bytes(size) - room)) for name, size in zip(names, scale_out.split_devices)]
