@@ -10,15 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
-                               QMessageBox, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+                               QMessageBox, QPushButton, QSpinBox, QWidget)
 
 from studio.core.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.launch import DEFAULT_PORT
 from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, Option, ToggleControl, read_field
-from studio.gui.techniques_panel import _group
-from studio.gui.widgets import ConfigStore, explanation
+from studio.gui.widgets import ConfigStore, SettingsColumn, explanation, group_box
 
 SHARDING = [
     Option("none", "none (DDP)", "Every GPU holds the whole model and optimizer state and trains on its own share of "
@@ -75,22 +74,12 @@ class PathControl(BoundControl):
             self.write(chosen)
 
 
-class ScalePanel(QScrollArea):
+class ScalePanel(SettingsColumn):
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.store = store
-        self.setWidgetResizable(True)
-        content = QWidget()
-        layout = QVBoxLayout(content)
-        layout.setSpacing(6)
-        layout.addWidget(self._data_parallel_group())
-        layout.addWidget(self._offload_group())
-        layout.addWidget(self._layer_split_group())
-        layout.addWidget(self._cluster_group())
-        layout.addStretch(1)
-        self.setWidget(content)
-        store.changed.connect(self._refresh)
-        self._refresh(store.config)
+        super().__init__(store, parent)
+        for group in (self._data_parallel_group(), self._offload_group(), self._layer_split_group(), self._cluster_group()):
+            self.column.addWidget(group)
+        self.finish(self._refresh)
 
     def _data_parallel_group(self):
         store = self.store
@@ -98,7 +87,7 @@ class ScalePanel(QScrollArea):
                                        "One training process per GPU of this machine, each on its share of every "
                                        "batch (started with torchrun). Without GPUs they run on the CPU.", 1, 256)
         self.sharding = ChoiceControl(store, "distributed.sharding", "Sharding", SHARDING)
-        return _group("Several GPUs", self.processes, self.sharding)
+        return group_box("Several GPUs", self.processes, self.sharding)
 
     def _offload_group(self):
         store = self.store
@@ -112,7 +101,7 @@ class ScalePanel(QScrollArea):
                                             "Optional: your own DeepSpeed config; its keys override the generated ones.",
                                             False, lambda c: c.distributed.deepspeed_stage is not None,
                                             "Only with ZeRO sharding (DeepSpeed).")
-        return _group("Offload (DeepSpeed ZeRO)", self.offload_optimizer, self.offload_params, self.nvme_path,
+        return group_box("Offload (DeepSpeed ZeRO)", self.offload_optimizer, self.offload_params, self.nvme_path,
                       self.deepspeed_config)
 
     def _layer_split_group(self):
@@ -128,13 +117,13 @@ class ScalePanel(QScrollArea):
                                      "Layers that fit on no GPU are kept here and fetched for each step (slow).",
                                      0, 65536, decimals=1, step=4, suffix=" GiB", special_zero="none")
         self.split_note = explanation("", role="reason")
-        return _group("Layer split (model parallel)", self.layer_split, self.split_note, self.max_gpu, self.max_cpu)
+        return group_box("Layer split (model parallel)", self.layer_split, self.split_note, self.max_gpu, self.max_cpu)
 
     def _cluster_group(self):
         self.bundle_button = QPushButton("Export cluster bundle…")
         self.bundle_button.setToolTip("Write a folder to copy to every machine, with each machine's launch command")
         self.bundle_button.clicked.connect(self._open_bundle_dialog)
-        return _group("Several machines", explanation(
+        return group_box("Several machines", explanation(
             "Train on several machines: the bundle holds this config with its data, a DeepSpeed hostfile, and a "
             "launch script per machine (README.txt says what goes where)."), self.bundle_button)
 

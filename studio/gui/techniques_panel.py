@@ -7,14 +7,14 @@ reason (see controls.BoundControl).
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QCheckBox, QGridLayout, QGroupBox, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from studio.core.config import VIRTUAL_TOKEN_METHODS, RunConfig
 from studio.core.errors import StudioError
 from studio.core.modelinfo import model_shape
 from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
 from studio.gui.memory import model_config_of
-from studio.gui.widgets import ConfigStore, explanation
+from studio.gui.widgets import ConfigStore, SettingsColumn, explanation, group_box
 
 METHODS = [
     Option("full", "Full fine-tuning",
@@ -103,31 +103,18 @@ PACKINGS = [
 ALL_LINEAR = "all-linear"
 
 
-class TechniquesPanel(QScrollArea):
+class TechniquesPanel(SettingsColumn):
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.store = store
-        self.setWidgetResizable(True)
-        content = QWidget()
-        layout = QVBoxLayout(content)
-        layout.setSpacing(6)
+        super().__init__(store, parent)
         self.method = RadioChoice(store, "method", METHODS)
-        layout.addWidget(_group("Method", self.method, self._quantization()))
+        method_group = group_box("Method", self.method, self._quantization())
         self.lora_group = self._lora_group()
-        layout.addWidget(self.lora_group)
         self.virtual_group = self._virtual_tokens_group()
-        layout.addWidget(self.virtual_group)
         self.adalora_group = self._adalora_group()
-        layout.addWidget(self.adalora_group)
-        layout.addWidget(self._qat_group())
-        layout.addWidget(self._precision_group())
-        layout.addWidget(self._batch_group())
-        layout.addWidget(self._speed_group())
-        layout.addWidget(self._length_group())
-        layout.addStretch(1)
-        self.setWidget(content)
-        store.changed.connect(self._refresh_groups)
-        self._refresh_groups(store.config)
+        for group in (method_group, self.lora_group, self.virtual_group, self.adalora_group, self._qat_group(),
+                      self._precision_group(), self._batch_group(), self._speed_group(), self._length_group()):
+            self.column.addWidget(group)
+        self.finish(self._refresh_groups)
 
     def _quantization(self) -> QWidget:
         box = QWidget()
@@ -156,14 +143,14 @@ class TechniquesPanel(QScrollArea):
                                   "Learns magnitude and direction apart: often a little better; costs memory and "
                                   "about 20 % speed.")
         self.lora_note = explanation("", role="reason")
-        return _group("LoRA adapter", self.lora_note, self.rank, self.alpha, self.dropout, self.targets,
+        return group_box("LoRA adapter", self.lora_note, self.rank, self.alpha, self.dropout, self.targets,
                       self.rslora, self.dora)
 
     def _virtual_tokens_group(self) -> QGroupBox:
         self.virtual_tokens = NumberControl(self.store, "peft.num_virtual_tokens", "Virtual tokens",
                                             "Trained tokens in front of every example: more learn more and make "
                                             "every sequence longer.", 1, 4096)
-        return _group("Virtual tokens (prefix and prompt tuning)", self.virtual_tokens)
+        return group_box("Virtual tokens (prefix and prompt tuning)", self.virtual_tokens)
 
     def _adalora_group(self) -> QGroupBox:
         store = self.store
@@ -175,7 +162,7 @@ class TechniquesPanel(QScrollArea):
                                            "at the end with the ranks fixed.", 0.0, 0.95, decimals=2, step=0.05)
         self.adalora_every = NumberControl(store, "peft.adalora_update_every", "Re-allocate every", "Steps between "
                                            "two rank re-allocations.", 1, 100_000, suffix=" steps")
-        return _group("AdaLoRA rank budget", self.adalora_target, self.adalora_warmup, self.adalora_final,
+        return group_box("AdaLoRA rank budget", self.adalora_target, self.adalora_warmup, self.adalora_final,
                       self.adalora_every)
 
     def _qat_group(self) -> QGroupBox:
@@ -184,7 +171,7 @@ class TechniquesPanel(QScrollArea):
         self.qat_activations = ChoiceControl(store, "qat.activations", "QAT activations", QAT_ACTIVATIONS)
         self.qat_group_size = NumberControl(store, "qat.group_size", "Group size", "Weights sharing one scale: "
                                             "smaller groups are more accurate and store more scales.", 1, 8192)
-        return _group("Quantization-aware training (for a quantized export)", self.qat_weights,
+        return group_box("Quantization-aware training (for a quantized export)", self.qat_weights,
                       self.qat_activations, self.qat_group_size)
 
     def _precision_group(self) -> QGroupBox:
@@ -195,7 +182,7 @@ class TechniquesPanel(QScrollArea):
                                            "Keeps only each layer's input and recomputes the rest in the backward "
                                            "pass: saves most activation memory, costs about 30 % more time.")
         self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer", OPTIMIZERS)
-        return _group("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing, self.optimizer)
+        return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing, self.optimizer)
 
     def _batch_group(self) -> QGroupBox:
         store = self.store
@@ -208,7 +195,7 @@ class TechniquesPanel(QScrollArea):
         self.effective_batch.setProperty("role", "heading")  # bold: the number the two controls make
         self.max_length = NumberControl(store, "data.max_length", "Sequence length", "Tokens per example; longer "
                                         "examples are cut. Activation memory grows with it.", 8, 1_000_000, suffix=" tokens")
-        return _group("Batch and sequence length", self.micro_batch, self.accumulation, self.effective_batch, self.max_length)
+        return group_box("Batch and sequence length", self.micro_batch, self.accumulation, self.effective_batch, self.max_length)
 
     def _speed_group(self) -> QGroupBox:
         store = self.store
@@ -221,7 +208,7 @@ class TechniquesPanel(QScrollArea):
         self.torch_compile = ToggleControl(store, "training.torch_compile", "torch.compile",
                                            "Compiles the model: faster steps after a slow first one (minutes for "
                                            "big models). Not with 4/8-bit weights or DeepSpeed.")
-        return _group("Speed", self.packing, self.chunked_loss, self.torch_compile)
+        return group_box("Speed", self.packing, self.chunked_loss, self.torch_compile)
 
     def _length_group(self) -> QGroupBox:
         store = self.store
@@ -237,7 +224,7 @@ class TechniquesPanel(QScrollArea):
         self.save_every = NumberControl(store, "schedule.save_every", "Checkpoint every", "Steps between saved "
                                         "checkpoints (disk space and a few seconds each); a stop always saves.",
                                         0, 10_000_000, suffix=" steps", special_zero="end only")
-        return _group("Training length", self.max_steps, self.epochs, self.learning_rate, self.log_every, self.save_every)
+        return group_box("Training length", self.max_steps, self.epochs, self.learning_rate, self.log_every, self.save_every)
 
     def _refresh_groups(self, config: RunConfig) -> None:
         """Sections that do not apply to the current method are disabled, and say why."""
@@ -268,15 +255,6 @@ class TechniquesPanel(QScrollArea):
         t = config.training
         self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
                                      f"{config.effective_batch_size} examples per optimizer step")
-
-
-def _group(title: str, *widgets: QWidget) -> QGroupBox:
-    group = QGroupBox(title)
-    layout = QVBoxLayout(group)
-    layout.setSpacing(4)
-    for widget in widgets:
-        layout.addWidget(widget)
-    return group
 
 
 class TargetModules(BoundControl):

@@ -7,8 +7,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy,
-                               QStyleFactory, QWidget)
+from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QGroupBox, QHBoxLayout, QLabel, QPushButton,
+                               QScrollArea, QSizePolicy, QStyleFactory, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
 from studio.core.errors import Problem
@@ -140,3 +140,34 @@ class ConfigStore(QObject):
             return ""
         problem = new[0]
         return f"{problem.message} ({problem.hint})" if problem.hint else problem.message
+
+
+def group_box(title: str, *widgets: QWidget) -> QGroupBox:
+    group = QGroupBox(title)
+    layout = QVBoxLayout(group)
+    layout.setSpacing(4)
+    for widget in widgets:
+        layout.addWidget(widget)
+    return group
+
+
+class SettingsColumn(QScrollArea):
+    """A setup tab: groups of controls in a column that scrolls when the window is short.
+
+    Subclasses add their groups to ``column``, then call ``finish`` with their refresh.
+    """
+
+    def __init__(self, store: ConfigStore, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.setWidgetResizable(True)
+        content = QWidget()
+        self.column = QVBoxLayout(content)
+        self.column.setSpacing(6)
+        self.setWidget(content)
+
+    def finish(self, refresh) -> None:
+        """End the column and keep it in step with the config (``refresh(config)``, now and on changes)."""
+        self.column.addStretch(1)
+        self.store.changed.connect(refresh)
+        refresh(self.store.config)
