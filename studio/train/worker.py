@@ -34,7 +34,7 @@ import torch
 
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
-from studio.core.estimate import estimate
+from studio.core.estimate import estimate, loss_impl_for
 from studio.core.events import EventWriter
 from studio.core.launch import inside_launcher, needs_launcher
 from studio.core.modelinfo import load_model_config
@@ -146,8 +146,8 @@ class Worker:
 
     def _lean_output_layer(self) -> torch.nn.Module | None:
         """The output layer for the chunked loss, or None for the full-logits loss (see studio.train.loss)."""
-        if not self.config.training.chunked_loss or self.config.distributed.sharding in ("zero3", "fsdp"):
-            return None  # sharded weights are only gathered inside the model's own forward
+        if loss_impl_for(self.config) != "chunked":
+            return None
         layer = lean_output_layer(self.raw_model)
         if layer is None:
             log.info("this model transforms its logits: using the full-logits loss")
