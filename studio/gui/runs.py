@@ -196,22 +196,25 @@ class RunController(QObject):
         QTimer.singleShot(int(ABORT_GRACE_S * 1000), lambda: self._terminate(pid))
 
     def _terminate(self, pid: int | None = None) -> None:
+        """Ask the worker to end, then kill it and the training processes it started (several GPUs)."""
         pid = pid or self._pid
         if pid is None or not process_alive(pid):
             return
         try:
-            psutil.Process(pid).terminate()
+            worker = psutil.Process(pid)
+            tree = [worker, *worker.children(recursive=True)]  # taken now: orphans cannot be found later
+            worker.terminate()
         except psutil.Error:
             return
-        QTimer.singleShot(int(KILL_GRACE_S * 1000), lambda: self._kill(pid))
+        QTimer.singleShot(int(KILL_GRACE_S * 1000), lambda: self._kill(tree))
 
     @staticmethod
-    def _kill(pid: int) -> None:
-        try:
-            if process_alive(pid):
-                psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
+    def _kill(processes: list[psutil.Process]) -> None:
+        for process in processes:
+            try:
+                process.kill()  # psutil checks it is still the same process, not a reused pid
+            except psutil.Error:
+                pass
 
     # ------------------------------------------------------------ for the window
     @property
