@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -128,10 +129,22 @@ def test_leave_running_reattach_stop_and_save_and_resume_continue_the_curve(qtbo
     assert again.controller.job.headline() == "Cancelled"
 
 
+def read_line(process: subprocess.Popen, timeout: float) -> str:
+    """The process's next line of output, or a failure after ``timeout`` (never a hung test)."""
+    line = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert line and line[0].strip(), f"no line from the process within {timeout} s"
+    return line[0]
+
+
 def test_a_killed_window_leaves_the_run_going_and_the_next_one_shows_its_whole_history(qtbot, app_dirs):
     first = subprocess.Popen([sys.executable, "-c", KILLED_WINDOW], stdout=subprocess.PIPE, text=True)
-    pid = int(first.stdout.readline())
-    first.kill()  # SIGKILL / TerminateProcess: no close event, no stop request
+    try:
+        pid = int(read_line(first, timeout=180))
+    finally:
+        first.kill()  # SIGKILL / TerminateProcess: no close event, no stop request
     first.wait(timeout=30)
     assert psutil.pid_exists(pid)
 
