@@ -207,7 +207,7 @@ def test_the_chunked_loss_needs_a_fraction_of_the_logits_memory():
     chunked = estimate(LLAMA_31_8B, config)
     assert chunked.parts["logits_loss"] * 10 < full.parts["logits_loss"]
     assert chunked.peak_bytes < full.peak_bytes
-    assert any("chunked loss" in note for note in chunked.notes)
+    assert any("lean loss" in note for note in chunked.notes)
 
 
 # ---------------------------------------------------------------- ZeRO and several GPUs

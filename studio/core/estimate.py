@@ -1309,8 +1309,8 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.dora:
         notes.append("DoRA is modelled approximately (its weight-norm temporaries are not counted)")
     if regime.loss_impl == "chunked":
-        notes.append("chunked loss: the logits of at most "
-                     f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab))} tokens exist at a time")
+        notes.append("lean loss: logits are computed for at most "
+                     f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
     if regime.method == "prefix_tuning":
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:
