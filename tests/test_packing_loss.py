@@ -1,5 +1,7 @@
 """Padding-free packing and the chunked loss change the cost of a step, never its numbers."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -7,7 +9,7 @@ from helpers import losses, quick_config
 from model_factory import tiny_config
 from studio.train.data import IGNORE_INDEX, collate
 from studio.train.loss import chunked_cross_entropy, lean_output_layer, token_loss_sum
-from studio.train.packing import first_fit_decreasing, pack, real_tokens
+from studio.train.packing import first_fit_decreasing, pack, packs_exactly, real_tokens
 from studio.train.worker import EXIT_OK, BatchPlan, run
 
 LENGTHS = (5, 17, 3, 11, 9, 16)
@@ -135,3 +137,11 @@ def test_packed_chunked_training_follows_the_padded_full_loss_curve(tmp_path, sm
         curves[name] = losses(run_dir)
     assert curves["packed"] == pytest.approx(curves["padded"], rel=1e-4)
     assert curves["grouped"][-1] < curves["grouped"][0]
+
+
+def test_only_architectures_that_keep_packed_examples_apart_are_packed():
+    def model_of(model_type):
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
+
+    assert packs_exactly(model_of("llama")) and packs_exactly(model_of("gpt2"))
+    assert not packs_exactly(model_of("opt")) and not packs_exactly(model_of("bloom"))  # they ignore position ids

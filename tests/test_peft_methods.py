@@ -11,7 +11,7 @@ from studio.core.errors import StudioError
 from studio.core.events import read_events
 from studio.train.checkpoint import load_weights
 from studio.train.export import export_run
-from studio.train.model import build_model
+from studio.train.model import adapter_regularization, build_model
 from studio.train.worker import EXIT_OK, run
 
 pytestmark = pytest.mark.slow  # a run and two exports per method: a few seconds each
@@ -95,3 +95,13 @@ def test_merged_export_where_peft_can_merge(method_run, tmp_path):
     assert verification.passed and verification.max_abs_diff < 1e-3
     assert json.loads((out / "studio_export.json").read_text())["form"] == "full-precision model"
     AutoModelForCausalLM.from_pretrained(out)  # plain transformers, no peft
+
+
+def test_adalora_keeps_its_singular_vectors_orthogonal(small_data):
+    """peft adds this penalty only to a loss it computes from labels; the worker adds it itself."""
+    model = build_model(quick_config(small_data, method="adalora"), torch.device("cpu"), total_steps=12)
+    penalty = adapter_regularization(model)
+    penalty.backward()
+    assert penalty > 0 and any(p.grad is not None and p.grad.abs().sum() > 0
+                               for name, p in model.named_parameters() if "lora_A" in name)
+    assert adapter_regularization(build_model(quick_config(small_data), torch.device("cpu"))) == 0.0

@@ -39,7 +39,7 @@ def weight_dtype(config: RunConfig) -> torch.dtype:
     return torch.float32 if config.method == "full" else compute_dtype(config)
 
 
-def _hub_kwargs(config: RunConfig) -> dict:
+def hub_kwargs(config: RunConfig) -> dict:
     kwargs = {"trust_remote_code": config.model.trust_remote_code}
     if config.model.revision:
         kwargs["revision"] = config.model.revision
@@ -99,7 +99,7 @@ def load_tokenizer(config: RunConfig):
 
     use_cache_when_offline(config)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.model.name_or_path, **_hub_kwargs(config))
+        tokenizer = AutoTokenizer.from_pretrained(config.model.name_or_path, **hub_kwargs(config))
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
         raise _load_error(config, exc) from exc
     if tokenizer.pad_token_id is None:
@@ -130,7 +130,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
     """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
     from transformers import AutoModelForCausalLM
 
-    kwargs = {**_hub_kwargs(config), **weight_load_kwargs(config)}
+    kwargs = {**hub_kwargs(config), **weight_load_kwargs(config)}
     quant = quantization_config(config) if quantized else None
     if quant is not None:
         kwargs["quantization_config"] = quant
@@ -288,12 +288,34 @@ def attach_adapter(model, config: RunConfig, total_steps: int | None = None):
     return model
 
 
-def after_optimizer_step(model, step: int) -> None:
-    """AdaLoRA re-allocates its ranks from the gradients' importance after each step (before zero_grad)."""
+def _adalora_tuner(model):
     from peft.tuners.adalora import AdaLoraModel
 
     tuner = getattr(model, "base_model", None)
-    if not isinstance(tuner, AdaLoraModel):
+    return tuner if isinstance(tuner, AdaLoraModel) else None
+
+
+def adapter_regularization(model) -> torch.Tensor | float:
+    """AdaLoRA's penalty keeping its singular vectors orthogonal (as peft's AdaLoraModel.forward adds it,
+    which it does only to a loss computed from labels: the worker computes its own); 0 for other methods."""
+    tuner = _adalora_tuner(model)
+    if tuner is None:
+        return 0.0
+    adapter = tuner.trainable_adapter_name
+    distances = []
+    for name, param in tuner.model.named_parameters():
+        if ("lora_A" in name or "lora_B" in name) and adapter in name:
+            gram = param @ param.T if "lora_A" in name else param.T @ param
+            distances.append(torch.linalg.matrix_norm(gram - torch.eye(*gram.shape, dtype=gram.dtype, device=gram.device)))
+    if not distances:
+        return 0.0
+    return tuner.peft_config[adapter].orth_reg_weight * torch.stack(distances).mean()
+
+
+def after_optimizer_step(model, step: int) -> None:
+    """AdaLoRA re-allocates its ranks from the gradients' importance after each step (before zero_grad)."""
+    tuner = _adalora_tuner(model)
+    if tuner is None:
         return
     adapter = tuner.peft_config[tuner.trainable_adapter_name]
     if adapter.rank_pattern is None and step > adapter.total_step - adapter.tfinal:

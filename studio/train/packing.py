@@ -14,6 +14,10 @@ Rows are never wider than the padded batch and there are at most as many, so the
 compute can only shrink; what stays is the gap at the end of the last rows, filled
 with pad tokens that form their own segment (no loss, nobody attends to them).
 
+Only architectures that build their mask from the position ids keep packed
+examples apart; others (OPT, Bloom, MPT: verified to mix them) train padded, see
+``packs_exactly``.
+
 ``length_grouped`` is the cheaper option: it keeps padding, but orders each epoch
 so a micro-batch holds examples of similar length.
 """
@@ -25,9 +29,16 @@ from typing import Any
 
 import torch
 
+from studio.core.modelinfo import SUPPORTED_MODEL_TYPES
 from studio.train.data import IGNORE_INDEX, _as_list
 
 GROUP_MICRO_BATCHES = 50  # length-grouping sorts within this many micro-batches (as transformers' sampler)
+
+
+def packs_exactly(model) -> bool:
+    """Whether this model keeps packed examples apart: the families studio.core.modelinfo knows all derive
+    their attention mask from the position ids (checked in their modeling code; tests cover four)."""
+    return getattr(getattr(model, "config", None), "model_type", None) in SUPPORTED_MODEL_TYPES
 
 
 def pack(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:

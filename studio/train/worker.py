@@ -47,12 +47,13 @@ from studio.train.layersplit import placement_of, run_scale_out
 from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
-from studio.train.distributed import make_engine, process_rank
+from studio.train.distributed import leave_process_group, make_engine, process_rank
 from studio.train.launcher import launch, launched_by_studio, record_failure
-from studio.train.model import adapted_module_names, after_optimizer_step, build_model, count_parameters, load_tokenizer
+from studio.train.model import (adapted_module_names, adapter_regularization, after_optimizer_step, build_model,
+                                count_parameters, load_tokenizer)
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
-from studio.train.packing import example_count, length_grouped, pack, real_tokens
+from studio.train.packing import example_count, length_grouped, pack, packs_exactly, real_tokens
 from studio.train.preflight import check_inputs
 
 log = logging.getLogger("studio.train")
@@ -123,6 +124,10 @@ class Worker:
         self.scheduler = build_scheduler(config, optimizer, self.total_steps)
         self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
         self.output_layer = self._lean_output_layer()
+        self.packed = config.packs_padding_free and packs_exactly(model)
+        if config.packs_padding_free and not self.packed:
+            self.events.emit("warning", message=f"{model.config.model_type} models do not keep packed examples apart: "
+                             "this run pads its micro-batches instead", hint="set data.packing to none to silence this")
         trainable, total = count_parameters(model)  # before ZeRO-3 or FSDP shard the weights
         adapted = adapted_module_names(model) if config.uses_adapter else []
         if config.training.torch_compile:
@@ -224,7 +229,7 @@ class Worker:
         accumulation = self.config.training.gradient_accumulation_steps
         first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
         pad = self.tokenizer.pad_token_id
-        layout = pack if self.config.packs_padding_free else collate
+        layout = pack if self.packed else collate
         batches = []
         for index in range(first, first + accumulation):
             rows = [self.train_rows[i] for i in self.plan.rows_of(index)]
@@ -246,7 +251,8 @@ class Worker:
             with engine.micro_batch(last):
                 with engine.autocast():
                     token_loss = token_loss_sum(self.model, batch, self.output_layer)
-                engine.backward(token_loss * scale, last)
+                    objective = token_loss * scale + adapter_regularization(self.raw_model) / len(batches)
+                engine.backward(objective, last)
             loss_sum += token_loss.item() / max(target_tokens, 1)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
@@ -399,6 +405,8 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     finally:
         control.close()
         events.close()
+        if rank is not None:  # a rank started by torchrun: its process ends next
+            leave_process_group()
 
 
 def _report_oom(reporter: "FailureReporter", worker: Worker, exc: torch.OutOfMemoryError) -> None:
