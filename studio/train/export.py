@@ -11,6 +11,7 @@ folder behind and an earlier export untouched.
 from __future__ import annotations
 
 import json
+import shutil
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from studio.core.events import EventWriter
 from studio.core.rundir import RunDir, atomic_folder
 from studio.train.checkpoint import load_weights, read_state
 from studio.train.data import encode, render_segments
-from studio.train.model import attach_adapter, build_model, load_base_model, load_tokenizer, qat_base_config
+from studio.train.model import attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
 
@@ -156,7 +157,7 @@ def torchao_config(config: RunConfig):
     """transformers' TorchAoConfig for the quantization the run's QAT simulated (the output head is left out)."""
     from transformers import AutoConfig, AutoModelForCausalLM, TorchAoConfig
 
-    model_config = AutoConfig.from_pretrained(config.model.name_or_path, trust_remote_code=config.model.trust_remote_code)
+    model_config = AutoConfig.from_pretrained(config.model.name_or_path, **hub_kwargs(config))
     with torch.device("meta"):  # only to learn the head's name
         skeleton = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
     head = next(name for name, module in skeleton.named_modules() if module is skeleton.get_output_embeddings())
@@ -168,7 +169,7 @@ def quantized_base(config: RunConfig, device):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(config.model.name_or_path, dtype=torch.float32,
-                                                quantization_config=torchao_config(config)).to(device)
+                                                quantization_config=torchao_config(config), **hub_kwargs(config)).to(device)
 
 
 def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, dtype: torch.dtype, device,
@@ -184,18 +185,25 @@ def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, d
         model = model.merge_and_unload()
     else:
         load_weights(checkpoint, model)
-    model.to(dtype).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
-    if config.qat.enabled:
-        _quantize_saved(config, folder, dtype)
+    if not config.qat.enabled:
+        model.to(dtype).save_pretrained(folder, safe_serialization=True)
+        return
+    merged = folder.parent / f"{folder.name}.unquantized"  # beside the staging folder, removed with it
+    model.to(dtype).save_pretrained(merged, safe_serialization=True)
+    try:
+        _quantize_saved(config, merged, folder, dtype)
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
 
 
-def _quantize_saved(config: RunConfig, folder: Path, dtype: torch.dtype) -> None:
-    """Requantize the merged folder in place through transformers' torchao integration, so that
-    ``from_pretrained`` alone loads the integer weights back."""
+def _quantize_saved(config: RunConfig, source: Path, folder: Path, dtype: torch.dtype) -> None:
+    """Quantize a saved merged model into ``folder`` through transformers' torchao integration, so
+    that ``from_pretrained`` alone loads the integer weights back. Never in place: the weights being
+    read may be memory-mapped from the source files."""
     from transformers import AutoModelForCausalLM
 
-    quantized = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, quantization_config=torchao_config(config))
+    quantized = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, quantization_config=torchao_config(config))
     quantized.save_pretrained(folder, safe_serialization=True)
 
 

@@ -63,7 +63,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_la
 
 
 def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module) -> torch.Tensor:
-    return cross_entropy(output_layer(hidden).float(), targets, reduction="sum")
+    # Under a layer split the head may sit on another GPU (its hook moves the input there): the loss comes back.
+    logits = output_layer(hidden).float()
+    return cross_entropy(logits, targets.to(logits.device), reduction="sum").to(hidden.device)
 
 
 def lean_output_layer(model) -> torch.nn.Module | None:

@@ -190,7 +190,7 @@ def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        hf_config = AutoConfig.from_pretrained(config.model.name_or_path, **model_module._hub_kwargs(config))
+        hf_config = AutoConfig.from_pretrained(config.model.name_or_path, **model_module.hub_kwargs(config))
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
         raise model_module._load_error(config, exc) from exc
     with torch.device("meta"):
