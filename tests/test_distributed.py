@@ -15,6 +15,7 @@ import time
 import pytest
 
 from helpers import losses, quick_config
+from studio.core.validation import validate
 from studio.core.config import save_config
 from studio.core.events import read_events
 from studio.core.rundir import RunDir
@@ -68,12 +69,14 @@ def reference(small_data, tmp_path_factory) -> list[float]:
 
 def test_user_deepspeed_keys_win_over_the_generated_ones(small_data, tmp_path):
     user = tmp_path / "ds.json"
-    user.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 0.5}))
+    user.write_text(json.dumps({"zero_optimization": {"overlap_comm": True}, "gradient_clipping": 0.5}))
     config = config_for(small_data, 2, sharding="zero2", offload_optimizer="cpu", deepspeed_config=str(user))
     generated = deepspeed_config(config, world_size=2)
-    assert generated["zero_optimization"] == {"stage": 3, "overlap_comm": True,
+    assert generated["zero_optimization"] == {"stage": 2, "overlap_comm": True,
                                               "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     assert generated["gradient_clipping"] == 0.5 and generated["train_batch_size"] == 4 * 1 * 2
+    user.write_text(json.dumps({"zero_optimization": {"stage": 3}}))  # a stage the config does not say
+    assert [p.where for p in validate(config)] == ["distributed.deepspeed_config"]
 
 
 @pytest.mark.slow

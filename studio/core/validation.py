@@ -7,6 +7,7 @@ and combinations. The GUI calls it on every change to disable impossible choices
 from __future__ import annotations
 
 from dataclasses import replace
+import json
 from pathlib import Path
 
 from studio.core.config import KBIT_METHODS, RunConfig
@@ -84,9 +85,9 @@ def _check_method(config: RunConfig) -> list[Problem]:
     if config.method == "full" and load_in != "none":
         problems.append(Problem("quantization.load_in", f"{load_in} weights cannot be fully fine-tuned",
                                 "use method lora/qlora, or set quantization.load_in to none"))
-    if config.method == "qlora" and load_in == "none":
+    elif config.method == "qlora" and load_in == "none":
         problems.append(Problem("quantization.load_in", "qlora needs a quantized base", "set it to 4bit or 8bit, or use method lora"))
-    if load_in != "none" and config.method not in KBIT_METHODS:
+    elif load_in != "none" and config.method not in KBIT_METHODS:
         problems.append(Problem("quantization.load_in", f"{config.method} cannot adapt a {load_in} base (peft has no "
                                 "quantized layers for it)", "use lora, adalora or ia3 on a quantized base, or set "
                                 "quantization.load_in to none"))
@@ -202,9 +203,16 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
                                     "set distributed.sharding to zero1, zero2 or zero3, or clear the file"))
         elif check_files and not Path(d.deepspeed_config).is_file():
             problems.append(Problem("distributed.deepspeed_config", f"{d.deepspeed_config}: no such file", "check the path"))
+        elif check_files and (other := _deepspeed_file_stage(d.deepspeed_config)) not in (None, stage):
+            problems.append(Problem("distributed.deepspeed_config", f"{d.deepspeed_config} sets ZeRO stage {other}, "
+                                    f"the config's sharding is {d.sharding}", f"set distributed.sharding to zero{other}, "
+                                    "or remove zero_optimization.stage from the file (the estimate and the loss follow sharding)"))
     if config.method == "adalora" and d.sharding != "none":
         problems.append(Problem("distributed.sharding", "AdaLoRA reallocates its ranks from whole gradients, which "
                                 f"{d.sharding} splits across processes", "use sharding none (DDP) with adalora"))
+    if config.effective_load_in == "4bit" and d.sharding in ("zero3", "fsdp"):
+        problems.append(Problem("distributed.sharding", f"{d.sharding} cannot shard bitsandbytes 4-bit weights",
+                                "use zero2 (or DDP) with a 4-bit base, or zero3 with a 16-bit base (method lora)"))
     if d.layer_split:
         if d.num_processes > 1 or d.sharding != "none":
             problems.append(Problem("distributed.layer_split", "a layer split runs in one process, without sharding",
@@ -216,3 +224,12 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
         if getattr(d, name) < 0:
             problems.append(Problem(f"distributed.{name}", "must be 0 or more"))
     return problems
+
+
+def _deepspeed_file_stage(path: str) -> int | None:
+    """The ZeRO stage a user's DeepSpeed JSON sets, if it sets one (unreadable files are the worker's to report)."""
+    try:
+        stage = json.loads(Path(path).read_text(encoding="utf-8")).get("zero_optimization", {}).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return stage if isinstance(stage, int) else None

@@ -36,7 +36,8 @@ def _restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, generator_state in zip(range(torch.cuda.device_count()), state["cuda"]):  # resumed on fewer GPUs
+            torch.cuda.set_rng_state(generator_state, index)
 
 
 def save_checkpoint(run_dir: RunDir, step: int, engine, raw_model, scheduler, extra: dict) -> Path:

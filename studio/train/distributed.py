@@ -50,6 +50,13 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def leave_process_group() -> None:
+    """End this rank's membership of the process group (NCCL warns, and can hang at exit, otherwise)."""
+    dist = _dist()
+    if dist is not None:
+        dist.destroy_process_group()
+
+
 class AccelerateEngine:
     """One process, DDP or FSDP through accelerate."""
 
@@ -168,7 +175,8 @@ class AccelerateEngine:
             torch.save(state, folder / OPTIMIZER_FILE)
 
     def load_optimizer(self, checkpoint: Path) -> None:
-        state = torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)
+        # to the CPU first: every rank reads rank 0's file, which would otherwise land on rank 0's GPU
+        state = torch.load(checkpoint / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
         if self.fsdp:
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 

@@ -101,11 +101,23 @@ def _wait_forwarding_stops(process: subprocess.Popen, run_dir: RunDir, control: 
 
 
 def _abort(process: subprocess.Popen, run_dir: RunDir) -> None:
+    """Ask the ranks to exit; kill torchrun and every rank (each in its own session) if they have not
+    after the grace period, or at once on another Ctrl+C."""
+    import psutil
+
     run_dir.request_stop(abort=True)
     try:
+        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    except psutil.Error:  # torchrun already ended
+        tree = []
+    try:
         process.wait(timeout=ABORT_GRACE_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        for member in tree:
+            try:
+                member.kill()
+            except psutil.Error:
+                pass
         process.wait()
 
 

@@ -30,7 +30,7 @@ from studio.core.placement import OFFLOAD, Placement
 log = logging.getLogger("studio.train")
 
 
-def compute_devices(config: RunConfig) -> list[tuple[str, int]]:
+def compute_devices() -> list[tuple[str, int]]:
     """(device, free bytes) of each GPU, or of the CPU on a machine without GPU."""
     if torch.cuda.is_available():
         return [(f"cuda:{i}", torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
@@ -42,7 +42,7 @@ def compute_devices(config: RunConfig) -> list[tuple[str, int]]:
 def plan(config: RunConfig) -> Placement:
     """The placement this run loads with (the estimate's, on this machine's free memory)."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    free = tuple(size for _, size in compute_devices(config))
+    free = tuple(size for _, size in compute_devices())
     model_config = load_model_config(config.model.name_or_path, config.model.revision)
     placement = estimate(model_config, config, device_type, ScaleOut.from_config(config, free)).placement
     if placement.offloaded_layers and config.effective_load_in != "none":
@@ -104,7 +104,7 @@ def run_scale_out(config: RunConfig) -> ScaleOut:
     import os
 
     if config.distributed.layer_split:
-        return ScaleOut.from_config(config, tuple(size for _, size in compute_devices(config)))
+        return ScaleOut.from_config(config, tuple(size for _, size in compute_devices()))
     world = int(os.environ.get("WORLD_SIZE", config.distributed.num_processes))
     return ScaleOut.from_config(config, num_machines=max(1, world // config.distributed.num_processes))
 
@@ -115,9 +115,6 @@ def placement_of(model) -> dict | None:
     return placement.to_json() if placement is not None else None
 
 
-def offloaded_weights_on_meta(model) -> int:
-    """How many weights are held by offload hooks (on ``meta`` between forwards)."""
-    return sum(1 for _, p in model.named_parameters() if p.device.type == "meta")
 
 
 def materialize_offloaded_adapters(model) -> None:
