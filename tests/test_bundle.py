@@ -27,6 +27,8 @@ def test_two_host_bundle_has_each_nodes_command_and_a_portable_config(tmp_path):
         assert "--master-addr=10.0.0.1" in argv and "--master-port=29444" in argv
         assert argv[-3:] == ["config.yaml", "--run-dir", "run"]
         assert f"'--node-rank={rank}'" in (out / f"launch-node-{rank}.ps1").read_text()
+        resume = shlex.split((out / f"resume-node-{rank}.sh").read_text().splitlines()[-1].removeprefix("exec "))
+        assert resume[:-2] == argv[:-3] and resume[-2:] == ["--resume", "run"]
     assert (out / "hostfile").read_text() == "10.0.0.1 slots=4\n10.0.0.2 slots=4\n"
     assert json.loads((out / "cluster.json").read_text())["world_size"] == 8
 

@@ -66,8 +66,9 @@ def write_bundle(config: RunConfig, hosts: tuple[str, ...], gpus_per_host: int, 
         "processes_per_machine": gpus_per_host, "world_size": cluster.world_size,
         "sharding": config.distributed.sharding}, indent=2) + "\n", encoding="utf-8")
     for rank in range(len(hosts)):
-        argv = torchrun_argv(cluster, rank, worker_args(CONFIG_NAME, RUN_DIR), python=python)
-        _write_scripts(out, rank, hosts[rank], argv)
+        for name, resume in (("launch", False), ("resume", True)):
+            argv = torchrun_argv(cluster, rank, worker_args(CONFIG_NAME, RUN_DIR, resume), python=python)
+            _write_scripts(out, f"{name}-node-{rank}", f"node {rank}: run on {hosts[rank]}", argv)
     bundle = Bundle(out, cluster, hosts, tuple(required))
     (out / "README.txt").write_text(_readme(bundle, config), encoding="utf-8")
     return bundle
@@ -99,14 +100,14 @@ def _portable(config: RunConfig, out: Path) -> tuple[RunConfig, list[str]]:
     return config.replace(**changes), required
 
 
-def _write_scripts(out: Path, rank: int, host: str, argv: list[str]) -> None:
-    sh = out / f"launch-node-{rank}.sh"
-    sh.write_text(f"#!/bin/sh\n# node {rank}: run on {host}\ncd \"$(dirname \"$0\")\" || exit 1\n"
+def _write_scripts(out: Path, name: str, comment: str, argv: list[str]) -> None:
+    sh = out / f"{name}.sh"
+    sh.write_text(f"#!/bin/sh\n# {comment}\ncd \"$(dirname \"$0\")\" || exit 1\n"
                   f"exec {shlex.join(argv)}\n", encoding="utf-8", newline="\n")
     sh.chmod(0o755)
     quoted = " ".join("'" + arg.replace("'", "''") + "'" for arg in argv)
-    (out / f"launch-node-{rank}.ps1").write_text(
-        f"# node {rank}: run on {host}\r\nSet-Location -Path $PSScriptRoot\r\n& {quoted}\r\nexit $LASTEXITCODE\r\n",
+    (out / f"{name}.ps1").write_text(
+        f"# {comment}\r\nSet-Location -Path $PSScriptRoot\r\n& {quoted}\r\nexit $LASTEXITCODE\r\n",
         encoding="utf-8", newline="")
 
 
@@ -133,11 +134,13 @@ def _readme(bundle: Bundle, config: RunConfig) -> str:
         lines.append(f"     {host}: launch-node-{rank}.sh   (Windows: launch-node-{rank}.ps1)")
     lines += [
         "",
-        f"The run folder {RUN_DIR}/ is written beside the scripts; the main machine's ({cluster.main_address}) holds the",
-        "events and checkpoints. Copy it back to watch, resume or export the run in the app.",
+        f"The run folder {RUN_DIR}/ beside the scripts must be ONE folder every machine shares (a network",
+        "filesystem mounted at the same path): every process writes its part of each checkpoint into it, and a",
+        "resume reads them all. To continue a stopped or failed run, start resume-node-<rank>.sh (or .ps1) the same way.",
+        "Open that folder in the app to watch or export the run.",
         "",
         "Files: config.yaml (the run; data/ holds its data files), cluster.json (the rendezvous), "
         + ("hostfile (DeepSpeed's list of machines and GPUs), " if (bundle.folder / "hostfile").exists() else "")
-        + "launch-node-*.sh / .ps1 (the torchrun command of each machine).",
+        + "launch-node-*.sh / .ps1 and resume-node-*.sh / .ps1 (the torchrun commands of each machine).",
     ]
     return "\n".join(lines) + "\n"
