@@ -30,12 +30,6 @@ def is_local_model(name_or_path: str) -> bool:
     return bool(name_or_path) and Path(name_or_path).expanduser().is_dir()
 
 
-def looks_like_path(name_or_path: str) -> bool:
-    """A folder path rather than a Hub id (``owner/name``): absolute, relative with ./ or ~, or deeper."""
-    return name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1 \
-        or Path(name_or_path).is_absolute()
-
-
 def check_model_folder(folder: str | Path) -> list[Problem]:
     """Every problem that would stop transformers loading the model in ``folder``; [] when none."""
     folder = Path(folder).expanduser()

@@ -469,6 +469,12 @@ def hub_cache_dir() -> Path:
     return home / "hub"
 
 
+def looks_like_path(name_or_path: str) -> bool:
+    """A folder path rather than a Hub id (``owner/name``): absolute, relative with ./ or ~, or deeper."""
+    return name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1 \
+        or Path(name_or_path).is_absolute()
+
+
 def load_model_config(name_or_path: str, revision: str = "", allow_network: bool = True) -> dict:
     """A model's config.json: from a local folder, the Hugging Face cache, or the Hub (that file alone)."""
     if not name_or_path:
@@ -476,7 +482,7 @@ def load_model_config(name_or_path: str, revision: str = "", allow_network: bool
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         return _read_json(local / "config.json")
-    if name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1:
+    if looks_like_path(name_or_path):
         raise StudioError(f"model folder {name_or_path} does not exist", "check model.name_or_path", kind="model")
     cached = cached_config(name_or_path, revision)
     if cached is not None:

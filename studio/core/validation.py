@@ -13,7 +13,8 @@ from pathlib import Path
 from studio.core.config import KBIT_METHODS, RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
-from studio.core.modelcheck import is_local_model, looks_like_path
+from studio.core.modelcheck import is_local_model
+from studio.core.modelinfo import looks_like_path
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:

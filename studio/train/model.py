@@ -19,7 +19,7 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.modelinfo import cached_config
+from studio.core.modelinfo import cached_config, looks_like_path
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
 
 log = logging.getLogger("studio.train")
@@ -53,7 +53,7 @@ def _load_error(config: RunConfig, exc: Exception) -> StudioError:
     if Path(name).exists():
         return StudioError(f"cannot load the model in {name}: {exc}",
                            "the folder needs config.json, the weights (*.safetensors) and the tokenizer files", kind="model")
-    if name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1:
+    if looks_like_path(name):
         return StudioError(f"model folder {name} does not exist", "check the path in model.name_or_path", kind="model")
     return StudioError(
         f"cannot get '{name}' from the Hugging Face Hub: {type(exc).__name__}: {exc}",
