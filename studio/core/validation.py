@@ -6,8 +6,8 @@ and combinations. The GUI calls it on every change to disable impossible choices
 
 from __future__ import annotations
 
-from dataclasses import replace
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from studio.core.config import KBIT_METHODS, RunConfig
