@@ -321,3 +321,22 @@ def test_the_workers_estimate_event_becomes_the_charts_estimate_line():
     assert run.estimate_bytes is None
     assert run.add({"type": "estimate", "peak_bytes": 5_000_000, "peak_phase": "forward"})
     assert run.estimate_bytes == 5_000_000
+
+
+def test_garbage_is_collected_on_the_gui_thread_while_a_window_lives(qtbot):
+    """A collection on a background thread can free Qt objects there and deadlock PySide."""
+    import gc
+
+    from PySide6.QtCore import QObject
+
+    from studio.gui.tasks import GuiThreadGarbageCollector
+
+    owner = QObject()
+    collector = GuiThreadGarbageCollector(owner, interval_ms=10)
+    assert not gc.isenabled()
+    kept = [[] for _ in range(5000)]  # allocations beyond the interpreter's threshold: a collection is due
+    assert gc.get_count()[0] > gc.get_threshold()[0]
+    qtbot.waitUntil(lambda: gc.get_count()[0] < gc.get_threshold()[0], timeout=2000)  # the timer collected
+    del kept
+    collector.stop()
+    assert gc.isenabled()

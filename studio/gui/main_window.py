@@ -25,7 +25,7 @@ from studio.gui.model_panel import ModelPanel
 from studio.gui.run_history import live_runs
 from studio.gui.runs import RunController
 from studio.gui.scale_panel import ScalePanel
-from studio.gui.tasks import wait_for_background_work
+from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
 from studio.gui.widgets import Banner, ConfigStore, problems_html
@@ -37,6 +37,7 @@ CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
 class MainWindow(QMainWindow):
     def __init__(self, runs_root: Path | None = None, attach_live_runs: bool = True):
         super().__init__()
+        self.garbage_collector = GuiThreadGarbageCollector(self)
         self.setWindowTitle("Finetune Studio")
         if ICON.is_file():
             self.setWindowIcon(QIcon(str(ICON)))
@@ -301,6 +302,7 @@ class MainWindow(QMainWindow):
         self.save_state()
         self.controller.shutdown()
         wait_for_background_work()
+        self.garbage_collector.stop()
         event.accept()
 
     def _ask_close_choice(self) -> str:

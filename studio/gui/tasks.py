@@ -7,9 +7,10 @@ older result last.
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal
 
 
 class _Relay(QObject):
@@ -63,3 +64,38 @@ class BackgroundTask(QObject):
 def wait_for_background_work(msecs: int = 10000) -> None:
     """Let running jobs finish (at exit, and between tests)."""
     QThreadPool.globalInstance().waitForDone(msecs)
+
+
+class GuiThreadGarbageCollector(QObject):
+    """Python's cyclic garbage collection only on the GUI thread, while the window lives.
+
+    Any allocation can start a collection, also in a background job; one that frees Qt
+    objects there deadlocks PySide with the GUI thread (seen: the window hung while a
+    history scan parsed YAML in the thread pool). Automatic collection is off until
+    ``stop``; a timer on the GUI thread collects with the interpreter's own thresholds.
+    """
+
+    active = 0  # collectors alive: automatic collection comes back when the last one stops
+
+    def __init__(self, parent: QObject, interval_ms: int = 500):
+        super().__init__(parent)
+        self._threshold = gc.get_threshold()
+        GuiThreadGarbageCollector.active += 1
+        gc.disable()
+        self._timer = QTimer(self)
+        self._timer.timeout.connect(self.collect)
+        self._timer.start(interval_ms)
+
+    def collect(self) -> None:
+        counts = gc.get_count()
+        for generation in (2, 1, 0):  # the oldest generation that is due (it includes the younger ones)
+            if counts[generation] > self._threshold[generation]:
+                gc.collect(generation)
+                return
+
+    def stop(self) -> None:
+        if self._timer.isActive():
+            self._timer.stop()
+            GuiThreadGarbageCollector.active -= 1
+            if GuiThreadGarbageCollector.active == 0:
+                gc.enable()
