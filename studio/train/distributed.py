@@ -250,11 +250,17 @@ class DeepSpeedEngine(AccelerateEngine):
         return []  # held in DeepSpeed's flat partitions; the tracker counts what the step allocates
 
     def trainable_tensors(self, raw_model) -> dict[str, torch.Tensor]:
+        """The trained tensors, whole, on rank 0 (a collective). Under ZeRO-3 they are gathered one at
+        a time, so no GPU ever holds all of them: for full fine-tuning that is the whole model."""
         import deepspeed
 
-        trainable = [p for p in raw_model.parameters() if p.requires_grad]
-        with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None):  # no-op below ZeRO-3
-            return trainable_state_dict(raw_model) if self.is_main else {}
+        tensors = {}
+        for name, param in raw_model.named_parameters():
+            if param.requires_grad:
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=None):  # no-op below ZeRO-3
+                    if self.is_main:
+                        tensors[name] = param.detach().to("cpu").contiguous()
+        return tensors
 
     def save_optimizer(self, folder: Path) -> None:
         self.model.save_checkpoint(str(folder / DEEPSPEED_FOLDER), tag=DEEPSPEED_TAG, save_latest=False,
