@@ -9,18 +9,23 @@ from helpers import losses, quick_config
 from model_factory import tiny_config
 from studio.train.data import IGNORE_INDEX, collate
 from studio.train.loss import chunked_cross_entropy, lean_output_layer, token_loss_sum
-from studio.train.packing import first_fit_decreasing, pack, packs_exactly, real_tokens
+from studio.core.modelinfo import SUPPORTED_MODEL_TYPES
+from studio.train.attention import attend_packed, segment_bounds
+from studio.train.packing import pack, packing_refusal, real_tokens
 from studio.train.worker import EXIT_OK, BatchPlan, run
 
 LENGTHS = (5, 17, 3, 11, 9, 16)
 
 
-def tiny_model(family: str, **overrides):
+def tiny_model(family: str, packed: bool = False, **overrides):
+    """A random tiny model of the family; ``packed`` switches it to per-example attention, as the worker does."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config(family, **overrides)))
     model.config.use_cache = False
+    if packed:
+        attend_packed(model)
     return model
 
 
@@ -49,49 +54,66 @@ def padded_example_losses(model, rows):
 
 
 def packed_example_losses(model, rows):
-    table = per_token_losses(model, pack(rows, 0))
-    lengths = [len(row["input_ids"]) for row in rows]
-    found = {}
-    for r, members in enumerate(first_fit_decreasing(lengths, max(lengths))):
-        start = 0
-        for index in members:
-            found[index] = float(table[r, start:start + lengths[index]].sum())
-            start += lengths[index]
-    return [found[i] for i in range(len(rows))]
+    row = per_token_losses(model, pack(rows))[0]
+    bounds = segment_bounds(pack(rows)["position_ids"])[0]
+    return [float(row[start:end].sum()) for start, end in bounds]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gpt_neox"])
-def test_packed_rows_give_every_example_its_padded_loss(family):
-    model = tiny_model(family).eval()
+@pytest.mark.parametrize("family", SUPPORTED_MODEL_TYPES)
+def test_a_packed_row_gives_every_example_its_padded_loss(family):
     rows = examples()
     with torch.no_grad():
-        padded, packed = padded_example_losses(model, rows), packed_example_losses(model, rows)
+        padded = padded_example_losses(tiny_model(family).eval(), rows)
+        packed = packed_example_losses(tiny_model(family, packed=True).eval(), rows)
     assert packed == pytest.approx(padded, rel=1e-5, abs=1e-5)
-    batch = pack(rows, 0)
-    assert len(batch["input_ids"]) < len(rows)  # several examples share a row
-    assert real_tokens(batch) == sum(LENGTHS) < batch["input_ids"].numel() <= collate(rows, 0)["input_ids"].numel()
+    batch = pack(rows)
+    assert real_tokens(batch) == sum(LENGTHS) == batch["input_ids"].numel()  # not one position of padding
+
+
+def test_a_sliding_window_shorter_than_an_example_still_holds_when_packed():
+    rows = examples()  # up to 17 tokens: a window of 4 cuts into most of them
+    with torch.no_grad():
+        padded = padded_example_losses(tiny_model("mistral", sliding_window=4).eval(), rows)
+        packed = packed_example_losses(tiny_model("mistral", packed=True, sliding_window=4).eval(), rows)
+        unwindowed = packed_example_losses(tiny_model("mistral", packed=True, sliding_window=None).eval(), rows)
+    assert packed == pytest.approx(padded, rel=1e-5, abs=1e-5)
+    assert unwindowed != pytest.approx(padded, rel=1e-3)  # the window matters here, so the test can see it
+
+
+def test_padded_batches_keep_their_mask_under_packed_attention():
+    rows = examples()
+    with torch.no_grad():
+        plain = per_token_losses(tiny_model("llama").eval(), collate(rows, 0))
+        switched = per_token_losses(tiny_model("llama", packed=True).eval(), collate(rows, 0))
+    torch.testing.assert_close(switched, plain, rtol=1e-5, atol=1e-5)
 
 
 def test_packing_keeps_the_target_tokens_and_the_gradients():
     rows = examples()
-    padded, packed = collate(rows, 0), pack(rows, 0)
+    padded, packed = collate(rows, 0), pack(rows)
     count = lambda batch: int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())  # noqa: E731
     assert count(packed) == count(padded)
     grads = []
     for batch in (padded, packed):
-        model = tiny_model("llama")
+        model = tiny_model("llama", packed="position_ids" in batch)
         token_loss_sum(model, batch).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_the_switch_to_packed_attention_stays_out_of_saved_models(tmp_path):
+    model = tiny_model("llama", packed=True)
+    model.save_pretrained(tmp_path)
+    assert "studio_packed" not in (tmp_path / "config.json").read_text()
 
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_chunked_loss_equals_the_full_loss_and_gradients(tied):
     rows, results = examples(), []
     for chunked in (False, True):
-        model = tiny_model("llama", tie_word_embeddings=tied)
+        model = tiny_model("llama", packed=True, tie_word_embeddings=tied)
         layer = lean_output_layer(model) if chunked else None
-        loss = token_loss_sum(model, pack(rows, 0), layer)
+        loss = token_loss_sum(model, pack(rows), layer)
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (full, full_grads), (chunked, chunked_grads) = results
@@ -140,8 +162,7 @@ def test_packed_chunked_training_follows_the_padded_full_loss_curve(tmp_path, sm
 
 
 def test_only_architectures_that_keep_packed_examples_apart_are_packed():
-    def model_of(model_type):
-        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
-
-    assert packs_exactly(model_of("llama")) and packs_exactly(model_of("gpt2"))
-    assert not packs_exactly(model_of("opt")) and not packs_exactly(model_of("bloom"))  # they ignore position ids
+    assert packing_refusal(tiny_model("llama")) is None and packing_refusal(tiny_model("gpt2")) is None
+    opt = SimpleNamespace(config=SimpleNamespace(model_type="opt", _attn_implementation="sdpa"))
+    assert "opt models" in packing_refusal(opt)  # OPT ignores position ids in its attention
+    assert "sdpa" in packing_refusal(tiny_model("llama", attn_implementation="eager"))

@@ -1,22 +1,18 @@
-"""Micro-batches without padding: several examples per row, each attending only to itself.
+"""Micro-batches without padding: the examples of a micro-batch end to end in one row.
 
 ``pack`` takes the very examples the plain right-padded ``collate`` would have put
-in one micro-batch and lays them end to end in rows no wider than the longest of
-them (first-fit decreasing), with position ids that restart at 0 for each example
-and no attention mask. From such position ids transformers builds a block-diagonal
-causal mask for sdpa and eager attention (masking_utils.find_packed_sequence_indices;
-flash-attention reads the same ids), so every example sees exactly what it would
-see alone: the per-example losses are those of the padded batch (tests prove it).
-The first label of each example is -100: nothing predicts it from the example
-before, so the target tokens and the loss are unchanged too.
+in one micro-batch and lays them end to end in a single row, with position ids
+that restart at 0 for each example and no attention mask. The worker switches the
+model to studio.train.attention's ``packed_attention``, which cuts the row where
+the position ids restart and runs causal sdpa on each example alone, so every
+example sees exactly what it would see alone: the per-example losses are those of
+the padded batch (tests prove it). The first label of each example is -100:
+nothing predicts it from the example before, so the target tokens and the loss are
+unchanged too. No position is padding, so no compute goes to it.
 
-Rows are never wider than the padded batch and there are at most as many, so the
-compute can only shrink; what stays is the gap at the end of the last rows, filled
-with pad tokens that form their own segment (no loss, nobody attends to them).
-
-Only architectures that build their mask from the position ids keep packed
-examples apart; others (OPT, Bloom, MPT: verified to mix them) train padded, see
-``packs_exactly``.
+Only architectures whose modeling code hands the position ids to the attention
+pack; others (OPT, Bloom, MPT: verified to mix examples) train padded, see
+``packing_refusal``, as does eager attention.
 
 ``length_grouped`` is the cheaper option: it keeps padding, but orders each epoch
 so a micro-batch holds examples of similar length.
@@ -30,53 +26,37 @@ from typing import Any
 import torch
 
 from studio.core.modelinfo import SUPPORTED_MODEL_TYPES
+from studio.train.attention import can_attend_packed
 from studio.train.data import IGNORE_INDEX, _as_list
 
 GROUP_MICRO_BATCHES = 50  # length-grouping sorts within this many micro-batches (as transformers' sampler)
 
 
-def packs_exactly(model) -> bool:
-    """Whether this model keeps packed examples apart: the families studio.core.modelinfo knows all derive
-    their attention mask from the position ids (checked in their modeling code; tests cover four)."""
-    return getattr(getattr(model, "config", None), "model_type", None) in SUPPORTED_MODEL_TYPES
+def packing_refusal(model) -> str | None:
+    """Why this model cannot train packed examples apart, or None if it can.
+
+    The families studio.core.modelinfo knows all pass the position ids to their
+    attention (checked in their modeling code; tests cover every one).
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"{model_type} models do not keep packed examples apart"
+    if not can_attend_packed(model):
+        return "padding-free packing needs sdpa attention (model.attn_implementation)"
+    return None
 
 
-def pack(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """A packed batch: input_ids, labels and position_ids (rows of equal width), no attention_mask."""
-    examples = [(_as_list(f["input_ids"]), _as_list(f["labels"])) for f in features]
-    width = max(len(ids) for ids, _ in examples)
-    rows = first_fit_decreasing([len(ids) for ids, _ in examples], width)
+def pack(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """A packed batch of one row: input_ids, labels and position_ids, no attention_mask."""
     input_ids, labels, positions = [], [], []
-    for row in rows:
-        ids, row_labels, row_positions = [], [], []
-        for index in row:
-            example_ids, example_labels = examples[index]
-            ids += example_ids
-            row_labels += [IGNORE_INDEX] + example_labels[1:]
-            row_positions += range(len(example_ids))
-        gap = width - len(ids)
-        input_ids.append(ids + [pad_token_id] * gap)
-        labels.append(row_labels + [IGNORE_INDEX] * gap)
-        positions.append(row_positions + list(range(gap)))
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
-    return {"input_ids": as_tensor(input_ids), "labels": as_tensor(labels), "position_ids": as_tensor(positions),
-            "real_tokens": torch.tensor(sum(len(ids) for ids, _ in examples)), "examples": torch.tensor(len(examples))}
-
-
-def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Indices of ``lengths`` grouped into bins of at most ``capacity`` (longest first, deterministic)."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        size = lengths[index]
-        slot = next((b for b, free in enumerate(room) if free >= size), None)
-        if slot is None:
-            bins.append([index])
-            room.append(capacity - size)
-        else:
-            bins[slot].append(index)
-            room[slot] -= size
-    return bins
+    for feature in features:
+        ids = _as_list(feature["input_ids"])
+        input_ids += ids
+        labels += [IGNORE_INDEX] + _as_list(feature["labels"])[1:]
+        positions += range(len(ids))
+    as_row = lambda values: torch.tensor([values], dtype=torch.long)  # noqa: E731
+    return {"input_ids": as_row(input_ids), "labels": as_row(labels), "position_ids": as_row(positions),
+            "real_tokens": torch.tensor(len(input_ids)), "examples": torch.tensor(len(features))}
 
 
 def real_tokens(batch: dict[str, torch.Tensor]) -> int:

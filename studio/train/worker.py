@@ -41,6 +41,7 @@ from studio.core.modelinfo import load_model_config
 from studio.core.rundir import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
+from studio.train.attention import attend_packed
 from studio.train.control import StopController
 from studio.train.data import collate, prepare_data
 from studio.train.layersplit import placement_of, run_scale_out
@@ -53,7 +54,7 @@ from studio.train.model import (adapted_module_names, adapter_regularization, af
                                 count_parameters, load_tokenizer)
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
-from studio.train.packing import example_count, length_grouped, pack, packs_exactly, real_tokens
+from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
 from studio.train.preflight import check_inputs
 
 log = logging.getLogger("studio.train")
@@ -124,10 +125,7 @@ class Worker:
         self.scheduler = build_scheduler(config, optimizer, self.total_steps)
         self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
         self.output_layer = self._lean_output_layer()
-        self.packed = config.packs_padding_free and packs_exactly(model)
-        if config.packs_padding_free and not self.packed:
-            self.events.emit("warning", message=f"{model.config.model_type} models do not keep packed examples apart: "
-                             "this run pads its micro-batches instead", hint="set data.packing to none to silence this")
+        self.packed = self._packs(model)
         trainable, total = count_parameters(model)  # before ZeRO-3 or FSDP shard the weights
         adapted = adapted_module_names(model) if config.uses_adapter else []
         if config.training.torch_compile:
@@ -148,6 +146,18 @@ class Worker:
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
+
+    def _packs(self, model) -> bool:
+        """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
+        if not self.config.packs_padding_free:
+            return False
+        refusal = packing_refusal(model)
+        if refusal is not None:
+            self.events.emit("warning", message=f"{refusal}: this run pads its micro-batches instead",
+                             hint="set data.packing to none to silence this")
+            return False
+        attend_packed(model)
+        return True
 
     def _lean_output_layer(self) -> torch.nn.Module | None:
         """The output layer for the chunked loss, or None for the full-logits loss (see studio.train.loss)."""
@@ -229,11 +239,11 @@ class Worker:
         accumulation = self.config.training.gradient_accumulation_steps
         first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
         pad = self.tokenizer.pad_token_id
-        layout = pack if self.packed else collate
         batches = []
         for index in range(first, first + accumulation):
             rows = [self.train_rows[i] for i in self.plan.rows_of(index)]
-            batches.append({k: v.to(self.device) for k, v in layout(rows, pad).items()})
+            batch = pack(rows) if self.packed else collate(rows, pad)
+            batches.append({k: v.to(self.device) for k, v in batch.items()})
         return batches
 
     def _optimizer_step(self) -> dict:
