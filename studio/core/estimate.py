@@ -863,38 +863,36 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
 def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> tuple[int, int]:
     """(forward, backward) peak bytes of the logits and the fp32 cross-entropy (the worker's token_loss_sum).
 
-    Forward: the logits, their fp32 copy (a 16-bit slice is copied by reshape
-    when the batch has more than one row) and the log-softmax output. Backward
-    (log-softmax backward): the saved log-softmax, the incoming gradient and
-    the outgoing one, all fp32, for every position but the last of each row.
+    Forward: the logits, their fp32 copy (none for fp32 logits: the labels are
+    shifted, not the logits) and the log-softmax output. Backward (log-softmax
+    backward): the saved log-softmax, the incoming gradient and the outgoing one,
+    all fp32, for every position.
     """
     b, s, v = regime.micro_batch, regime.sequence, shape.vocab
-    positions = b * (s - 1)
     width = DTYPE_BYTES[logits_dtype]
-    targets = 8 * positions  # int64 labels, shifted (a copy)
     if regime.loss_impl == "chunked":
-        return _chunked_loss_bytes(shape, regime, positions, width, targets)
-    reshape_copy = b > 1
-    if width == 4:
-        forward = 4 * b * s * v + (4 * positions * v if reshape_copy else 0) + 4 * positions * v
-    else:
-        forward = width * b * s * v + 8 * positions * v
-    return forward + targets, 12 * positions * v + targets
+        positions = b * (s - 1)  # the last position of a row predicts nothing
+        return _chunked_loss_bytes(shape, regime, positions, 8 * positions)
+    positions = b * s
+    targets = 8 * positions  # int64 labels, shifted (a copy)
+    fp32_copy = 0 if width == 4 else 4 * positions * v
+    return width * positions * v + fp32_copy + 4 * positions * v + targets, 12 * positions * v + targets
 
 
-def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, width: int, targets: int) -> tuple[int, int]:
+def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targets: int) -> tuple[int, int]:
     """The chunked loss: at worst every position a target; the logits of one chunk at a time.
 
-    Forward: the gathered hidden states, one chunk's fp32 logits (a 16-bit chunk is
-    freed once copied to fp32) and their log-softmax. Backward (the chunk
-    recomputed): the gathered hidden states and their gradient, and the three fp32
-    tensors of the log-softmax backward.
+    Forward (each chunk's gradients are computed there): the gathered hidden
+    states, their fp32 gradient being filled, a trainable output layer's fp32
+    gradient, and one chunk's fp32 log-softmax with the gradients of its backward.
+    Backward: the kept fp32 gradient, its scaled copy and that copy cast back.
     """
-    v = shape.vocab
+    v, h = shape.vocab, shape.hidden
     chunk = min(positions, max(1, CHUNKED_LOSS_BYTES // (4 * v)))
-    gathered = positions * shape.hidden * DTYPE_BYTES[regime.outer_dtype]
-    forward = gathered + max(width + 4, 8) * chunk * v
-    backward = 2 * gathered + 12 * chunk * v
+    outer = DTYPE_BYTES[regime.outer_dtype]
+    kept = 4 * positions * h + (4 * v * h if regime.full else 0)
+    forward = positions * h * outer + kept + 12 * chunk * v
+    backward = 2 * kept + outer * positions * h
     return forward + targets, backward + targets
 
 

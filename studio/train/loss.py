@@ -7,10 +7,13 @@ Two ways to the same number (and the same gradients, tests prove it):
   (positions x vocabulary), padding and prompt positions included.
 - chunked: the model returns its final hidden states instead (``logits_to_keep``
   of nothing), only the positions whose next token carries a loss are gathered,
-  and those are projected to the vocabulary a chunk at a time under activation
-  checkpointing. The fp32 logits of one chunk exist at a time, in the forward and
-  again in the backward pass; prompt and padding positions never meet the output
-  layer at all, which also saves its compute.
+  and those are projected to the vocabulary a chunk at a time. The loss is the
+  last node of the graph, so each chunk's gradients (for the hidden states and any
+  trainable output-layer weights) are computed right there in the forward pass and
+  kept, as Liger's fused linear cross-entropy does: the fp32 logits of one chunk
+  exist at a time, they are never recomputed, and the backward pass only scales
+  the kept gradients. Prompt and padding positions never meet the output layer at
+  all, which also saves its compute.
 
 The chunked path needs logits that are exactly ``output_layer(hidden)``; models
 that scale or soft-cap their logits (Gemma 2, Cohere, Granite) use the full path.
@@ -19,8 +22,7 @@ that scale or soft-cap their logits (Gemma 2, Cohere, Granite) use the full path
 from __future__ import annotations
 
 import torch
-from torch.nn.functional import cross_entropy
-from torch.utils.checkpoint import checkpoint
+from torch.nn.functional import cross_entropy, pad
 
 from studio.core.estimate import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
 from studio.train.data import IGNORE_INDEX
@@ -35,8 +37,10 @@ def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn
     if output_layer is None:
         logits = model(**model_inputs(batch)).logits
         logits = logits[:, -batch["input_ids"].shape[1]:]  # prompt tuning prepends its virtual tokens' logits
-        shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-        return cross_entropy(shifted, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        # Shifting the labels rather than the logits spares a copy of (positions x vocabulary) and of its gradient.
+        next_tokens = pad(targets, (0, 1), value=IGNORE_INDEX)
+        return cross_entropy(logits.flatten(0, 1).float(), next_tokens.flatten(), ignore_index=IGNORE_INDEX,
+                             reduction="sum")
     hidden = predicting_hidden_states(model, batch)
     keep = targets != IGNORE_INDEX
     return chunked_cross_entropy(hidden[keep], targets[keep], output_layer)
@@ -53,13 +57,43 @@ def predicting_hidden_states(model, batch: dict[str, torch.Tensor]) -> torch.Ten
 def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
                           chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """sum(cross_entropy(output_layer(hidden).float(), targets)) without all the logits at once."""
-    vocab = output_layer.weight.shape[0]
-    chunk = max(1, chunk_bytes // (4 * vocab))
+    chunk = max(1, chunk_bytes // (4 * output_layer.weight.shape[0]))
+    trainable = [p for p in output_layer.parameters() if p.requires_grad]
+    if torch.is_grad_enabled() and (hidden.requires_grad or trainable):
+        return _ChunkedCrossEntropy.apply(hidden, targets, output_layer, chunk, *trainable)
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk):
-        total = total + checkpoint(_chunk_loss, hidden[start:start + chunk], targets[start:start + chunk],
-                                   output_layer, use_reentrant=False)
+        total = total + _chunk_loss(hidden[start:start + chunk], targets[start:start + chunk], output_layer)
     return total
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """The chunked loss, with its gradients computed chunk by chunk in the forward pass (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, targets, output_layer, chunk, *trainable):
+        hidden_grad = torch.zeros_like(hidden, dtype=torch.float32)
+        weight_grads = [torch.zeros_like(p, dtype=torch.float32) for p in trainable]
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk):
+            with torch.enable_grad():
+                piece = hidden[start:start + chunk].detach().requires_grad_()
+                loss = _chunk_loss(piece, targets[start:start + chunk], output_layer)
+                grads = torch.autograd.grad(loss, [piece, *trainable], allow_unused=True)
+            hidden_grad[start:start + chunk] = grads[0]
+            for kept, grad in zip(weight_grads, grads[1:]):
+                if grad is not None:  # a trainable part the head skips (a disabled adapter) gets zeros
+                    kept += grad
+            total += loss.detach()
+        ctx.save_for_backward(hidden_grad, *weight_grads)
+        ctx.dtypes = [hidden.dtype, *(p.dtype for p in trainable)]
+        return total
+
+    @staticmethod
+    def backward(ctx, loss_grad):
+        # Scaled in fp32, then cast: with fp16's loss scaling, the scaled gradient is what must fit.
+        scaled = [(grad * loss_grad).to(dtype) for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
+        return scaled[0], None, None, None, *scaled[1:]
 
 
 def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module) -> torch.Tensor:
