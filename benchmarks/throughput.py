@@ -4,8 +4,10 @@
     python benchmarks/throughput.py --quick         # tiny sizes, a few steps (the test runs this)
     python benchmarks/throughput.py --json out.json
 
-The data is a synthetic instruction set: random token ids, lengths uniform in
-[min_length, max_length], the prompt (a uniform 25-75 % of each example) masked
+The data is a synthetic instruction set: random token ids, lengths in
+[min_length, max_length] drawn uniformly or log-uniformly (``--lengths skewed``:
+many short examples and few long ones, as in real instruction sets, so more of a
+padded batch is padding), the prompt (a uniform 25-75 % of each example) masked
 from the loss. A word-level tokenizer built here (word ``t123`` is id 123) lets
 the worker read it from a prompt_completion file, and the rows it tokenizes are
 the very rows handed to the baselines, in the very order of the worker's batch
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -111,7 +114,7 @@ class VocabTracker(LiveTensorTracker):
 # ---------------------------------------------------------------- assets
 
 
-def build_assets(folder: Path, sizes: dict, rows: int, min_length: int, max_length: int, seed: int) -> Path:
+def build_assets(folder: Path, sizes: dict, rows: int, args) -> Path:
     """A random-weight Llama with a word-level tokenizer, and a prompt_completion data file."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -121,21 +124,27 @@ def build_assets(folder: Path, sizes: dict, rows: int, min_length: int, max_leng
     core = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
-    torch.manual_seed(seed)
-    config = LlamaConfig(**sizes, max_position_embeddings=max(512, max_length), bos_token_id=None, eos_token_id=2,
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(**sizes, max_position_embeddings=max(512, args.max_length), bos_token_id=None, eos_token_id=2,
                          pad_token_id=0, tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
 
-    rng = random.Random(seed)
+    rng = random.Random(args.seed)
     with open(folder / "train.jsonl", "w", encoding="utf-8") as f:
         for _ in range(rows):
-            length = rng.randint(min_length, max_length) - 1  # the eos completes it
+            length = example_length(rng, args) - 1  # the eos completes it
             prompt = round(length * rng.uniform(0.25, 0.75))
             ids = [rng.randrange(3, vocab) for _ in range(length)]
             f.write(json.dumps({"prompt": " ".join(f"t{i}" for i in ids[:prompt]),
                                 "completion": " " + " ".join(f"t{i}" for i in ids[prompt:])}) + "\n")
     return folder
+
+
+def example_length(rng: random.Random, args) -> int:
+    if args.lengths == "skewed":
+        return round(math.exp(rng.uniform(math.log(args.min_length), math.log(args.max_length))))
+    return rng.randint(args.min_length, args.max_length)
 
 
 def run_config(folder: Path, args, plain: bool):
@@ -293,10 +302,13 @@ def plan_rows(folder: Path, args):
     plan = BatchPlan(len(data.train), args.batch, args.seed)
     order = [row for step in range(args.steps) for row in plan.rows_of(step)]
     rows = data.train.select(order)
-    tokens = [sum(len(rows[i]["input_ids"]) for i in range(s * args.batch, (s + 1) * args.batch))
-              for s in range(args.steps)]
+    lengths = [len(ids) for ids in rows["input_ids"]]
+    batches = [lengths[s * args.batch:(s + 1) * args.batch] for s in range(args.steps)]
+    tokens = [sum(batch) for batch in batches]
     targets = sum(sum(label != -100 for label in row) for row in rows["labels"])
-    return rows, tokens, targets / sum(tokens)
+    shape = {"target_token_share": targets / sum(tokens), "mean_tokens": statistics.mean(tokens),
+             "padded_per_real": sum(len(batch) * max(batch) for batch in batches) / sum(tokens)}
+    return rows, tokens, shape
 
 
 def main(argv=None) -> dict:
@@ -308,6 +320,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--min-length", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--lengths", choices=("uniform", "skewed"), default="uniform",
+                        help="how example lengths spread over [min, max]: uniformly or log-uniformly")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for every side")
     parser.add_argument("--precision", default="", help="fp32 or bf16 (default: bf16 on CUDA, fp32 on the CPU)")
     parser.add_argument("--sides", default=",".join(SIDES))
@@ -328,8 +342,8 @@ def main(argv=None) -> dict:
     sides = args.sides.split(",")
     sizes = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_assets(Path(tmp), sizes, args.steps * args.batch, args.min_length, args.max_length, args.seed)
-        rows, step_tokens, target_share = plan_rows(folder, args)
+        folder = build_assets(Path(tmp), sizes, args.steps * args.batch, args)
+        rows, step_tokens, data_shape = plan_rows(folder, args)
         tokens_of = lambda index: step_tokens[index]  # noqa: E731
 
         def tracker_factory():
@@ -350,14 +364,14 @@ def main(argv=None) -> dict:
             for side in sides[repeat % len(sides):] + sides[:repeat % len(sides)]:
                 results[side].append(runners[side]())
                 print(f"repeat {repeat + 1} {side}: {results[side][-1].tokens_per_cpu_s:.0f} tokens/cpu-s", file=sys.stderr)
-    summary = summarize(results, args, sizes, target_share)
+    summary = summarize(results, args, sizes, data_shape)
     print(table(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def summarize(results: dict[str, list[Result]], args, sizes: dict, target_share: float) -> dict:
+def summarize(results: dict[str, list[Result]], args, sizes: dict, data_shape: dict) -> dict:
     sides = {}
     for side, runs in results.items():
         rates = [r.tokens_per_cpu_s for r in runs]
@@ -368,8 +382,8 @@ def summarize(results: dict[str, list[Result]], args, sizes: dict, target_share:
             "final_loss": runs[0].losses[-1], "losses": runs[0].losses,
         }
     return {"device": str(device()), "threads": args.threads, "precision": args.precision, "steps": args.steps - 1,
-            "repeats": args.repeats, "batch": args.batch, "lengths": [args.min_length, args.max_length],
-            "model": sizes, "target_token_share": target_share, "sides": sides}
+            "repeats": args.repeats, "batch": args.batch, "lengths": [args.min_length, args.max_length, args.lengths],
+            "model": sizes, **data_shape, "sides": sides}
 
 
 def table(summary: dict) -> str:
@@ -379,6 +393,8 @@ def table(summary: dict) -> str:
     lines = [f"device {summary['device']}, {summary['threads']} thread(s), {summary['precision']}, "
              f"{summary['steps']} steps x {summary['repeats']} repeats, batch {summary['batch']}, "
              f"lengths {summary['lengths']}, target tokens {summary['target_token_share']:.0%}",
+             f"real tokens per micro-batch {summary['mean_tokens']:.0f}, padded batches hold "
+             f"{summary['padded_per_real']:.2f}x that",
              "| side | real tokens/cpu-s (spread) | tokens/wall-s | vs hf_padded | vs hf_flat | peak MiB | vocab-wide MiB | final loss |",
              "|---|---|---|---|---|---|---|---|"]
     for side, s in sides.items():

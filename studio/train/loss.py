@@ -36,7 +36,9 @@ def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn
     targets = batch["labels"][:, 1:]
     if output_layer is None:
         logits = model(**model_inputs(batch)).logits
-        logits = logits[:, -batch["input_ids"].shape[1]:]  # prompt tuning prepends its virtual tokens' logits
+        length = batch["input_ids"].shape[1]
+        if logits.shape[1] != length:  # prompt tuning prepends its virtual tokens' logits
+            logits = logits[:, -length:]  # (only then: the gradient of a slice is a zero-filled copy)
         # Shifting the labels rather than the logits spares a copy of (positions x vocabulary) and of its gradient.
         next_tokens = pad(targets, (0, 1), value=IGNORE_INDEX)
         return cross_entropy(logits.flatten(0, 1).float(), next_tokens.flatten(), ignore_index=IGNORE_INDEX,
