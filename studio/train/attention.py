@@ -16,12 +16,30 @@ mask (evaluation, ``packing: none``) go through plain sdpa and its mask unchange
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "studio_packed"
+
+
+class _LastBounds:
+    """The bounds of the last position ids seen: every layer of a forward pass gets the same tensor, and
+    reading the cuts copies them to the host, which on a GPU would stall it once per layer."""
+
+    ids: weakref.ref | None = None
+    version = -1
+    bounds: list[list[tuple[int, int]]] = []
+
+    @classmethod
+    def of(cls, position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+        if cls.ids is None or cls.ids() is not position_ids or cls.version != position_ids._version:
+            cls.bounds = segment_bounds(position_ids)
+            cls.ids, cls.version = weakref.ref(position_ids), position_ids._version
+        return cls.bounds
 
 
 def segment_bounds(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
@@ -49,7 +67,10 @@ def packed_attention(module, query, key, value, attention_mask, position_ids=Non
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
     rows = []
-    for row, bounds in enumerate(segment_bounds(position_ids.expand(query.shape[0], -1))):
+    rows_bounds = _LastBounds.of(position_ids)
+    if len(rows_bounds) != query.shape[0]:  # position ids shared by every row
+        rows_bounds = rows_bounds * query.shape[0]
+    for row, bounds in enumerate(rows_bounds):
         parts = [sdpa_attention_forward(module, query[row:row + 1, :, start:end], key[row:row + 1, :, start:end],
                                         value[row:row + 1, :, start:end],
                                         window_mask(end - start, sliding_window, query.device), is_causal=True,
@@ -70,8 +91,7 @@ AttentionMaskInterface.register(NAME, packed_mask)
 
 def can_attend_packed(model) -> bool:
     """Whether this model can switch to packed_attention: it runs sdpa through transformers' interface."""
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) == "sdpa" and not getattr(config, "reorder_and_upcast_attn", False)
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
 
 
 def attend_packed(model) -> None:
