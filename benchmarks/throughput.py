@@ -1,13 +1,14 @@
 """Throughput and memory of our trainer beside the Hugging Face Trainer, on identical data.
 
     python benchmarks/throughput.py                 # 56M Llama, LoRA r8, batch 8, lengths 16-256 (minutes)
+    python benchmarks/throughput.py --lengths uniform   # the same with uniformly spread lengths
     python benchmarks/throughput.py --quick         # tiny sizes, a few steps (the test runs this)
     python benchmarks/throughput.py --json out.json
 
 The data is a synthetic instruction set: random token ids, lengths in
-[min_length, max_length] drawn uniformly or log-uniformly (``--lengths skewed``:
-many short examples and few long ones, as in real instruction sets, so more of a
-padded batch is padding), the prompt (a uniform 25-75 % of each example) masked
+[min_length, max_length] drawn log-uniformly (the default, ``--lengths skewed``:
+many short examples and few long ones, as in real instruction sets) or uniformly
+(``--lengths uniform``: less of a padded batch is padding), the prompt (a uniform 25-75 % of each example) masked
 from the loss. A word-level tokenizer built here (word ``t123`` is id 123) lets
 the worker read it from a prompt_completion file, and the rows it tokenizes are
 the very rows handed to the baselines, in the very order of the worker's batch
@@ -320,7 +321,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--min-length", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--lengths", choices=("uniform", "skewed"), default="uniform",
+    parser.add_argument("--lengths", choices=("uniform", "skewed"), default="skewed",
                         help="how example lengths spread over [min, max]: uniformly or log-uniformly")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for every side")
     parser.add_argument("--precision", default="", help="fp32 or bf16 (default: bf16 on CUDA, fp32 on the CPU)")
