@@ -88,6 +88,14 @@ def test_padded_batches_keep_their_mask_under_packed_attention():
     torch.testing.assert_close(switched, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_a_model_switched_to_packed_attention_still_generates_as_before():
+    prompt = torch.tensor([examples()[1]["input_ids"]])
+    outputs = [tiny_model("llama", packed=packed).eval().generate(prompt, max_new_tokens=6, do_sample=False,
+                                                                  use_cache=True, pad_token_id=0)
+               for packed in (False, True)]
+    assert outputs[1].tolist() == outputs[0].tolist()
+
+
 def test_packing_keeps_the_target_tokens_and_the_gradients():
     rows = examples()
     padded, packed = collate(rows, 0), pack(rows)

@@ -62,8 +62,10 @@ def window_mask(length: int, window: int | None, device: torch.device) -> torch.
 
 @torch.compiler.disable  # the cuts are data: under torch.compile the layers around it stay compiled
 def packed_attention(module, query, key, value, attention_mask, position_ids=None, sliding_window=None, **kwargs):
-    """sdpa per example of each row (see the module docstring); shapes and output as sdpa_attention_forward."""
-    if attention_mask is not None or position_ids is None:
+    """sdpa per example of each row (see the module docstring); shapes and output as sdpa_attention_forward.
+
+    Padded batches, and queries that meet cached keys (generation), are plain sdpa's."""
+    if attention_mask is not None or position_ids is None or key.shape[2] != query.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
     rows = []
