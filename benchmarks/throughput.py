@@ -8,8 +8,8 @@
 The data is a synthetic instruction set: random token ids, lengths in
 [min_length, max_length] drawn log-uniformly (the default, ``--lengths skewed``:
 many short examples and few long ones, as in real instruction sets) or uniformly
-(``--lengths uniform``: less of a padded batch is padding), the prompt (a uniform 25-75 % of each example) masked
-from the loss. A word-level tokenizer built here (word ``t123`` is id 123) lets
+(``--lengths uniform``: less of a padded batch is padding), the prompt (a uniform
+25-75 % of each example) masked from the loss. A word-level tokenizer built here (word ``t123`` is id 123) lets
 the worker read it from a prompt_completion file, and the rows it tokenizes are
 the very rows handed to the baselines, in the very order of the worker's batch
 plan (a sequential sampler), so all sides see identical micro-batches and their
