@@ -49,13 +49,11 @@ from typing import Any, Callable
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory_parts import PARTS, PHASES
 from studio.core.modelinfo import LinearLayer, ModelShape, model_shape
 
 GIB = 1024**3
 
-PARTS = ("weights", "adapter_weights", "gradients", "optimizer_state", "master_weights", "activations",
-         "logits_loss", "temporaries", "communication", "cuda_context", "allocator_margin")
-PHASES = ("forward", "backward", "optimizer")
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1}
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
