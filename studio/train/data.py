@@ -152,8 +152,8 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
 
 def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """A right-padded batch: input_ids (pad id), labels (-100) and attention_mask."""
-    rows = [_as_list(f["input_ids"]) for f in features]
-    labels = [_as_list(f["labels"]) for f in features]
+    rows = [as_token_list(f["input_ids"]) for f in features]
+    labels = [as_token_list(f["labels"]) for f in features]
     width = max(len(row) for row in rows)
 
     def pad(values: list[list[int]], fill: int) -> torch.Tensor:
@@ -163,7 +163,8 @@ def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torc
             "attention_mask": pad([[1] * len(row) for row in rows], 0)}
 
 
-def _as_list(values: Any) -> list[int]:
+def as_token_list(values: Any) -> list[int]:
+    """A row's token ids as a plain list, whether the dataset gave a tensor or a sequence."""
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 

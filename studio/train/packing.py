@@ -27,7 +27,7 @@ import torch
 
 from studio.core.modelinfo import SUPPORTED_MODEL_TYPES
 from studio.train.attention import can_attend_packed
-from studio.train.data import IGNORE_INDEX, _as_list
+from studio.train.data import IGNORE_INDEX, as_token_list
 
 GROUP_MICRO_BATCHES = 50  # length-grouping sorts within this many micro-batches (as transformers' sampler)
 
@@ -50,9 +50,9 @@ def pack(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """A packed batch of one row: input_ids, labels and position_ids, no attention_mask."""
     input_ids, labels, positions = [], [], []
     for feature in features:
-        ids = _as_list(feature["input_ids"])
+        ids = as_token_list(feature["input_ids"])
         input_ids += ids
-        labels += [IGNORE_INDEX] + _as_list(feature["labels"])[1:]
+        labels += [IGNORE_INDEX] + as_token_list(feature["labels"])[1:]
         positions += range(len(ids))
     as_row = lambda values: torch.tensor([values], dtype=torch.long)  # noqa: E731
     return {"input_ids": as_row(input_ids), "labels": as_row(labels), "position_ids": as_row(positions),
