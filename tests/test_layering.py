@@ -1,4 +1,11 @@
-"""The architecture's import rules: core is pure, train has no Qt, the GUI never loads the ML stack."""
+"""The architecture's contract (docs/architecture.md): layers, no upward import, no cycle, the ML stack kept out.
+
+The layers, lowest first: ``studio.core`` (pure Python), then ``studio.train`` (the
+worker) and ``studio.gui`` (the window) side by side, then the command line on
+top (``studio.cli``, ``studio.cli_memory``, ``studio.__main__``). A module may
+import its own layer and the layers below it. Imports inside functions count:
+a lazy import up the stack is still an upward dependency.
+"""
 
 import ast
 import subprocess
@@ -7,34 +14,114 @@ from pathlib import Path
 
 import pytest
 
-STUDIO = Path(__file__).resolve().parents[1] / "studio"
+ROOT = Path(__file__).resolve().parents[1]
+STUDIO = ROOT / "studio"
 ML_STACK = {"torch", "transformers", "peft", "bitsandbytes", "deepspeed", "accelerate", "torchao", "datasets"}
 QT = {"PySide6", "pyqtgraph", "shiboken6"}
 
+# Which studio layers each layer may import (its own included). "package" is studio/__init__.py: the version.
+LAYERS = {
+    "package": {"package"},
+    "core": {"package", "core"},
+    "train": {"package", "core", "train"},
+    "gui": {"package", "core", "gui"},
+    "cli": {"package", "core", "train", "gui", "cli"},
+}
 
-def imported_modules(package: str) -> dict[str, set[str]]:
-    """Top-level module names imported anywhere (also inside functions) in each file."""
-    found = {}
-    for path in sorted((STUDIO / package).rglob("*.py")):
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(STUDIO))] = names
+
+def layer_of(module: str) -> str:
+    if module == "studio":
+        return "package"
+    parts = module.split(".")
+    return parts[1] if parts[1] in LAYERS else "cli"  # studio.cli, studio.cli_memory, studio.__main__
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the studio package."""
+    files = {}
+    for path in sorted(STUDIO.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def imports_of(module: str, path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for each import statement, relative ones resolved."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((base, [alias.name for alias in node.names]))
     return found
+
+
+def studio_graph() -> dict[str, set[str]]:
+    """Module -> the studio modules it imports (a ``from package import module`` names the module)."""
+    files = module_files()
+    graph = {}
+    for module, path in files.items():
+        targets = set()
+        for base, names in imports_of(module, path):
+            targets |= {t for t in [base, *(f"{base}.{n}" for n in names)] if t in files and t != module}
+        graph[module] = targets
+    return graph
+
+
+def third_party(package: str) -> dict[str, set[str]]:
+    """Top-level names imported by each file of ``studio/<package>``."""
+    files = {m: p for m, p in module_files().items() if layer_of(m) == package}
+    return {m: {base.split(".")[0] for base, _ in imports_of(m, p) if base} for m, p in files.items()}
+
+
+def test_no_layer_imports_a_layer_above_or_beside_it():
+    upward = sorted(f"{module} -> {target}" for module, targets in studio_graph().items() for target in targets
+                    if layer_of(target) not in LAYERS[layer_of(module)])
+    assert not upward, "imports that break the layers: " + ", ".join(upward)
+
+
+def test_no_import_cycle():
+    graph, state, cycles = studio_graph(), {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+def test_no_private_name_crosses_a_module():
+    files = module_files()
+    crossing = sorted(f"{module} takes {base}.{name}" for module, path in files.items()
+                      for base, names in imports_of(module, path) if base.startswith("studio")
+                      for name in names if name.startswith("_") and not name.startswith("__"))
+    assert not crossing, "private names used across files: " + ", ".join(crossing)
 
 
 @pytest.mark.parametrize("package, forbidden", [("core", QT | ML_STACK), ("train", QT), ("gui", ML_STACK)])
 def test_package_never_imports(package, forbidden):
-    offenders = {f: sorted(names & forbidden) for f, names in imported_modules(package).items() if names & forbidden}
+    offenders = {f: sorted(names & forbidden) for f, names in third_party(package).items() if names & forbidden}
     assert not offenders, f"studio/{package} imports what it must not: {offenders}"
 
 
 def test_importing_core_loads_no_torch_or_qt():
     code = ("import sys, pkgutil, importlib, studio.core as c\n"
-            "for m in pkgutil.iter_modules(c.__path__): importlib.import_module('studio.core.' + m.name)\n"
+            "for m in pkgutil.walk_packages(c.__path__, 'studio.core.'): importlib.import_module(m.name)\n"
             "import studio.cli\n"
             "bad = sorted(n for n in sys.modules if n.split('.')[0] in %r)\n"
             "print(','.join(bad))" % (ML_STACK | QT,))
