@@ -12,6 +12,7 @@ from studio.core.memory.results import GIB, DeviceEstimate, complete_parts
 from studio.core.memory.states import ModelStates
 from studio.core.modelinfo import ModelShape
 
+
 @dataclass(frozen=True)
 class ScaleOut:
     """How the run is spread over devices; ``ScaleOut.from_config`` reads it from the distributed section.

@@ -9,6 +9,7 @@ from typing import Callable
 from studio.core.memory.regime import DTYPE_BYTES, Regime
 from studio.core.modelinfo import LinearLayer, ModelShape
 
+
 @dataclass(frozen=True)
 class TensorGroup:
     """``count`` trainable tensors of one shape and dtype."""

@@ -1,4 +1,5 @@
-"""Saved activations, counted by interpreting each decoder block's recipe, and the logits and loss."""
+"""Saved activations, counted by interpreting each decoder block's recipe (studio.core.modelinfo)
+with autograd's saving rules, the backward pass replayed block by block, and the logits and loss."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime
 from studio.core.memory.states import adapter_groups
 from studio.core.modelinfo import LinearLayer, ModelShape
+
 
 class _Storage:
     """One allocation; views share it. Identity is the object."""
