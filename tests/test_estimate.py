@@ -16,9 +16,11 @@ from model_factory import FAMILIES, tiny_config
 from studio.core.config import RunConfig
 from studio.core.presets import DEMO_MODEL, demo_config
 from studio.core.errors import StudioError
-from studio.core.estimate import (
-    PARTS, ScaleOut, estimate, model_states, regime_for, verdict_for, zero_model_states, _quantized_weight_bytes,
-)
+from studio.core.estimate import ScaleOut, estimate, verdict_for
+from studio.core.memory.regime import regime_for
+from studio.core.memory.sharding import zero_model_states
+from studio.core.memory.states import model_states, quantized_weight_bytes
+from studio.core.memory_parts import PARTS
 from studio.core.modelinfo import UnknownArchitectureError, load_model_config, model_shape
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), the fields that matter, written out: no download.
@@ -132,7 +134,7 @@ def test_four_bit_weights_match_the_qlora_paper(double_quant, bytes_per_paramete
     shape = model_shape(LLAMA_31_8B)
     regime = regime_for(run(method="qlora", quantization={"double_quant": double_quant}), shape)
     layer = shape.linear("mlp.down_proj")
-    assert _quantized_weight_bytes(layer, regime) / layer.weight_elements == pytest.approx(bytes_per_parameter, abs=2e-3)
+    assert quantized_weight_bytes(layer, regime) / layer.weight_elements == pytest.approx(bytes_per_parameter, abs=2e-3)
 
 
 def test_qlora_upcasts_what_it_does_not_quantize():

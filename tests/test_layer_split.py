@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from helpers import losses, quick_config
-from studio.core.estimate import GIB, block_weight_bytes, outer_weight_bytes, regime_for
+from studio.core.estimate import GIB
 from studio.core.events import read_events
+from studio.core.memory.regime import regime_for
+from studio.core.memory.states import block_weight_bytes, outer_weight_bytes
 from studio.core.modelinfo import load_model_config, model_shape
 from studio.train.export import export_run
 from studio.train.model import build_model, load_base_model

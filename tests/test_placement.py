@@ -4,7 +4,9 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.estimate import GIB, ScaleOut, block_weight_bytes, estimate, regime_for
+from studio.core.estimate import GIB, ScaleOut, estimate
+from studio.core.memory.regime import regime_for
+from studio.core.memory.states import block_weight_bytes
 from studio.core.modelinfo import model_shape
 from studio.core.placement import OFFLOAD, DeviceBudget, plan_placement
 from tests.test_estimate import LLAMA_31_8B

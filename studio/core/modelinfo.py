@@ -11,7 +11,7 @@ names them); a model type that is not in the registry raises
 ``UnknownArchitectureError`` instead of being guessed.
 
 The block recipes are written against the small vocabulary of operations that
-``studio.core.estimate`` interprets (``g.norm``, ``g.linear``, ``g.rope``,
+``studio.core.memory.tape`` interprets (``g.norm``, ``g.linear``, ``g.rope``,
 ``g.attention``, ``g.activation``, ``g.mul``, ``g.add``, ``g.dropout``,
 ``g.split``): the recipe says what the modeling code computes, the interpreter
 knows what autograd keeps of each operation.

@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from studio.core.errors import StudioError
-from studio.core.estimate import (DeviceEstimate, Regime, _complete, _peak, block_weight_bytes, format_bytes,
-                                   outer_weight_bytes)
+from studio.core.memory.regime import Regime
+from studio.core.memory.results import DeviceEstimate, complete_parts, format_bytes
+from studio.core.memory.sharding import CudaOverheads, ScaleOut
+from studio.core.memory.states import block_weight_bytes, outer_weight_bytes
 from studio.core.modelinfo import ModelShape
 
 OFFLOAD = "offload"  # kept in CPU RAM, run on the first device
@@ -157,7 +159,8 @@ _WITH_BLOCKS = ("adapter_weights", "gradients", "optimizer_state", "master_weigh
 _WITH_HEAD = ("logits_loss", "temporaries")
 
 
-def split_devices(phases: dict[str, dict[str, int]], shape: ModelShape, regime: Regime, scale_out, overheads):
+def split_devices(phases: dict[str, dict[str, int]], shape: ModelShape, regime: Regime, scale_out: ScaleOut,
+                  overheads: CudaOverheads):
     """Per-device estimates of a layer split, the host RAM of offloaded blocks, and the placement.
 
     ``phases`` are the single-device parts of each phase. A device holds the
@@ -189,13 +192,13 @@ def split_devices(phases: dict[str, dict[str, int]], shape: ModelShape, regime: 
             local.update({k: parts.get(k, 0) if name == head_device else 0 for k in _WITH_HEAD})
             local["weights"] = placement.bytes_on(name) + (onload if name == names[0] else 0)
             per_phase[phase] = local
-        devices.append(_peak(name, per_phase))
+        devices.append(DeviceEstimate.at_peak(name, per_phase))
     offloaded_bytes = placement.bytes_on(OFFLOAD)
-    host = DeviceEstimate("host", _complete({"weights": offloaded_bytes}), "forward") if offloaded_bytes else None
+    host = DeviceEstimate("host", complete_parts({"weights": offloaded_bytes}), "forward") if offloaded_bytes else None
     return devices, host, placement
 
 
-def _split_budgets(scale_out, names: list[str], room: int, overheads) -> list[DeviceBudget]:
+def _split_budgets(scale_out: ScaleOut, names: list[str], room: int, overheads: CudaOverheads | None) -> list[DeviceBudget]:
     """Weight bytes per device: its tensor memory (after the CUDA context and the allocator's margin
     over the tensor peak) minus the room the rest of the step needs."""
     if scale_out.split_weight_limit:

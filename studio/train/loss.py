@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import cross_entropy, pad
 
-from studio.core.estimate import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
 from studio.train.data import IGNORE_INDEX
 from studio.train.packing import model_inputs
 

@@ -19,24 +19,22 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.regime import weight_dtype_name
 from studio.core.modelinfo import cached_config, looks_like_path
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
 
 log = logging.getLogger("studio.train")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # by the estimate's names
 
 
 def compute_dtype(config: RunConfig) -> torch.dtype:
-    return _PRECISION_DTYPES[config.training.precision]
+    return _TORCH_DTYPES[config.training.precision]
 
 
 def weight_dtype(config: RunConfig) -> torch.dtype:
-    """The dtype of the loaded (non-quantized) weights; see ModelConfig.dtype."""
-    if config.model.dtype != "auto":
-        return _DTYPES[config.model.dtype]
-    return torch.float32 if config.method == "full" else compute_dtype(config)
+    """The dtype of the loaded (non-quantized) weights: the estimate's rule, as a torch dtype."""
+    return _TORCH_DTYPES[weight_dtype_name(config)]
 
 
 def hub_kwargs(config: RunConfig) -> dict:

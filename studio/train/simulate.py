@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig
-from studio.core.estimate import loss_impl_for
+from studio.core.memory.regime import loss_impl_for
 from studio.train import model as model_module
 from studio.train.loss import chunked_cross_entropy, lean_output_layer, predicting_hidden_states, token_loss_sum
 from studio.train.memtrack import LiveTensorTracker, tracker_for

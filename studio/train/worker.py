@@ -34,9 +34,10 @@ import torch
 
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
-from studio.core.estimate import estimate, loss_impl_for
+from studio.core.estimate import estimate
 from studio.core.events import EventWriter
 from studio.core.launch import inside_launcher, needs_launcher
+from studio.core.memory.regime import loss_impl_for
 from studio.core.modelinfo import load_model_config
 from studio.core.rundir import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid

@@ -1,0 +1,108 @@
+"""The run's settings that memory depends on, resolved from its config for one device type.
+
+The worker asks the same rules (``weight_dtype_name``, ``loss_impl_for``), so
+that what it loads and computes is what the estimate counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.modelinfo import LinearLayer, ModelShape
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1}
+_CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Everything about a run the memory depends on, resolved from a RunConfig and a device type."""
+
+    device_type: str  # "cuda" or "cpu"
+    compute: str  # dtype of matmuls: the autocast dtype, or the weights' dtype without autocast
+    autocast: bool
+    base_dtype: str  # loaded dtype of the non-quantized weights
+    quantization: str  # "none", "4bit", "8bit"
+    double_quant: bool
+    full: bool  # every weight trains
+    adapted: tuple[LinearLayer, ...]  # block linears with an adapter (LoRA, AdaLoRA, IA3, LoHa, LoKr)
+    rank: int
+    lora_dropout: float
+    dora: bool
+    checkpointing: bool
+    attention: str  # "sdpa" or "eager"
+    optimizer: str
+    micro_batch: int
+    accumulation: int
+    sequence: int
+    loss_impl: str
+    method: str = "lora"
+    virtual_tokens: int = 0  # prefix / prompt tuning
+    feedforward_width: int = 0  # IA3 scales the input of linears this wide (the MLP's output projection)
+    qat: bool = False  # torchao fake-quantizes the block linears' weights
+    qat_activations: bool = False  # and their inputs
+
+    @property
+    def kbit_prepared(self) -> bool:
+        return self.quantization != "none"
+
+    @property
+    def outer_dtype(self) -> str:
+        """Dtype of every non-quantized weight: k-bit preparation upcasts 16-bit ones to fp32."""
+        return "fp32" if self.kbit_prepared else self.base_dtype
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.sequence
+
+    @property
+    def embedding_output_needs_grad(self) -> bool:
+        # full fine-tuning trains the embeddings; LoRA with checkpointing calls enable_input_require_grads;
+        # prompt tuning's trained tokens are part of the input
+        return self.full or self.checkpointing or self.method == "prompt_tuning"
+
+
+LOSS_IMPLS = ("full_fp32", "chunked")
+CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss (studio.train.loss)
+
+
+def loss_impl_for(config: RunConfig) -> str:
+    """The loss the worker computes: chunked unless switched off, or the weights are sharded (then they are
+    only gathered inside the model's own forward, not for a separate output layer)."""
+    chunked = config.training.chunked_loss and config.distributed.sharding not in ("zero3", "fsdp")
+    return "chunked" if chunked else "full_fp32"
+
+
+def weight_dtype_name(config: RunConfig) -> str:
+    """The dtype of the loaded (non-quantized) weights, by name (see ModelConfig.dtype): fp32 for full
+    fine-tuning unless configured, else the compute precision. studio.train.model loads them so."""
+    if config.model.dtype != "auto":
+        return _CONFIG_DTYPES[config.model.dtype]
+    return "fp32" if config.method == "full" else config.training.precision
+
+
+def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str | None = None) -> Regime:
+    training = config.training
+    precision = training.precision  # the config's names are the estimate's dtype names
+    base = weight_dtype_name(config)
+    loss_impl = loss_impl or loss_impl_for(config)
+    if loss_impl not in LOSS_IMPLS:
+        raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
+    autocast = precision != "fp32"
+    virtual = config.peft.num_virtual_tokens if config.method in ("prefix_tuning", "prompt_tuning") else 0
+    prompt = virtual if config.method == "prompt_tuning" else 0  # the virtual tokens run through the whole model
+    return Regime(
+        device_type=device_type, compute=precision if autocast else base, autocast=autocast, base_dtype=base,
+        quantization=config.effective_load_in, double_quant=config.quantization.double_quant,
+        full=config.method == "full",
+        adapted=shape.resolve_targets(config.lora.target_modules) if config.adapts_linears else (),
+        rank=config.lora.r, lora_dropout=config.lora.dropout, dora=config.lora.use_dora,
+        checkpointing=training.gradient_checkpointing, attention=config.model.attn_implementation,
+        optimizer=training.optimizer, micro_batch=training.micro_batch_size,
+        accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
+        loss_impl=loss_impl, method=config.method, virtual_tokens=virtual, feedforward_width=shape.intermediate,
+        qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
+    )
+

@@ -1,0 +1,142 @@
+"""What an estimate says: the bytes of each part at each device's peak, the verdict against a GPU's
+size, and byte sizes written and read as text."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.memory_parts import PARTS, PHASES
+
+GIB = 1024**3
+
+# The estimate never says "fits" closer than this to the GPU's size.
+TIGHT_FRACTION = 0.90
+
+
+def complete_parts(parts: dict[str, int]) -> dict[str, int]:
+    """Every part in PARTS' order, 0 for those ``parts`` does not name."""
+    return {name: int(parts.get(name, 0)) for name in PARTS}
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """The peak on one device: bytes by part (they sum to ``total_bytes``)."""
+
+    device: str
+    parts: dict[str, int]
+    peak_phase: str
+    phases: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def at_peak(cls, device: str, phases: dict[str, dict[str, int]]) -> "DeviceEstimate":
+        """The device at the largest of its phases, given every part at each phase's peak moment."""
+        totals = {name: sum(parts.values()) for name, parts in phases.items()}
+        peak = max(PHASES, key=lambda name: totals[name])
+        return cls(device, complete_parts(phases[peak]), peak, totals)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "parts": dict(self.parts), "total_bytes": self.total_bytes,
+                "peak_phase": self.peak_phase, "phases": dict(self.phases)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the estimate fits a GPU: fits, tight (within 10 % of its size) or does not fit."""
+
+    status: str
+    gpu_bytes: int
+    needed_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.gpu_bytes - self.needed_bytes
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "gpu_bytes": self.gpu_bytes, "needed_bytes": self.needed_bytes,
+                "headroom_bytes": self.headroom_bytes}
+
+
+def format_bytes(count: int) -> str:
+    """``21.30 GiB``: binary units, as GPU tools report memory."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(count) >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count} B"
+
+
+_UNITS = {"": 1024**3, "b": 1, "kb": 10**3, "kib": 1024, "mb": 10**6, "mib": 1024**2, "gb": 10**9, "gib": 1024**3,
+          "tb": 10**12, "tib": 1024**4, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``24GiB``, ``24GB``, ``16000MiB`` or a bare number of GiB, as bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if unit not in _UNITS:
+        raise StudioError(f"cannot read the memory size {text!r}", "write it like 24GiB, 24GB or 16000MiB", kind="usage")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def verdict_for(needed_bytes: int, gpu_bytes: int) -> Verdict:
+    if needed_bytes > gpu_bytes:
+        status = "does not fit"
+    elif needed_bytes > TIGHT_FRACTION * gpu_bytes:
+        status = "tight"
+    else:
+        status = "fits"
+    return Verdict(status, gpu_bytes, needed_bytes)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The estimate of one run: the peak per device and where it happens.
+
+    ``devices[0]`` is the first GPU (or the CPU when ``device_type`` is cpu);
+    with several GPUs each gets an entry; with offload a ``host`` entry holds
+    the CPU RAM the offloaded state needs.
+    """
+
+    devices: tuple[DeviceEstimate, ...]
+    peak_phase: str
+    parameters: int
+    trainable_parameters: int
+    tokens_per_micro_batch: int
+    notes: tuple[str, ...] = ()
+    placement: Any = None  # a layer split's studio.core.placement.Placement
+
+    @property
+    def peak_device(self) -> DeviceEstimate:
+        """The fullest device that computes (a layer split fills its devices unevenly; the host is not one)."""
+        return max((d for d in self.devices if d.device != "host"), key=lambda d: d.total_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak_device.total_bytes
+
+    @property
+    def parts(self) -> dict[str, int]:
+        return self.peak_device.parts
+
+    def verdict(self, gpu_bytes: int) -> Verdict:
+        return verdict_for(self.peak_bytes, gpu_bytes)
+
+    def to_json(self, gpu_bytes: int | None = None) -> dict:
+        out: dict[str, Any] = {
+            "devices": [device.to_json() for device in self.devices],
+            "peak_phase": self.peak_phase, "peak_bytes": self.peak_bytes,
+            "parameters": self.parameters, "trainable_parameters": self.trainable_parameters,
+            "tokens_per_micro_batch": self.tokens_per_micro_batch, "notes": list(self.notes),
+        }
+        if self.placement is not None:
+            out["placement"] = self.placement.to_json()
+        if gpu_bytes:
+            out["verdict"] = self.verdict(gpu_bytes).to_json()
+        return out
+

@@ -1,0 +1,170 @@
+"""How the run spreads over devices: ZeRO's shares of the model states per GPU, the host RAM of
+offload, communication buckets, and what a CUDA process holds besides tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.memory.regime import Regime
+from studio.core.memory.results import GIB, DeviceEstimate, complete_parts
+from studio.core.memory.states import ModelStates
+from studio.core.modelinfo import ModelShape
+
+
+@dataclass(frozen=True)
+class ScaleOut:
+    """How the run is spread over devices; ``ScaleOut.from_config`` reads it from the distributed section.
+
+    ``zero_stage`` 0 is plain data parallelism; 1, 2, 3 shard optimizer state,
+    then gradients, then parameters over ``num_gpus`` (DeepSpeed ZeRO, mixed
+    precision: 16-bit weights and gradients, fp32 master weights; FSDP's full
+    sharding is counted as stage 3). ``split_devices`` holds the memory of each
+    device of a layer split (one process, blocks spread over them, see
+    studio.core.placement), ``split_weight_limit`` the configured weight bytes
+    per device (0: the device's memory minus room for the rest) and
+    ``split_offload_bytes`` the CPU RAM that may hold the blocks that do not fit.
+    """
+
+    num_gpus: int = 1
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    split_devices: tuple[int, ...] = ()
+    split_weight_limit: int = 0
+    split_offload_bytes: int = 0
+
+    def __post_init__(self):
+        if self.num_gpus < 1 or self.zero_stage not in (0, 1, 2, 3):
+            raise StudioError(f"invalid scale-out: {self.num_gpus} GPUs, ZeRO stage {self.zero_stage}",
+                              "use at least one GPU and a ZeRO stage from 0 to 3", kind="config")
+        if self.offload_params and self.zero_stage != 3:
+            raise StudioError("parameter offload needs ZeRO stage 3", "set zero_stage to 3", kind="config")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise StudioError("optimizer offload needs a ZeRO stage", "set zero_stage to 1, 2 or 3", kind="config")
+        if self.layer_split and (self.num_gpus > 1 or self.uses_zero):
+            raise StudioError("a layer split runs in one process without sharding", "use num_gpus 1 and zero_stage 0",
+                              kind="config")
+
+    @classmethod
+    def from_config(cls, config: RunConfig, device_bytes: tuple[int, ...] = (), num_machines: int = 1) -> "ScaleOut":
+        """The scale-out of ``config.distributed`` on ``num_machines`` machines.
+
+        ``device_bytes``: the memory of each of this machine's GPUs, which a layer
+        split spreads the model over (without it, ``max_gpu_memory_gib`` sizes one device).
+        """
+        d = config.distributed
+        if d.layer_split:
+            limit = int(d.max_gpu_memory_gib * GIB)
+            devices = tuple(device_bytes) or ((limit,) if limit else ())
+            if not devices:
+                raise StudioError("the layer split's estimate needs the GPUs' memory",
+                                  "set distributed.max_gpu_memory_gib, or give the GPUs (--gpus and --gpu-memory)",
+                                  kind="config")
+            return cls(split_devices=devices, split_weight_limit=limit, split_offload_bytes=int(d.max_cpu_memory_gib * GIB))
+        stage = 3 if d.sharding == "fsdp" else (d.deepspeed_stage or 0)
+        return cls(num_gpus=d.num_processes * num_machines, zero_stage=stage,
+                   offload_optimizer=d.offload_optimizer != "none", offload_params=d.offload_params != "none")
+
+    @property
+    def uses_zero(self) -> bool:
+        return self.zero_stage > 0
+
+    @property
+    def layer_split(self) -> bool:
+        return bool(self.split_devices)
+
+
+@dataclass(frozen=True)
+class CudaOverheads:
+    """What a CUDA process holds besides tensors: measure ``context_bytes`` once per machine when possible."""
+
+    context_bytes: int = 500 * 1024**2  # CUDA context with lazy module loading: 0.3-0.7 GB
+    allocator_fraction: float = 0.05  # caching-allocator rounding and fragmentation over the tensor peak
+    nccl_bytes: int = 600 * 1024**2  # one NCCL communicator, when there are several GPUs
+
+
+def with_cuda_overheads(device: DeviceEstimate, overheads: CudaOverheads, scale_out: ScaleOut) -> DeviceEstimate:
+    """The device with the CUDA context, the allocator's margin and (with several GPUs) NCCL's buffers."""
+    parts = dict(device.parts)
+    parts["cuda_context"] = overheads.context_bytes
+    parts["allocator_margin"] = int(overheads.allocator_fraction * device.total_bytes)
+    if scale_out.num_gpus > 1:
+        parts["communication"] += overheads.nccl_bytes
+    extra = sum(parts.values()) - device.total_bytes
+    return replace(device, parts=parts, phases={k: v + extra for k, v in device.phases.items()})
+
+
+def sharded_devices(phases, shape: ModelShape, regime: Regime, states: ModelStates, scale_out: ScaleOut):
+    """Per-GPU shares under data parallelism and ZeRO, and the host RAM that offload needs (or None)."""
+    if scale_out.num_gpus == 1 and not scale_out.uses_zero:
+        return [DeviceEstimate.at_peak("cuda:0" if regime.device_type == "cuda" else "cpu", phases)], None
+    shares = zero_model_states(states, scale_out)
+    communication = _bucket_bytes(states, scale_out)
+    gathered = 2 * _largest_block_bytes(shape) if scale_out.zero_stage == 3 else 0  # one layer's parameters, gathered
+    per_gpu = {}
+    for phase, parts in phases.items():
+        sharded = {**parts, **{k: v for k, v in shares.items() if k != "gradients"}}
+        if parts["gradients"]:  # gradients are alive in this phase
+            sharded["gradients"] = shares["gradients"]
+        if phase == "optimizer" and scale_out.uses_zero:
+            sharded["temporaries"] = 0  # DeepSpeed's fused Adam updates the partition in place
+        sharded["temporaries"] = sharded.get("temporaries", 0) + gathered
+        sharded["communication"] = communication
+        per_gpu[phase] = sharded
+    devices = [DeviceEstimate.at_peak(f"{regime.device_type}:{rank}", per_gpu) for rank in range(scale_out.num_gpus)]
+    return devices, _offloaded(states, scale_out)
+
+
+def zero_model_states(states: ModelStates, scale_out: ScaleOut) -> dict[str, int]:
+    """Model states per GPU (ZeRO paper: K = 12 bytes of optimizer state and master weights per parameter).
+
+    With ZeRO the trainable weights and their gradients are 16-bit and the
+    optimizer keeps fp32 master weights; stage 1 shards the optimizer state,
+    stage 2 also the gradients, stage 3 also the weights. Plain data
+    parallelism (stage 0) replicates everything, as a single GPU has it.
+    """
+    n, stage = scale_out.num_gpus, scale_out.zero_stage
+    if stage == 0:
+        return {"gradients": states.gradients}
+    trainable = states.trainable_parameters
+    half = 2 * trainable  # 16-bit trainable weights, and as much for their gradients
+    offloaded = scale_out.offload_optimizer
+    frozen = 0 if states.full else states.weights
+    trained_weights = 0 if scale_out.offload_params else (half // n if stage == 3 else half)
+    shares = {
+        "weights": frozen // n if stage == 3 else frozen,
+        "adapter_weights": 0,
+        "gradients": half // n if stage >= 2 else half,
+        "master_weights": 0 if offloaded else 4 * trainable // n,
+        "optimizer_state": 0 if offloaded else states.fp32_optimizer_state // n,
+    }
+    shares["weights" if states.full else "adapter_weights"] += trained_weights
+    if scale_out.offload_params:
+        shares["weights"] = 0
+    return shares
+
+
+def _offloaded(states: ModelStates, scale_out: ScaleOut) -> DeviceEstimate | None:
+    """Host RAM of the whole node for ZeRO-Offload: fp32 master weights, optimizer state and fp32 gradients."""
+    if not (scale_out.offload_optimizer or scale_out.offload_params):
+        return None
+    trainable = states.trainable_parameters
+    parts = {"master_weights": 4 * trainable, "optimizer_state": states.fp32_optimizer_state, "gradients": 4 * trainable}
+    if scale_out.offload_params:
+        parts["weights"] = (0 if states.full else states.weights) + 2 * trainable
+    return DeviceEstimate("host", complete_parts(parts), "optimizer")
+
+
+def _bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
+    if scale_out.num_gpus == 1:
+        return 0
+    if scale_out.zero_stage == 0:  # DDP copies every gradient into its buckets
+        return states.gradients
+    return min(states.gradients, 2 * 500_000_000 * 2)  # reduce and allgather buckets of 5e8 16-bit elements
+
+
+def _largest_block_bytes(shape: ModelShape) -> int:
+    return 2 * sum(p.elements for p in shape.block_parameters)
+

@@ -1,0 +1,224 @@
+"""Model states: the trainable tensors, the base weights as loaded, gradients and the optimizer's state."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from studio.core.memory.regime import DTYPE_BYTES, Regime
+from studio.core.modelinfo import LinearLayer, ModelShape
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """``count`` trainable tensors of one shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    count: int
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * DTYPE_BYTES[self.dtype]
+
+
+def trainable_tensors(shape: ModelShape, regime: Regime) -> tuple[TensorGroup, ...]:
+    if regime.full:
+        groups = [TensorGroup(p.shape, regime.base_dtype, 1) for p in shape.outer_parameters]
+        groups += [TensorGroup(p.shape, regime.base_dtype, shape.layers) for p in shape.block_parameters]
+        return tuple(groups)
+    layers = shape.layers
+    if regime.method == "prompt_tuning":  # one embedding row per virtual token
+        return (TensorGroup((regime.virtual_tokens, shape.hidden), "fp32", 1),)
+    if regime.method == "prefix_tuning":  # a key and a value row per virtual token and layer
+        return (TensorGroup((regime.virtual_tokens, 2 * layers * shape.kv_width), "fp32", 1),)
+    return tuple(replace(group, count=group.count * layers) for layer in regime.adapted
+                 for group in adapter_groups(layer, regime))
+
+
+def adapter_groups(layer: LinearLayer, regime: Regime) -> tuple[TensorGroup, ...]:
+    """The trainable tensors peft adds to one linear layer (fp32), per method."""
+    r, n_in, n_out = regime.rank, layer.in_features, layer.out_features
+    if regime.method == "ia3":  # a scaling vector: of the input for feedforward layers, else of the output
+        return (TensorGroup((1, n_in) if n_in == regime.feedforward_width else (n_out, 1), "fp32", 1),)
+    if regime.method == "loha":  # two Hadamard-multiplied low-rank products
+        return tuple(TensorGroup(s, "fp32", 2) for s in ((n_out, r), (r, n_in)))
+    if regime.method == "lokr":
+        return _lokr_groups(n_in, n_out, r)
+    groups = [TensorGroup((r, n_in), "fp32", 1), TensorGroup((n_out, r), "fp32", 1)]
+    if regime.method == "adalora":  # and the singular values
+        groups.append(TensorGroup((r, 1), "fp32", 1))
+    if regime.dora:
+        groups.append(TensorGroup((n_out,), "fp32", 1))
+    return tuple(groups)
+
+
+def _factorization(dimension: int) -> tuple[int, int]:
+    """peft's LoKr split of a dimension into two factors near its square root (smaller first)."""
+    m, n = 1, dimension
+    while m < n:
+        candidate = m + 1
+        while dimension % candidate:
+            candidate += 1
+        if candidate + dimension // candidate > 1 + dimension:
+            break
+        m, n = candidate, dimension // candidate
+    return min(m, n), max(m, n)
+
+
+def _lokr_groups(n_in: int, n_out: int, r: int) -> tuple[TensorGroup, ...]:
+    """LoKr: a small full matrix Kronecker-multiplied with a second one, low-rank when the rank is small."""
+    in_m, in_n = _factorization(n_in)
+    out_l, out_k = _factorization(n_out)
+    groups = [TensorGroup((out_l, in_m), "fp32", 1)]
+    if r < max(out_k, in_n) / 2:
+        groups += [TensorGroup((out_k, r), "fp32", 1), TensorGroup((r, in_n), "fp32", 1)]
+    else:
+        groups.append(TensorGroup((out_k, in_n), "fp32", 1))
+    return tuple(groups)
+
+
+def _total(groups, per_tensor) -> int:
+    return sum(per_tensor(g) * g.count for g in groups)
+
+
+def quantized_weight_bytes(layer: LinearLayer, regime: Regime) -> int:
+    """A bitsandbytes weight with its quantization state (absmax, codebooks), as stored."""
+    n = layer.weight_elements
+    if regime.quantization == "8bit":
+        return n + 4 * layer.out_features  # int8 weights and an fp32 scale per row
+    blocks = math.ceil(n / 64)
+    code = 16 * 4  # the NF4/FP4 lookup table
+    if regime.double_quant:  # 8-bit absmax, their own fp32 absmax per 256 blocks, a 256-entry code, an offset
+        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 256 * 4 + 4 + code
+    return n // 2 + 4 * blocks + code
+
+
+def block_weight_bytes(shape: ModelShape, regime: Regime) -> int:
+    """One decoder block as loaded and prepared (adapters excluded)."""
+    block = sum(p.elements * _block_parameter_width(p, regime) for p in shape.block_parameters)
+    if regime.quantization != "none":
+        block += sum(quantized_weight_bytes(layer, regime) for layer in shape.block_linears)
+    return block
+
+
+def outer_weight_bytes(shape: ModelShape, regime: Regime) -> dict[str, int]:
+    """The weights outside the blocks by module (``model.embed_tokens``, ``model.norm``, ``lm_head``)."""
+    modules: dict[str, int] = {}
+    for p in shape.outer_parameters:
+        module = p.name.rsplit(".", 1)[0]
+        modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[regime.outer_dtype]
+    return modules
+
+
+def weight_bytes(shape: ModelShape, regime: Regime) -> int:
+    """The base model as loaded and prepared, with its buffers (adapters excluded)."""
+    rotary_buffers = 4 * int(shape.head_dim * shape.rotary_fraction)  # inv_freq and its original copy, fp32
+    return sum(outer_weight_bytes(shape, regime).values()) + shape.layers * block_weight_bytes(shape, regime) + rotary_buffers
+
+
+def _block_parameter_width(p, regime: Regime) -> int:
+    """Bytes per element of a block parameter that stays unquantized (0 for quantized weights)."""
+    if p.kind == "linear" and regime.quantization != "none":
+        return 0
+    if p.kind == "bias" and regime.quantization == "4bit":
+        return DTYPE_BYTES[regime.compute]  # bnb's Linear4bit moves its bias to the compute dtype at the first forward
+    return DTYPE_BYTES[regime.outer_dtype]
+
+
+@dataclass(frozen=True)
+class OptimizerModel:
+    """Bytes an optimizer keeps per trainable tensor, and the temporaries of its step."""
+
+    state: Callable[[TensorGroup], int]  # bytes kept per tensor
+    shared_state: int  # bytes kept once per optimizer
+    step_temporaries: Callable[[tuple[TensorGroup, ...], str], int]  # (groups, device_type) -> bytes
+
+
+_BNB_BLOCK = 256
+_BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes keeps smaller tensors' state in 32 bits
+
+
+def _adam_state(group: TensorGroup) -> int:
+    return 2 * group.nbytes + 4  # exp_avg, exp_avg_sq and the step counter
+
+
+def _adam8bit_state(group: TensorGroup) -> int:
+    n = group.elements
+    if n < _BNB_MIN_8BIT_SIZE:
+        return 8 * n
+    return 2 * n + 2 * 4 * math.ceil(n / _BNB_BLOCK)  # two uint8 states and their fp32 absmax per block
+
+
+def _adafactor_state(group: TensorGroup) -> int:
+    if len(group.shape) >= 2:  # factored second moment: one fp32 value per row and per column
+        rows = math.prod(group.shape[:-1])
+        cols = math.prod(group.shape[:-2]) * group.shape[-1]
+        return 4 * (rows + cols)
+    return 4 * group.elements
+
+
+def _largest(groups) -> int:
+    return max((g.nbytes for g in groups), default=0)
+
+
+def _adam_step_temporaries(groups, device_type: str) -> int:
+    if device_type == "cuda":  # foreach: sqrt(exp_avg_sq) for every tensor at once
+        return _total(groups, lambda g: g.nbytes)
+    return 2 * _largest(groups)  # one tensor at a time: sqrt(exp_avg_sq) and its division
+
+
+def _adafactor_step_temporaries(groups, device_type: str) -> int:
+    """grad² and grad² + eps, then the update, one tensor at a time in fp32 (16-bit weights add fp32 copies)."""
+    largest = max(groups, key=lambda g: g.elements, default=None)
+    if largest is None:
+        return 0
+    return (2 if largest.dtype == "fp32" else 4) * largest.elements * 4
+
+
+OPTIMIZERS: dict[str, OptimizerModel] = {
+    "adamw": OptimizerModel(_adam_state, 0, _adam_step_temporaries),
+    "adamw_8bit": OptimizerModel(_adam8bit_state, 2 * 256 * 4, lambda groups, device: 0),
+    "paged_adamw_8bit": OptimizerModel(_adam8bit_state, 2 * 256 * 4, lambda groups, device: 0),
+    "sgd": OptimizerModel(lambda g: g.nbytes, 0, lambda groups, device: 0),
+    "adafactor": OptimizerModel(_adafactor_state, 0, _adafactor_step_temporaries),
+}
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Weights, gradients and optimizer state of the whole model on one GPU (before any sharding)."""
+
+    weights: int
+    adapters: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    optimizer_temporaries: int
+    trainable_parameters: int
+    fp32_optimizer_state: int  # the state if the trainable weights were fp32 (as ZeRO's master copies are)
+    full: bool
+
+
+def model_states(shape: ModelShape, regime: Regime) -> ModelStates:
+    groups = trainable_tensors(shape, regime)
+    optimizer = OPTIMIZERS[regime.optimizer]
+    state = _total(groups, optimizer.state) + (optimizer.shared_state if groups else 0)
+    return ModelStates(
+        weights=weight_bytes(shape, regime),
+        adapters=0 if regime.full else _total(groups, lambda g: g.nbytes),
+        gradients=_total(groups, lambda g: g.nbytes),
+        optimizer_state=state,
+        master_weights=0,  # the worker trains fp32 weights directly: autocast makes 16-bit copies
+        optimizer_temporaries=optimizer.step_temporaries(groups, regime.device_type),
+        trainable_parameters=_total(groups, lambda g: g.elements),
+        fp32_optimizer_state=_total([replace(g, dtype="fp32") for g in groups], optimizer.state)
+        + (optimizer.shared_state if groups else 0),
+        full=regime.full,
+    )
+
