@@ -14,10 +14,12 @@ import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from studio.core.config import choice_values
+from studio.core.memory_parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.gui import errors
 from studio.gui.charts import NO_RUN, WAITING, ChartsPanel
 from studio.gui.controls import ChoiceControl, RadioChoice, options_for
+from studio.gui.estimate_panel import PART_COLORS
 from studio.gui.hardware import GIB
 from studio.gui.job_state import State
 from studio.gui.log_dialog import LogDialog
@@ -167,6 +169,10 @@ def test_choice_words_that_miss_or_invent_a_value_fail_when_the_panel_is_built()
         options_for("training.precision", words)
     with pytest.raises(ValueError, match="int4"):
         options_for("training.precision", {**words, "fp16": ("fp16", ""), "int4": ("int4", "")})
+
+
+def test_every_memory_part_has_its_colour():
+    assert set(PART_COLORS) == set(PARTS)
 
 
 def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):
