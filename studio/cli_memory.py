@@ -15,6 +15,7 @@ from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.estimate import parse_size
+from studio.core.memory_parts import PART_LABELS, PHASE_LABELS
 
 SIMULATION_TIMEOUT_S = 600
 
@@ -157,16 +158,6 @@ def _last_json_line(text: str) -> dict | None:
     return None
 
 
-_PART_LABELS = {
-    "weights": "base weights", "adapter_weights": "adapter weights (LoRA)", "gradients": "gradients",
-    "optimizer_state": "optimizer state", "master_weights": "fp32 master weights", "activations": "saved activations",
-    "logits_loss": "logits and loss", "temporaries": "temporaries", "communication": "communication buffers",
-    "cuda_context": "CUDA context", "allocator_margin": "allocator margin",
-}
-_PHASE_LABELS = {"forward": "the end of the forward pass (all activations and the loss)",
-                 "backward": "the backward pass", "optimizer": "the optimizer step"}
-
-
 def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, simulated: dict | None = None) -> str:
     """The itemized estimate as text, with the verdict when the GPU size is known."""
     from studio.core.estimate import format_bytes
@@ -177,14 +168,14 @@ def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, si
         f"({result.trainable_parameters:,} trained); {config.method}, {t.precision}, "
         f"micro-batch {t.micro_batch_size} x {config.data.max_length} tokens"
         + (", gradient checkpointing" if t.gradient_checkpointing else ""),
-        f"peak during {_PHASE_LABELS.get(result.peak_phase, result.peak_phase)}",
+        f"peak during {PHASE_LABELS.get(result.peak_phase, result.peak_phase)}",
     ]
     for device in result.devices:
         if len(result.devices) > 1:
             lines.append(f"{device.device}:")
         for part, value in device.parts.items():
             if value:
-                lines.append(f"  {_PART_LABELS[part]:<26}{format_bytes(value):>12}")
+                lines.append(f"  {PART_LABELS[part]:<26}{format_bytes(value):>12}")
         lines.append(f"  {'total':<26}{format_bytes(device.total_bytes):>12}")
     if result.placement is not None:
         lines.append(f"layer split: {result.placement.summary()}")

@@ -10,8 +10,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from studio.core.config import RunConfig
-from studio.core.dataset import DataError, to_messages
 from studio.core.errors import ProblemsError, StudioError
+from studio.core.row_formats import DataError, to_messages
 from studio.train.data import (
     IGNORE_INDEX, PreparedData, collate, encode, encode_prompt, prepare_data, render_segments, resolve_template,
 )

@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from studio.core import templates
-from studio.core.dataset import (
-    MAX_PROBLEMS, DataError, Example, detect_format, inspect_files, iter_examples, iter_records, to_messages,
-)
+from studio.core.dataset import MAX_PROBLEMS, inspect_files, iter_examples, iter_records
 from studio.core.errors import ProblemsError
+from studio.core.row_formats import DataError, Example, detect_format, to_messages
 
 DATA = Path(__file__).parent / "data"
 

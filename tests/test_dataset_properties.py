@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from studio.core.dataset import SUFFIXES, DataError, detect_format, inspect_files, iter_records, to_messages
+from studio.core.dataset import SUFFIXES, inspect_files, iter_records
 from studio.core.errors import ProblemsError
+from studio.core.row_formats import DataError, detect_format, to_messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -337,7 +337,7 @@ def test_estimate_command_prints_the_table_and_verdict(tmp_path, capsys):
     args = _cli(["estimate", _write_run(tmp_path, LLAMA_31_8B), "--gpu-memory", "24GiB"])
     assert args.handler(args) == 0
     out = capsys.readouterr().out
-    assert "base weights" in out and "total" in out and "on 24.00 GiB:" in out
+    assert "\n  weights " in out and "\n  total " in out and "on 24.00 GiB:" in out
 
 
 def test_estimate_command_json(tmp_path, capsys):

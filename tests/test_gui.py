@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 from PySide6.QtWidgets import QMessageBox
 
+from studio.core.config import choice_values
+from studio.core.memory_parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.gui import errors
 from studio.gui.charts import NO_RUN, WAITING, ChartsPanel
+from studio.gui.controls import ChoiceControl, RadioChoice, options_for
+from studio.gui.estimate_panel import PART_COLORS
 from studio.gui.hardware import GIB
 from studio.gui.job_state import State
 from studio.gui.log_dialog import LogDialog
@@ -147,6 +151,28 @@ def test_impossible_combinations_are_disabled_with_the_reason(window):
     assert not techniques.rank.isEnabled() and "Only for adapter methods" in techniques.lora_note.text()
     dtype_items = techniques.weight_dtype.combo.model()
     assert not dtype_items.item(2).isEnabled() and "loses small updates" in dtype_items.item(2).toolTip()
+
+
+def test_every_choice_control_offers_exactly_the_schemas_values(window):
+    choices = window.findChildren(ChoiceControl)
+    assert len({control.path for control in choices}) >= 13
+    for control in choices:
+        assert [option.value for option in control.options] == list(choice_values(control.path)), control.path
+        assert control.combo.count() == len(control.options)
+    for control in window.findChildren(RadioChoice):  # the methods, in the order the GUI presents them
+        assert sorted(option.value for option in control.options) == sorted(choice_values(control.path))
+
+
+def test_choice_words_that_miss_or_invent_a_value_fail_when_the_panel_is_built():
+    words = {"fp32": ("fp32", ""), "bf16": ("bf16", "")}
+    with pytest.raises(ValueError, match="fp16"):
+        options_for("training.precision", words)
+    with pytest.raises(ValueError, match="int4"):
+        options_for("training.precision", {**words, "fp16": ("fp16", ""), "int4": ("int4", "")})
+
+
+def test_every_memory_part_has_its_colour():
+    assert set(PART_COLORS) == set(PARTS)
 
 
 def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from studio.core.config import RunConfig
-from studio.core.dataset import Example
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
+from studio.core.row_formats import Example
 from studio.core.rundir import RunDir
 from studio.gui import memory, settings
 from studio.gui.data_preview import TokenizerInfo, build_preview, render_example

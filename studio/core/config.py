@@ -340,6 +340,18 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+def choice_values(path: str) -> tuple[Any, ...]:
+    """The values a choice field allows, in the schema's order: ``choice_values("training.precision")``."""
+    owner: Any = RunConfig
+    *sections, name = path.split(".")
+    for section in sections:
+        owner = get_type_hints(owner)[section]
+    hint = get_type_hints(owner)[name]
+    if get_origin(hint) is not Literal:
+        raise TypeError(f"{path} is not a choice field")
+    return get_args(hint)
+
+
 # ---------------------------------------------------------------- (de)serialization
 
 

@@ -15,15 +15,7 @@ line; for CSV the line a row starts on, the header being line 1),
 ``data.json[3] (line 12)`` (0-based list index and the line it starts on),
 ``data.parquet row 7`` (1-based) and ``notes.txt:3``.
 
-Row formats (``DataConfig.format``), detected from the fields of the first row:
-
-- chat: ``messages`` (OpenAI role/content) or ``conversations`` (ShareGPT
-  from/value with system/human/gpt); after an optional system turn, user and
-  assistant turns alternate, starting with user and ending with assistant.
-- instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
-  optional ``system``); becomes a user and an assistant message.
-- prompt_completion: ``prompt`` (may be empty) and ``completion``.
-- text: ``text``.
+The row formats and their validation are in ``studio.core.row_formats``.
 """
 
 from __future__ import annotations
@@ -37,49 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from studio.core.errors import Problem, ProblemsError, StudioError
+from studio.core.errors import Problem, ProblemsError
+from studio.core.row_formats import FORMATS, DataError, Example, describe_value, detect_format, to_messages
 
-FORMATS = ("instruction", "chat", "prompt_completion", "text")
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 MAX_PROBLEMS = 20
 """inspect_files stops reading after this many problems: enough to see a pattern."""
-
-ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
-_ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
-_FORMAT_FIELDS = {  # the fields that make a row look like each format, in detection order
-    "chat": (("messages",), ("conversations",)),
-    "instruction": (("instruction", "output"),),
-    "prompt_completion": (("prompt", "completion"),),
-    "text": (("text",),),
-}
-_FORMAT_HINT = "rows need messages, conversations, instruction+output, prompt+completion or text; or set data.format"
-_MISSING = object()
-
-
-class DataError(StudioError):
-    """One problem with the data; carries it as a Problem so that callers can collect many."""
-
-    def __init__(self, where: str, message: str, hint: str = ""):
-        self.problem = Problem(where, message, hint)
-        super().__init__(f"{where}: {message}" if where else message, hint, kind="data")
-
-
-@dataclass(frozen=True)
-class Example:
-    """One validated row in a format-independent shape.
-
-    ``kind`` is the row format. Instruction and chat rows carry ``messages``
-    (dicts with ``role`` and ``content``, ready for a chat template);
-    prompt_completion rows ``prompt`` and ``completion``; text rows ``text``.
-    """
-
-    kind: str
-    messages: tuple[dict[str, str], ...] = ()
-    prompt: str = ""
-    completion: str = ""
-    text: str = ""
-    location: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,7 +131,7 @@ def _json_row(line: str | Problem, where: str) -> Row:
 def _object_or_problem(value: Any, where: str) -> dict | Problem:
     if isinstance(value, dict):
         return value
-    return Problem(where, f"expected a JSON object {{...}}, got {_describe(value)}", "each row must be an object of fields")
+    return Problem(where, f"expected a JSON object {{...}}, got {describe_value(value)}", "each row must be an object of fields")
 
 
 def _read_text(path: Path, name: str) -> Iterator[Row]:
@@ -244,6 +199,10 @@ def _check_header(columns: list[str], name: str) -> Problem | None:
     return None
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _read_parquet(path: Path, name: str) -> Iterator[Row]:
     try:
         import pyarrow
@@ -296,7 +255,7 @@ def _json_document(text: str, name: str, path: Path) -> Iterator[Row]:
     if rest < len(text):
         raise json.JSONDecodeError("Extra data", text, rest)
     if not isinstance(value, dict):
-        yield name, Problem(name, f"expected a list of row objects, got {_describe(value)}", "put the rows in a JSON list [...]")
+        yield name, Problem(name, f"expected a list of row objects, got {describe_value(value)}", "put the rows in a JSON list [...]")
     elif detect_format(value):
         yield f"{name}:{_line_of(text, start)}", value
     else:
@@ -370,162 +329,6 @@ def _json_members(text: str, position: int) -> Iterator[tuple[str, int]]:
 
 
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet, ".txt": _read_text}
-
-
-# ---------------------------------------------------------------- formats
-
-
-def detect_format(record: dict) -> str | None:
-    """The row format the record's fields point to, or None when they fit none."""
-    for fmt, alternatives in _FORMAT_FIELDS.items():
-        if any(all(key in record for key in keys) for keys in alternatives):
-            return fmt
-    return None
-
-
-def _guess_format(record: dict) -> str | None:
-    """A format sharing at least one field with the record: its validation names what is missing."""
-    for fmt, alternatives in _FORMAT_FIELDS.items():
-        if any(key in record for keys in alternatives for key in keys):
-            return fmt
-    return None
-
-
-def to_messages(record: dict, fmt: str, location: str = "") -> Example:
-    """Validate one record as ``fmt`` ("auto": detect it) and normalize it into an Example.
-
-    Raises DataError naming the location and the field at the first problem.
-    """
-    if fmt == "auto":
-        fmt = detect_format(record) or _guess_format(record) or ""
-    if fmt not in _BUILDERS:
-        fields = ", ".join(map(str, record)) or "none"
-        raise DataError(location, f"cannot tell the row format from its fields ({fields})", _FORMAT_HINT)
-    return _BUILDERS[fmt](record, location)
-
-
-def _instruction(record: dict, location: str) -> Example:
-    instruction = _text(record, "instruction", location)
-    extra = _text(record, "input", location, required=False, blank_ok=True)
-    output = _text(record, "output", location)
-    system = _text(record, "system", location, required=False, blank_ok=True)
-    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
-    messages = ({"role": "system", "content": system},) if system.strip() else ()
-    messages += ({"role": "user", "content": user}, {"role": "assistant", "content": output})
-    return Example("instruction", messages=messages, location=location)
-
-
-def _chat(record: dict, location: str) -> Example:
-    key = "messages" if "messages" in record else "conversations"
-    turns = record.get(key, _MISSING)
-    if isinstance(turns, str):  # a CSV cell holding the conversation as JSON
-        try:
-            turns = json.loads(turns)
-        except json.JSONDecodeError:
-            pass
-    if turns is _MISSING:
-        raise DataError(location, "field 'messages' is missing", _FORMAT_HINT)
-    if not isinstance(turns, list):
-        raise DataError(location, f"field '{key}' must be a list of turns, got {_describe(turns)}")
-    if not turns:
-        raise DataError(location, f"field '{key}' has no turns")
-    messages = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(turns))
-    _check_turn_order(messages, key, location)
-    return Example("chat", messages=messages, location=location)
-
-
-def _turn(turn: Any, path: str, location: str) -> dict[str, str]:
-    """One chat turn, OpenAI style (role/content) or ShareGPT style (from/value)."""
-    if not isinstance(turn, dict):
-        raise DataError(location, f"{path} must be an object with role and content, got {_describe(turn)}")
-    sharegpt = turn.get("from") is not None and turn.get("role") is None
-    role_key, content_key, allowed = ("from", "value", tuple(SHAREGPT_ROLES)) if sharegpt else ("role", "content", ROLES)
-    name = turn.get(role_key, _MISSING)
-    if name is _MISSING:
-        raise DataError(location, f"{path}.{role_key} is missing", f"each turn needs {role_key} and {content_key}")
-    role = _ROLE_ALIASES.get(name) if isinstance(name, str) else None
-    if role is None:
-        raise DataError(location, f"{path}.{role_key} {_short(name)} is not one of {', '.join(allowed)}")
-    content = _text(turn, content_key, location, path=f"{path}.{content_key}", blank_ok=role == "system")
-    return {"role": role, "content": content}
-
-
-def _check_turn_order(messages: tuple[dict[str, str], ...], key: str, location: str) -> None:
-    """[system] user assistant (user assistant)...: what every chat template can render and learn from."""
-    hint = "after an optional first system turn, user and assistant turns alternate, starting with user"
-    expected = "user"
-    for index, message in enumerate(messages):
-        role = message["role"]
-        if role == "system" and index == 0:
-            continue
-        if role == "system":
-            raise DataError(location, f"{key}[{index}] is a system turn after the start", "a system turn may only come first")
-        if role != expected:
-            what = "the conversation starts with an assistant turn" if expected == "user" and index <= 1 \
-                else f"two {role} turns in a row"
-            raise DataError(location, f"{key}[{index}]: {what}", hint)
-        expected = "assistant" if role == "user" else "user"
-    if expected == "assistant" or len(messages) < 2:
-        raise DataError(location, f"field '{key}' does not end with an assistant turn", "the last turn is the response to learn")
-
-
-def _prompt_completion(record: dict, location: str) -> Example:
-    prompt = _text(record, "prompt", location, blank_ok=True)
-    completion = _text(record, "completion", location)
-    return Example("prompt_completion", prompt=prompt, completion=completion, location=location)
-
-
-def _plain_text(record: dict, location: str) -> Example:
-    return Example("text", text=_text(record, "text", location), location=location)
-
-
-_BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text}
-
-
-def _text(record: dict, key: str, location: str, *, path: str = "", required: bool = True,
-          blank_ok: bool = False) -> str:
-    """The text value of ``record[key]``: missing, null, blank or not-text values are named errors.
-
-    required=False: a missing or null field reads as "". blank_ok: "" and null are allowed.
-    """
-    path = path or f"field '{key}'"
-    value = record.get(key, _MISSING)
-    if value is _MISSING:
-        if required:
-            raise DataError(location, f"{path} is missing")
-        return ""
-    if value is None:
-        if required and not blank_ok:
-            raise DataError(location, f"{path} is empty (null)")
-        return ""
-    if not isinstance(value, str):
-        raise DataError(location, f"{path} must be text, got {_describe(value)}")
-    if not blank_ok and not value.strip():
-        raise DataError(location, f"{path} is empty", "remove the row or fill it in")
-    return value
-
-
-def _describe(value: Any) -> str:
-    """A user-level description: 'a number (5)', 'a list', 'an object'."""
-    if isinstance(value, bool):
-        return f"true/false ({str(value).lower()})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"text {_short(value)}"
-    if value is None:
-        return "null"
-    names = {list: "a list", tuple: "a list", dict: "an object", bytes: "binary data"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------- whole datasets

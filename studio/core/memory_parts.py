@@ -6,18 +6,19 @@ keys; the labels are what a user reads for them everywhere.
 
 from __future__ import annotations
 
+# Short: the GUI's legend shows up to four of them side by side in a 1280-pixel window.
 PART_LABELS = {
-    "weights": "base weights",
-    "adapter_weights": "adapter weights",
+    "weights": "weights",
+    "adapter_weights": "adapter",
     "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "master_weights": "fp32 master weights",
-    "activations": "saved activations",
+    "optimizer_state": "optimizer",
+    "master_weights": "master weights",
+    "activations": "activations",
     "logits_loss": "logits and loss",
     "temporaries": "temporaries",
-    "communication": "communication buffers",
+    "communication": "communication",
     "cuda_context": "CUDA context",
-    "allocator_margin": "allocator margin",
+    "allocator_margin": "allocator",
 }
 PARTS = tuple(PART_LABELS)
 

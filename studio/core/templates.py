@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from studio.core.dataset import DataError
+from studio.core.row_formats import DataError
 
 Segment = tuple[str, bool]
 Message = dict[str, str]

@@ -4,13 +4,13 @@ and disable the choices that core validation rejects, saying why."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel,
                                QLineEdit, QRadioButton, QSpinBox, QVBoxLayout, QWidget)
 
-from studio.core.config import RunConfig
+from studio.core.config import RunConfig, choice_values
 from studio.gui.widgets import ConfigStore, explanation, set_combo_item_enabled
 
 
@@ -32,6 +32,22 @@ class Option:
     value: Any
     label: str
     explain: str  # what it saves and what it costs
+
+
+# A choice field's words for the GUI: value -> (label, explanation). The values themselves come from the schema.
+ChoiceWords = Mapping[Any, tuple[str, str]]
+
+
+def options_for(path: str, words: ChoiceWords) -> list[Option]:
+    """The options of the choice field ``path`` in the schema's order, worded by ``words``.
+
+    Raises when the words and the schema's values differ, so a choice added to the
+    schema without words (or words left for a removed one) fails when the panel is built.
+    """
+    values = choice_values(path)
+    if set(words) != set(values):
+        raise ValueError(f"{path}: the GUI words cover {sorted(words)}, the schema allows {list(values)}")
+    return [Option(value, *words[value]) for value in values]
 
 
 class BoundControl(QWidget):
@@ -87,15 +103,15 @@ def labelled_row(label: str, widget: QWidget, width: int = 220, compact: bool = 
 
 
 class ChoiceControl(BoundControl):
-    """A combo box of options; options that validation rejects are disabled with their reason."""
+    """A combo box of the field's choices; options that validation rejects are disabled with their reason."""
 
-    def __init__(self, store: ConfigStore, path: str, label: str, options: list[Option],
+    def __init__(self, store: ConfigStore, path: str, label: str, words: ChoiceWords,
                  extra_rule: Callable[[Any], str] | None = None, compact: bool = False):
         super().__init__(store, path, compact=compact)
-        self.options = options
+        self.options = options_for(path, words)
         self.extra_rule = extra_rule  # reasons core validation cannot know (e.g. what the tokenizer has)
         self.combo = QComboBox()
-        for option in options:
+        for option in self.options:
             self.combo.addItem(option.label)
         self.combo.currentIndexChanged.connect(lambda index: self.write(self.options[index].value))
         self.column.addLayout(labelled_row(label, self.combo, 160 if compact else 220, compact))

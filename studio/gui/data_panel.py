@@ -12,26 +12,26 @@ from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN
-from studio.gui.controls import ChoiceControl, NumberControl, Option, ToggleControl
+from studio.gui.controls import ChoiceControl, NumberControl, ToggleControl
 from studio.gui.data_preview import Preview, TokenizerInfo, build_preview
 from studio.gui.histogram import LengthHistogram
 from studio.gui.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
 from studio.gui.widgets import BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation
 
-FORMATS = [
-    Option("auto", "auto", "Detected from the columns of the first row."),
-    Option("instruction", "instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
-    Option("chat", "chat (messages / conversations)", "OpenAI role/content or ShareGPT from/value turns."),
-    Option("prompt_completion", "prompt / completion", "The prompt as context, the completion learned."),
-    Option("text", "plain text", "Every token is learned (continued pre-training)."),
-]
-TEMPLATES = [
-    Option("auto", "auto", "The tokenizer's chat template when it has one, else ChatML."),
-    Option("tokenizer", "the tokenizer's template", "Exactly how the model was trained to chat."),
-    Option("chatml", "ChatML", "<|im_start|>role … <|im_end|> turns: a common choice for base models."),
-    Option("alpaca", "Alpaca", "### Instruction / ### Response: single-turn rows only."),
-]
+FORMATS = {
+    "auto": ("auto", "Detected from the columns of the first row."),
+    "instruction": ("instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
+    "chat": ("chat (messages / conversations)", "OpenAI role/content or ShareGPT from/value turns."),
+    "prompt_completion": ("prompt / completion", "The prompt as context, the completion learned."),
+    "text": ("plain text", "Every token is learned (continued pre-training)."),
+}
+TEMPLATES = {
+    "auto": ("auto", "The tokenizer's chat template when it has one, else ChatML."),
+    "tokenizer": ("the tokenizer's template", "Exactly how the model was trained to chat."),
+    "chatml": ("ChatML", "<|im_start|>role … <|im_end|> turns: a common choice for base models."),
+    "alpaca": ("Alpaca", "### Instruction / ### Response: single-turn rows only."),
+}
 # The input fields whose change needs the files read again; max_length only moves the cut line.
 _PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
 

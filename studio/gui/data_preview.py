@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from studio.core import templates
-from studio.core.dataset import DataError, Example, inspect_files
+from studio.core.dataset import inspect_files
+from studio.core.row_formats import DataError, Example
 from studio.core.templates import Segment
 
 PREVIEW_EXAMPLES = 5

@@ -16,13 +16,14 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 from studio.core.config import save_config
 from studio.core.errors import StudioError
 from studio.core.estimate import Estimate
+from studio.core.memory_parts import PART_LABELS, PHASE_LABELS
 from studio.gui import memory
 from studio.gui.console import console_error
 from studio.gui.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus
 from studio.gui.process import LineProcess
 from studio.gui.widgets import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
 
-PART_COLORS = {
+PART_COLORS = {  # one per memory part (studio.core.memory_parts.PARTS)
     "weights": "#4e79a7", "adapter_weights": "#a0cbe8", "gradients": "#f28e2b", "optimizer_state": "#e15759",
     "master_weights": "#ff9d9a", "activations": "#59a14f", "logits_loss": "#8cd17d", "temporaries": "#b6992d",
     "communication": "#499894", "cuda_context": "#9d7660", "allocator_margin": "#bab0ac",
@@ -49,7 +50,7 @@ class StackedBar(QWidget):
 
     def set_parts(self, parts: dict[str, int], capacity: int) -> None:
         self.parts, self.capacity = {k: v for k, v in parts.items() if v > 0}, max(capacity, 1)
-        self.setToolTip("\n".join(f"{memory.PART_LABELS.get(k, k)}: {gib(v)}" for k, v in self.parts.items()))
+        self.setToolTip("\n".join(f"{PART_LABELS[k]}: {gib(v)}" for k, v in self.parts.items()))
         self.update()
 
     def paintEvent(self, event) -> None:
@@ -62,7 +63,7 @@ class StackedBar(QWidget):
         x = frame.left()
         for name, value in self.parts.items():
             width = value * scale
-            painter.fillRect(QRectF(x, frame.top(), width, frame.height()), QColor(PART_COLORS.get(name, MUTED)))
+            painter.fillRect(QRectF(x, frame.top(), width, frame.height()), QColor(PART_COLORS[name]))
             x += width
         capacity_x = frame.left() + self.capacity * scale
         painter.setPen(QPen(QColor("#111827"), 2))
@@ -225,7 +226,7 @@ class EstimatePanel(QGroupBox):
             f"<b style='color:{color}; font-size:14px'>{verdict.status.capitalize()}</b>"
             f"&nbsp; {gib(estimate.peak_bytes)} of {gib(capacity)} ({estimate.peak_bytes / capacity:.0%})")
         headroom = verdict.headroom_bytes
-        self.phase.setText(f"Peak during {memory.PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
+        self.phase.setText(f"Peak during {PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
                            f"{gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
                            + _scale_out_text(estimate)
@@ -263,8 +264,7 @@ class EstimatePanel(QGroupBox):
             label.setVisible(index < len(shown))
             if index < len(shown):
                 name, value = shown[index]
-                label.setText(f"<span style='color:{PART_COLORS.get(name, MUTED)}'>■</span> "
-                              f"{memory.PART_LABELS.get(name, name)} {gib(value)}")
+                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} {gib(value)}")
 
     # ------------------------------------------------------------ fit
     def fit_to_gpu(self) -> None:
@@ -330,5 +330,5 @@ class EstimatePanel(QGroupBox):
         if self.estimate is not None:
             tensors = self.estimate.peak_bytes - sum(self.estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
             analytic = f"; the estimate's tensors: {gib(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
-        phase = memory.PHASE_LABELS.get(result.peak_phase, result.peak_phase)
+        phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)
         self.result.setText(f"Simulated peak: <b>{gib(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")

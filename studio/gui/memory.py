@@ -17,16 +17,6 @@ from studio.core.estimate import Estimate, ScaleOut, estimate
 from studio.core.fit import fit
 from studio.core.modelinfo import load_model_config
 
-PART_LABELS = {
-    "weights": "weights", "adapter_weights": "adapter", "gradients": "gradients",
-    "optimizer_state": "optimizer", "master_weights": "master weights", "activations": "activations",
-    "logits_loss": "logits/loss", "temporaries": "temporaries", "communication": "communication",
-    "cuda_context": "CUDA context", "allocator_margin": "allocator",
-}
-PHASE_LABELS = {"forward": "the end of the forward pass (logits and loss)", "backward": "the backward pass",
-                "optimizer": "the optimizer step"}
-
-
 def model_config_of(config: RunConfig) -> dict:
     """The model's config.json from disk or the Hugging Face cache; never the network (this runs per keystroke)."""
     path = Path(config.model.name_or_path).expanduser() / "config.json"

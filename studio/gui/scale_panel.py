@@ -16,24 +16,24 @@ from studio.core.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.launch import DEFAULT_PORT
-from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, Option, ToggleControl, read_field
+from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, ToggleControl, read_field
 from studio.gui.widgets import ConfigStore, SettingsColumn, explanation, group_box
 
-SHARDING = [
-    Option("none", "none (DDP)", "Every GPU holds the whole model and optimizer state and trains on its own share of "
-                                 "each batch: faster training, no memory saved."),
-    Option("zero1", "ZeRO-1", "DeepSpeed shards the optimizer state over the GPUs: saves most of AdamW's 8 bytes per "
-                              "trained parameter, costs almost no speed."),
-    Option("zero2", "ZeRO-2", "Also shards the gradients: saves a little more, costs a little more communication."),
-    Option("zero3", "ZeRO-3", "Also shards the weights, gathered layer by layer: the model can exceed one GPU; costs "
-                              "the most communication."),
-    Option("fsdp", "FSDP", "PyTorch's full sharding (like ZeRO-3) through accelerate, without DeepSpeed."),
-]
-OFFLOAD = [
-    Option("none", "none", "Kept on the GPU: the fastest."),
-    Option("cpu", "CPU RAM", "Kept in CPU RAM: frees GPU memory, costs PCIe transfers every step."),
-    Option("nvme", "NVMe SSD", "Kept on a fast SSD: for what CPU RAM cannot hold; the slowest."),
-]
+SHARDING = {
+    "none": ("none (DDP)", "Every GPU holds the whole model and optimizer state and trains on its own share of "
+                           "each batch: faster training, no memory saved."),
+    "zero1": ("ZeRO-1", "DeepSpeed shards the optimizer state over the GPUs: saves most of AdamW's 8 bytes per "
+                        "trained parameter, costs almost no speed."),
+    "zero2": ("ZeRO-2", "Also shards the gradients: saves a little more, costs a little more communication."),
+    "zero3": ("ZeRO-3", "Also shards the weights, gathered layer by layer: the model can exceed one GPU; costs "
+                        "the most communication."),
+    "fsdp": ("FSDP", "PyTorch's full sharding (like ZeRO-3) through accelerate, without DeepSpeed."),
+}
+OFFLOAD = {
+    "none": ("none", "Kept on the GPU: the fastest."),
+    "cpu": ("CPU RAM", "Kept in CPU RAM: frees GPU memory, costs PCIe transfers every step."),
+    "nvme": ("NVMe SSD", "Kept on a fast SSD: for what CPU RAM cannot hold; the slowest."),
+}
 
 
 class PathControl(BoundControl):

@@ -26,8 +26,9 @@ from datasets.table import InMemoryTable
 
 from studio.core import templates
 from studio.core.config import RunConfig
-from studio.core.dataset import MAX_PROBLEMS, DataError, Example, inspect_files, iter_examples
+from studio.core.dataset import MAX_PROBLEMS, inspect_files, iter_examples
 from studio.core.errors import Problem, ProblemsError, StudioError
+from studio.core.row_formats import DataError, Example
 from studio.core.templates import Segment
 
 IGNORE_INDEX = -100

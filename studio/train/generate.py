@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig, load_config
-from studio.core.dataset import Example
 from studio.core.errors import StudioError
+from studio.core.row_formats import Example
 from studio.core.rundir import RunDir
 from studio.train.checkpoint import load_weights
 from studio.train.data import encode_prompt
