@@ -16,6 +16,7 @@ from studio.train.worker import EXIT_OK, run
 
 pytestmark = pytest.mark.slow  # a run and two exports per method: a few seconds each
 
+METHOD_THRESHOLD = 0.85  # later losses over the first one; benchmarks/loss_margins.py shows each method's room
 # Each method's learning rate makes 12 steps on 8 lines of text visibly memorize them.
 METHODS = {
     "ia3": 5e-2,
@@ -43,7 +44,7 @@ def test_loss_falls_and_the_run_says_what_it_trained(method_run):
     method, config, run_dir, events = method_run
     curve = losses(run_dir)
     assert len(curve) == 12
-    assert sum(curve[-4:]) / 4 < 0.85 * curve[0], f"{method}: loss did not fall: {curve}"
+    assert sum(curve[-4:]) / 4 < METHOD_THRESHOLD * curve[0], f"{method}: loss did not fall: {curve}"
     started = events[0]
     assert 0 < started["trainable_params"] < started["total_params"] / 5
     expected = {"prompt_encoder"} if method.endswith("_tuning") else {"q_proj", "v_proj", "down_proj"}

@@ -17,6 +17,9 @@ def train(tmp_path, config):
     return run_dir, events
 
 
+# Later losses must average below this fraction of the first ones; benchmarks/loss_margins.py shows each
+# case's room across seeds, which stands in for the rounding of another CPU.
+TECHNIQUE_THRESHOLD = 0.8
 TECHNIQUES = {
     "lora_fp32": {},
     "lora_bf16": {"training": {"precision": "bf16"}},
@@ -48,7 +51,7 @@ def test_technique_trains_and_loss_falls(tmp_path, story_data, name):
     run_dir, events = train(tmp_path, config)
     curve = losses(run_dir)
     assert len(curve) == 12
-    assert sum(curve[-4:]) / 4 < 0.8 * sum(curve[:4]) / 4, f"{name}: loss did not fall: {curve}"
+    assert sum(curve[-4:]) / 4 < TECHNIQUE_THRESHOLD * sum(curve[:4]) / 4, f"{name}: loss did not fall: {curve}"
     assert events[-1] == {**events[-1], "type": "finished", "status": "completed"}
 
 
