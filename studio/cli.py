@@ -7,19 +7,15 @@ import sys
 from pathlib import Path
 
 from studio.cli_memory import add_estimate, add_fit
+from studio.core.commands import run_handler
 from studio.core.errors import StudioError
-
-EXIT_USAGE = 2
+from studio.train import entry as train_entry
 
 
 def _add_train(commands) -> None:
-    p = commands.add_parser("train", help="train from a YAML config (or resume a run)",
-                            description="Train from a YAML run config. Events go to RUN_DIR/events.jsonl. "
-                                        "Stop cleanly with Ctrl+C, a 'stop' line on stdin, or a STOP file in the run directory.")
-    p.add_argument("config", nargs="?", type=Path, help="the run config (YAML)")
-    p.add_argument("--run-dir", type=Path, help="where the run goes (default: a new folder under the user data directory)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
-    p.set_defaults(handler=_train)
+    p = commands.add_parser("train", help=train_entry.HELP, description=train_entry.DESCRIPTION)
+    train_entry.add_arguments(p)
+    p.set_defaults(handler=train_entry.train)
 
 
 def _add_demo(commands) -> None:
@@ -84,22 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args) -> int:
-    from studio.core.config import key_lines, load_config
-    from studio.core.validation import raise_if_invalid
-    from studio.train.worker import run
-
-    if args.resume:
-        code, _ = run(None, args.resume, resume=True)
-        return code
-    if args.config is None:
-        raise StudioError("no config given", "run `studio train CONFIG.yaml`, or `studio config init my.yaml` to write one", kind="usage")
-    config = load_config(args.config)
-    raise_if_invalid(config, str(args.config), lines=key_lines(args.config))  # refused with YAML lines, before any run folder
-    code, _ = run(config, args.run_dir)
-    return code
-
-
 def _demo(args) -> int:
     from studio.train.demo import run_demo
 
@@ -107,14 +87,12 @@ def _demo(args) -> int:
 
 
 def _export(args) -> int:
-    import json
-
+    from studio.core.commands import read_export_record
     from studio.train.export import export_run
 
     out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)
     print(f"exported {args.kind} to {out}")
-    form = json.loads((out / "studio_export.json").read_text(encoding="utf-8")).get("form")
-    print(f"form: {form}")
+    print(f"form: {read_export_record(out).get('form')}")
     print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
           f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
     return 0
@@ -181,13 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         from studio.gui.app import main as open_window
 
         return open_window()
-    try:
-        return args.handler(args)
-    except StudioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE if exc.kind in ("usage", "config", "data") else 1
-    except KeyboardInterrupt:
-        return 130
+    return run_handler(args.handler, args)
 
 
 if __name__ == "__main__":

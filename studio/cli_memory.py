@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from studio.core.commands import last_json_object, simulation_command
 from studio.core.errors import StudioError
 from studio.core.estimate import parse_size
 from studio.core.memory_parts import PART_LABELS, PHASE_LABELS
@@ -134,13 +135,13 @@ def simulate_in_subprocess(config_path: Path) -> dict:
     Never in the caller's process: the simulation imports the ML stack and a
     fault there must not take a window down with it.
     """
-    command = [sys.executable, "-m", "studio.train.simulate", str(config_path)]
+    command = simulation_command(sys.executable, config_path)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=SIMULATION_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise StudioError(f"the simulation took more than {SIMULATION_TIMEOUT_S} s", "use the analytic estimate",
                           kind="simulate") from None
-    result = _last_json_line(done.stdout)  # libraries print to stdout too: ours is the last line
+    result = last_json_object(done.stdout)  # libraries print to stdout too: ours is the last
     if result is None or "error" in result:
         message = result["error"] if result else (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise StudioError(f"the simulation failed: {message}", (result or {}).get("hint", "run it without --simulate"),
@@ -148,14 +149,6 @@ def simulate_in_subprocess(config_path: Path) -> dict:
     return result
 
 
-def _last_json_line(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
 
 
 def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, simulated: dict | None = None) -> str:

@@ -1,9 +1,13 @@
-"""Shared helpers for tests that run the real worker."""
+"""Shared helpers for tests that run the real worker or check the commands that start it."""
 
+import argparse
 from pathlib import Path
 
+from studio.cli import build_parser
+from studio.core.commands import WORKER_MODULE
 from studio.core.events import read_events
 from studio.core.presets import demo_config
+from studio.train import entry
 
 
 def quick_config(data_file: Path, **sections):
@@ -18,3 +22,10 @@ def quick_config(data_file: Path, **sections):
 
 def losses(run_dir) -> list[float]:
     return [e["loss"] for e in read_events(run_dir.events) if e["type"] == "step"]
+
+
+def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
+    """The module ``python -m MODULE ARGS`` runs, and ARGS as that module's own parser reads them."""
+    assert argv[1] == "-m", argv
+    parser = {"studio": build_parser, WORKER_MODULE: entry.build_parser}[argv[2]]()
+    return argv[2], parser.parse_args(argv[3:])

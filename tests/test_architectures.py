@@ -6,9 +6,10 @@ import pytest
 
 from helpers import quick_config
 from model_factory import make_tiny_model
+from studio.core.commands import EXIT_OK
 from studio.core.events import read_events
 from studio.core.presets import DEMO_MODEL
-from studio.train.worker import EXIT_OK, run
+from studio.train.worker import run
 
 EXPECTED_TARGETS = {
     "llama": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},

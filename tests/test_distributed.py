@@ -15,6 +15,7 @@ import time
 import pytest
 
 from helpers import losses, quick_config
+from studio.core.commands import EXIT_FAILED, EXIT_OK
 from studio.core.validation import validate
 from studio.core.config import save_config
 from studio.core.events import read_events
@@ -22,7 +23,7 @@ from studio.core.rundir import RunDir
 from studio.gui.series import RunSeries
 from studio.train.deepspeed_config import deepspeed_config
 from studio.train.export import export_run
-from studio.train.worker import EXIT_FAILED, EXIT_OK, run
+from studio.train.worker import run
 
 STEPS = 6
 CLOSE = {"rel": 1e-4, "abs": 1e-5}

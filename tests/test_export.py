@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from helpers import quick_config
+from studio.core.commands import EXIT_OK
 from studio.core.errors import StudioError
 from studio.core.rundir import COMPLETE_MARKER
 from studio.train import export as export_module
 from studio.train.checkpoint import load_weights
 from studio.train.export import export_run
 from studio.train.model import build_model
-from studio.train.worker import EXIT_OK, run
+from studio.train.worker import run
 
 pytestmark = pytest.mark.slow
 

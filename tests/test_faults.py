@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from helpers import quick_config
+from studio.core.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import StudioError
 from studio.core.events import read_events
 from studio.train.oom import SIMULATE_ENV, MemoryCap, consistent_after, overflowed_part
 from studio.train.loss import token_loss_sum
-from studio.train.worker import EXIT_FAILED, EXIT_OK, run
+from studio.train.worker import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import parse_command
 from PySide6.QtWidgets import QMessageBox
 
 from studio.core.config import choice_values
@@ -25,6 +26,7 @@ from studio.gui.job_state import State
 from studio.gui.log_dialog import LogDialog
 from studio.gui.main_window import MainWindow
 from studio.gui.model_summary import human_count, summarize_model
+from studio.gui.process import background_python
 from studio.gui.series import RunSeries
 from studio.gui.widgets import TRAINED_BG
 
@@ -376,6 +378,26 @@ def test_try_it_shows_both_answers_and_a_readable_failure(window, qtbot, app_dir
     panel.generate_button.click()
     qtbot.waitUntil(lambda: "failed" in panel.status.text(), timeout=20000)
     assert "no checkpoint yet" in panel.status.text() and "train it first" in panel.status.text()
+
+
+def test_every_command_the_window_starts_is_read_back_by_the_module_it_runs(window, app_dirs, monkeypatch):
+    run = write_run(app_dirs / "runs", "commanded", [2.0])
+    config = run / "config.yaml"
+    worker, resume = window.controller.worker_command(config, run), window.controller.resume_command(run)
+    assert worker[0] == resume[0] == background_python()  # the windowless one on Windows
+    module, args = parse_command(worker)
+    assert module == "studio.train" and (args.config, args.run_dir, args.resume) == (config, run, None)
+    assert parse_command(resume)[1].resume == run
+    module, args = parse_command(window.estimate_panel.simulate_command(config))
+    assert (args.command, args.config, args.simulate, args.json) == ("estimate", config, True, True)
+    module, args = parse_command(window.try_panel.command(run, "What is a plum?", 9))
+    assert (args.command, args.run_dir, args.prompt, args.max_new_tokens, args.json) == ("generate", run, "What is a plum?", 9, True)
+    started = []
+    monkeypatch.setattr(window.export_panel._process, "start", lambda command, working_dir=None: started.append(command))
+    window.export_panel.set_run(run)
+    window.export_panel.start_export()
+    module, args = parse_command(started[0])
+    assert (args.command, args.run_dir, args.kind, args.out) == ("export", run, "adapter", run / "exports" / "adapter")
 
 
 def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app_dirs):

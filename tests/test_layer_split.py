@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from helpers import losses, quick_config
+from studio.core.commands import EXIT_OK
 from studio.core.estimate import GIB
 from studio.core.events import read_events
 from studio.core.memory.regime import regime_for
@@ -11,7 +12,7 @@ from studio.core.memory.states import block_weight_bytes, outer_weight_bytes
 from studio.core.modelinfo import load_model_config, model_shape
 from studio.train.export import export_run
 from studio.train.model import build_model, load_base_model
-from studio.train.worker import EXIT_OK, run
+from studio.train.worker import run
 
 pytestmark = pytest.mark.slow
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from helpers import losses, quick_config
+from studio.core.commands import EXIT_OK
 from studio.core.errors import StudioError
 from studio.core.events import read_events
 from studio.train.checkpoint import load_weights
 from studio.train.export import export_run
 from studio.train.model import adapter_regularization, build_model
-from studio.train.worker import EXIT_OK, run
+from studio.train.worker import run
 
 pytestmark = pytest.mark.slow  # a run and two exports per method: a few seconds each
 

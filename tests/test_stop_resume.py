@@ -9,10 +9,11 @@ import time
 import pytest
 
 from helpers import losses, quick_config
+from studio.core.commands import EXIT_OK
 from studio.core.config import save_config
 from studio.core.events import EventReader, read_events
 from studio.core.rundir import RunDir
-from studio.train.worker import EXIT_OK, run
+from studio.train.worker import run
 
 
 def start_worker(config, tmp_path) -> tuple[subprocess.Popen, RunDir]:

@@ -5,9 +5,10 @@ import json
 import pytest
 
 from helpers import losses, quick_config
+from studio.core.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import ProblemsError
 from studio.core.events import read_events
-from studio.train.worker import EXIT_FAILED, EXIT_OK, run
+from studio.train.worker import run
 
 
 def train(tmp_path, config):

@@ -15,9 +15,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from studio.core.commands import DEFAULT_PORT, Cluster, torchrun_command, worker_args
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
-from studio.core.launch import DEFAULT_PORT, Cluster, torchrun_argv, worker_args
 from studio.core.validation import raise_if_invalid
 
 CONFIG_NAME = "config.yaml"
@@ -67,7 +67,7 @@ def write_bundle(config: RunConfig, hosts: tuple[str, ...], gpus_per_host: int, 
         "sharding": config.distributed.sharding}, indent=2) + "\n", encoding="utf-8")
     for rank in range(len(hosts)):
         for name, resume in (("launch", False), ("resume", True)):
-            argv = torchrun_argv(cluster, rank, worker_args(CONFIG_NAME, RUN_DIR, resume), python=python)
+            argv = torchrun_command(python, cluster, rank, worker_args(CONFIG_NAME, RUN_DIR, resume))
             _write_scripts(out, f"{name}-node-{rank}", f"node {rank}: run on {hosts[rank]}", argv)
     bundle = Bundle(out, cluster, hosts, tuple(required))
     (out / "README.txt").write_text(_readme(bundle, config), encoding="utf-8")

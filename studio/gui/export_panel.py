@@ -1,10 +1,9 @@
 """Export a run (adapter or merged model, dtype, destination) with `studio export` in a subprocess,
-and show the verification it wrote (studio_export.json)."""
+and show the verification it wrote (its export record)."""
 
 from __future__ import annotations
 
 import html
-import json
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget)
 
+from studio.core.commands import export_command, read_export_record
 from studio.core.config import load_config
 from studio.core.errors import StudioError
 from studio.core.rundir import RunDir
@@ -21,17 +21,6 @@ from studio.gui.process import LineProcess
 from studio.gui.widgets import BAD, GOOD, MUTED, explanation
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def export_command(run_dir: Path, kind: str, out: Path, dtype: str) -> list[str]:
-    return [sys.executable, "-m", "studio", "export", str(run_dir), f"--{kind}", "--out", str(out), "--dtype", dtype]
-
-
-def read_verification(folder: Path) -> dict | None:
-    try:
-        return json.loads((folder / "studio_export.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def verification_html(info: dict) -> str:
@@ -172,7 +161,8 @@ class ExportPanel(QWidget):
             return
         self.result_info = None
         self._started, self._last_line = time.monotonic(), "starting"
-        self._process.start(export_command(self.run_dir, self.kind, self.output_folder(), self.dtype.currentText()))
+        self._process.start(export_command(sys.executable, self.run_dir, self.kind, self.output_folder(),
+                                           self.dtype.currentText()))
         self.progress.show()
         self._clock.start(500)
         self._show_progress()
@@ -192,7 +182,7 @@ class ExportPanel(QWidget):
         self.progress.hide()
         self._update_form()
         folder = self.output_folder()
-        info = read_verification(folder) if exit_code == 0 and not error else None
+        info = read_export_record(folder) if exit_code == 0 and not error else None
         if info is not None:
             self.result_info = info
             self.status.setText(f"Exported the {self.kind} to <b>{html.escape(str(folder))}</b><br>{verification_html(info)}")

@@ -6,12 +6,12 @@ change in their interface is one edit. No Qt.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from studio.core.commands import estimate_simulation_command, last_json_object
 from studio.core.config import RunConfig
 from studio.core.estimate import Estimate, ScaleOut, estimate
 from studio.core.fit import fit
@@ -66,7 +66,7 @@ def suggest_fit(config: RunConfig, gpu_bytes: int) -> FitSuggestion:
 
 def simulate_command(config_path: Path) -> list[str]:
     """The subprocess that simulates the training step on fake tensors."""
-    return [sys.executable, "-m", "studio", "estimate", str(config_path), "--simulate", "--json"]
+    return estimate_simulation_command(sys.executable, config_path)
 
 
 @dataclass(frozen=True)
@@ -79,28 +79,15 @@ class Simulation:
 
 
 def parse_simulation(stdout: str) -> Simulation:
-    """The last JSON object printed (on one line or indented over several; libraries print too)."""
-    for data in _json_objects_from_the_end(stdout):
-        if "error" in data:
-            error = data["error"]
-            if isinstance(error, dict):
-                return Simulation(None, error=str(error.get("message", error)), hint=str(error.get("hint", "")))
-            return Simulation(None, error=str(error), hint=str(data.get("hint", "")))
-        found = data.get("simulated")
-        if isinstance(found, dict) and "peak_bytes" in found:
-            return Simulation(int(found["peak_bytes"]), str(found.get("peak_phase", "")), found.get("seconds"))
+    """What ``studio estimate --simulate --json`` printed last: the simulated step, or why there is none."""
+    data = last_json_object(stdout) or {}
+    if "error" in data:
+        error = data["error"]
+        if isinstance(error, dict):
+            return Simulation(None, error=str(error.get("message", error)), hint=str(error.get("hint", "")))
+        return Simulation(None, error=str(error), hint=str(data.get("hint", "")))
+    found = data.get("simulated")
+    if isinstance(found, dict) and "peak_bytes" in found:
+        return Simulation(int(found["peak_bytes"]), str(found.get("peak_phase", "")), found.get("seconds"))
     return Simulation(None, error="the simulation printed no result", hint="see its output for details")
 
-
-def _json_objects_from_the_end(text: str):
-    lines = text.splitlines()
-    for index in range(len(lines) - 1, -1, -1):
-        if lines[index].startswith("{"):
-            for candidate in (lines[index], "\n".join(lines[index:])):
-                try:
-                    data = json.loads(candidate)
-                except ValueError:
-                    continue
-                if isinstance(data, dict):
-                    yield data
-                    break

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from studio.core import commands
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.events import EventReader
@@ -33,12 +34,14 @@ from studio.gui.series import RunSeries
 POLL_MS = 250
 ABORT_GRACE_S = 10.0  # after ABORT: time to exit on its own before terminate
 KILL_GRACE_S = 5.0  # after terminate: before kill
+
+
 def worker_command(config_path: Path, run_dir: Path) -> list[str]:
-    return [background_python(), "-m", "studio.train", str(config_path), "--run-dir", str(run_dir)]
+    return commands.worker_command(background_python(), commands.worker_args(config_path, run_dir))
 
 
 def resume_command(run_dir: Path) -> list[str]:
-    return [background_python(), "-m", "studio.train", "--resume", str(run_dir)]
+    return commands.worker_command(background_python(), commands.worker_args(None, run_dir, resume=True))
 
 
 class RunController(QObject):

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayo
 from studio.core.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.launch import DEFAULT_PORT
+from studio.core.commands import DEFAULT_PORT
 from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, ToggleControl, read_field
 from studio.gui.widgets import ConfigStore, SettingsColumn, explanation, group_box
 

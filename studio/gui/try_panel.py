@@ -11,29 +11,26 @@ a failure exits non-zero with ``error: ...`` and ``hint: ...`` on stderr.
 from __future__ import annotations
 
 import html
-import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox,
                                QVBoxLayout, QWidget)
 
+from studio.core.commands import generate_command, last_json_object
 from studio.gui.console import console_error
 from studio.gui.process import LineProcess
 from studio.gui.widgets import BAD, MUTED, explanation
-
-def generate_command(run_dir: Path, prompt: str, max_new_tokens: int) -> list[str]:
-    return [sys.executable, "-m", "studio", "generate", str(run_dir), "--prompt", prompt,
-            "--max-new-tokens", str(max_new_tokens), "--json"]
 
 
 class TryPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.run_dir: Path | None = None
-        self.command = generate_command  # tests point this at a stand-in
+        self.command = partial(generate_command, sys.executable)  # tests point this at a stand-in
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Write a prompt, e.g. an instruction from your dataset…")
         self.prompt.setMaximumHeight(90)
@@ -51,7 +48,6 @@ class TryPanel(QWidget):
         self.answers = {"base": self._answer_box(), "tuned": self._answer_box()}
         self.titles = {"base": QLabel("<b>Base model</b>"), "tuned": QLabel("<b>Fine-tuned</b>")}
         self._process = LineProcess(self)
-        self._process.line.connect(self._on_line)
         self._process.done.connect(self._on_done)
         self._started = 0.0
         self._clock = QTimer(self)
@@ -117,13 +113,7 @@ class TryPanel(QWidget):
     def _tick(self) -> None:
         self.status.setText(f"Loading both models and generating… {time.monotonic() - self._started:.0f} s")
 
-    def _on_line(self, stream: str, text: str) -> None:
-        if stream != "out" or not text.startswith("{"):
-            return
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return
+    def _show_answers(self, data: dict) -> None:
         for key in ("base", "tuned"):
             if key in data:
                 self.answers[key].setPlainText(str(data[key]))
@@ -135,6 +125,7 @@ class TryPanel(QWidget):
         self._clock.stop()
         self.progress.hide()
         self._update_button()
+        self._show_answers(last_json_object("\n".join(self._process.stdout_lines)) or {})
         if exit_code == 0 and not error:
             self.status.setText("")
             return

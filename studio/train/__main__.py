@@ -1,7 +1,7 @@
-"""``python -m studio.train CONFIG [--run-dir DIR]``: the worker entry the GUI starts."""
+"""``python -m studio.train CONFIG [--run-dir DIR] | --resume DIR``: the worker entry the GUI starts."""
 
 import sys
 
-from studio.cli import main
+from studio.train.entry import main
 
-sys.exit(main(["train", *sys.argv[1:]]))
+sys.exit(main())

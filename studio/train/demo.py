@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from studio.core.commands import EXIT_OK
 from studio.core.dataset import inspect_files
 from studio.core.events import EventWriter
 from studio.core.presets import DEMO_HELDOUT, demo_config
@@ -21,7 +22,7 @@ from studio.train.checkpoint import load_weights
 from studio.train.evaluate import exact_match
 from studio.train.export import export_run
 from studio.train.model import build_model, load_base_model, load_tokenizer
-from studio.train.worker import EXIT_OK, run
+from studio.train.worker import run
 
 log = logging.getLogger("studio.train")
 

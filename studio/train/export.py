@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from studio.core.commands import EXPORT_RECORD
 from studio.core.config import RunConfig, load_config
 from studio.core.dataset import inspect_files
 from studio.core.errors import StudioError
@@ -85,7 +86,7 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
         info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
                 "base_model": config.model.name_or_path, "form": export_form(config, kind),
                 "verification": asdict(verification)}
-        (staging / "studio_export.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        (staging / EXPORT_RECORD).write_text(json.dumps(info, indent=1), encoding="utf-8")
         if not verification.passed:
             raise StudioError(f"the exported {kind} does not reproduce the trained model "
                               f"(max logit difference {verification.max_abs_diff:.3g}, top-1 agreement {verification.top1_agreement:.0%})",
@@ -95,7 +96,7 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
 
 
 def export_form(config: RunConfig, kind: str) -> str:
-    """What the export holds, in words (the CLI prints it, studio_export.json keeps it)."""
+    """What the export holds, in words (the CLI prints it, the EXPORT_RECORD keeps it)."""
     if not config.qat.enabled:
         return "adapter" if kind == "adapter" else "full-precision model"
     qat = config.qat

@@ -1,7 +1,7 @@
 """Several training processes on this machine: the parent that torchrun's children report to.
 
 ``studio train`` with ``distributed.num_processes`` > 1 prepares the run directory
-once, then runs torchrun (studio.core.launch.torchrun_argv) as a subprocess and
+once, then runs torchrun (studio.core.commands.torchrun_command) as a subprocess and
 waits. Stop requests reach the children through the run directory, the one channel
 every OS shares: the parent keeps its StopController (stdin, signals, the control
 files) and turns a stop into the STOP file and an abort into the ABORT file, which
@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, Cluster, torchrun_command, worker_args
 from studio.core.events import EventWriter
-from studio.core.launch import Cluster, torchrun_argv, worker_args
 from studio.core.rundir import RunDir
 from studio.train.control import StopController
 
@@ -51,11 +51,10 @@ def record_failure(run_dir: RunDir, rank: int, kind: str, message: str, hint: st
 
 def launch(run_dir: RunDir, num_processes: int, resume: bool, watch_stdin: bool = True) -> int:
     """Run the children to the end; returns the exit code (0 ok, 1 failed, 130 aborted)."""
-    from studio.train.worker import EXIT_ABORTED, EXIT_FAILED, EXIT_OK
-
     for stale in run_dir.path.glob("rank-*.error.json"):
         stale.unlink()
-    argv = torchrun_argv(Cluster(processes_per_machine=num_processes), 0, worker_args(run_dir.config, run_dir.path, resume))
+    argv = torchrun_command(sys.executable, Cluster(processes_per_machine=num_processes), 0,
+                            worker_args(run_dir.config, run_dir.path, resume))
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
     log.info("starting %d training processes: %s", num_processes, " ".join(argv))
     events = EventWriter(run_dir.events)

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
+from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
 from studio.core.events import EventWriter
-from studio.core.launch import inside_launcher, needs_launcher
 from studio.core.memory.regime import loss_impl_for
 from studio.core.modelinfo import load_model_config
 from studio.core.rundir import RunDir, default_runs_root
@@ -60,7 +60,6 @@ from studio.train.preflight import check_inputs
 
 log = logging.getLogger("studio.train")
 
-EXIT_OK, EXIT_FAILED, EXIT_ABORTED = 0, 1, 130  # a refused config exits 2 from the CLI
 MEASURED_STEP = 1  # steps after the start (or resume) before the one whose memory is measured
 
 

@@ -1,0 +1,51 @@
+"""The worker's command line: ``python -m studio.train CONFIG [--run-dir DIR] | --resume DIR``.
+
+``studio train`` is the same command: the top-level CLI gives its ``train``
+subcommand these arguments and calls ``train``. Importing this module loads no
+ML library; ``train`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from studio.core.commands import run_handler
+from studio.core.errors import StudioError
+
+PROG = "studio train"
+HELP = "train from a YAML config (or resume a run)"
+DESCRIPTION = ("Train from a YAML run config. Events go to RUN_DIR/events.jsonl. "
+               "Stop cleanly with Ctrl+C, a 'stop' line on stdin, or a STOP file in the run directory.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", type=Path, help="the run config (YAML)")
+    parser.add_argument("--run-dir", type=Path, help="where the run goes (default: a new folder under the user data directory)")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
+
+
+def train(args: argparse.Namespace) -> int:
+    from studio.core.config import key_lines, load_config
+    from studio.core.validation import raise_if_invalid
+    from studio.train.worker import run
+
+    if args.resume:
+        code, _ = run(None, args.resume, resume=True)
+        return code
+    if args.config is None:
+        raise StudioError("no config given", "run `studio train CONFIG.yaml`, or `studio config init my.yaml` to write one", kind="usage")
+    config = load_config(args.config)
+    raise_if_invalid(config, str(args.config), lines=key_lines(args.config))  # refused with YAML lines, before any run folder
+    code, _ = run(config, args.run_dir)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_handler(train, build_parser().parse_args(argv))
