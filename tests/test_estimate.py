@@ -293,17 +293,6 @@ def test_checkpointing_never_needs_more(model, config, batch, length, device_typ
 # ---------------------------------------------------------------- speed, layering, CLI
 
 
-def test_an_estimate_takes_well_under_5_ms():
-    import time
-
-    config = run(training={"gradient_checkpointing": True})
-    estimate(LLAMA_31_8B, config)
-    started = time.perf_counter()
-    for _ in range(20):
-        estimate(LLAMA_31_8B, config)
-    assert (time.perf_counter() - started) / 20 < 0.005 * 4  # 4x slack for a loaded test machine
-
-
 def test_core_modules_import_no_ml_stack():
     code = ("import sys, studio.core.estimate, studio.core.fit, studio.core.modelinfo, studio.cli_memory; "
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'PySide6') if m in sys.modules))")
