@@ -451,6 +451,29 @@ def test_prompt_tuning_runs_cannot_export_merged(window, app_dirs):
     assert panel.merged.isEnabled() and panel.kind_reason.isHidden()
 
 
+def test_each_method_shows_its_adapter_group_title_and_settings(window):
+    techniques = window.techniques_panel
+    seen = {}
+    for option, button in zip(techniques.method.options, techniques.method.buttons):
+        button.click()
+        shown = [name for name, widget in (("adapter", techniques.lora_group), ("rank", techniques.rank),
+                                           ("dora", techniques.dora), ("rslora", techniques.rslora),
+                                           ("virtual", techniques.virtual_group), ("budget", techniques.adalora_group))
+                 if widget.isVisibleTo(techniques)]
+        seen[option.label] = (techniques.lora_group.title(), techniques.rank.isEnabled(), " ".join(shown))
+    lora = ("LoRA adapter", True, "adapter rank dora rslora")
+    assert seen == {
+        "Full fine-tuning": ("LoRA adapter", False, "adapter rank"),  # greyed out under the note
+        "LoRA": lora, "QLoRA": lora,
+        "AdaLoRA": ("AdaLoRA adapter", True, "adapter rank budget"),
+        "IA3": ("IA3 adapter", True, "adapter"),
+        "LoHa": ("LoHa adapter", True, "adapter rank"), "LoKr": ("LoKr adapter", True, "adapter rank"),
+        "Prefix tuning": ("LoRA adapter", False, "virtual"), "Prompt tuning": ("LoRA adapter", False, "virtual"),
+    }
+    assert list(seen) == ["Full fine-tuning", "LoRA", "QLoRA", "AdaLoRA", "IA3", "LoHa", "LoKr", "Prefix tuning",
+                          "Prompt tuning"]
+
+
 def test_method_specific_settings_show_only_when_they_apply(window):
     techniques = window.techniques_panel
     by_value = {option.value: button for option, button in zip(techniques.method.options, techniques.method.buttons)}

@@ -19,21 +19,16 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from studio.core.errors import Problem, ProblemsError
+from studio.core.methods import METHOD_SPECS, MethodSpec
 
 SCHEMA_VERSION = 1
 
 Precision = Literal["fp32", "bf16", "fp16"]
+# What each method trains and allows: studio.core.methods.METHOD_SPECS, keyed by these values.
 Method = Literal["full", "lora", "qlora", "ia3", "adalora", "loha", "lokr", "prefix_tuning", "prompt_tuning"]
 QatWeights = Literal["none", "int4", "int8"]
 QatActivations = Literal["none", "int8"]
 
-# Methods whose adapter wraps the linear layers named by lora.target_modules (peft can merge them).
-LINEAR_ADAPTER_METHODS = ("lora", "qlora", "ia3", "adalora", "loha", "lokr")
-# Methods that train virtual tokens in front of the sequence: nothing to merge into the weights.
-VIRTUAL_TOKEN_METHODS = ("prefix_tuning", "prompt_tuning")
-# Methods whose adapter works on a bitsandbytes 4/8-bit base (peft has quantized layers for them,
-# or leaves the linears untouched); LoHa and LoKr would adapt the packed weights.
-KBIT_METHODS = ("lora", "qlora", "ia3", "adalora", "prefix_tuning", "prompt_tuning")
 Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
 Scheduler = Literal["constant", "linear", "cosine"]
 DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text"]
@@ -296,31 +291,36 @@ class RunConfig:
     )
 
     @property
+    def method_spec(self) -> MethodSpec:
+        """What the method trains and allows (studio.core.methods)."""
+        return METHOD_SPECS[self.method]
+
+    @property
     def effective_load_in(self) -> str:
-        """The quantization actually used: ``auto`` resolved by the method."""
+        """The quantization actually used: ``auto`` is 4bit for a method that needs a k-bit base (qlora)."""
         if self.quantization.load_in == "auto":
-            return "4bit" if self.method == "qlora" else "none"
+            return "4bit" if self.method_spec.kbit_base == "required" else "none"
         return self.quantization.load_in
 
     @property
     def uses_adapter(self) -> bool:
-        return self.method != "full"
+        return self.method_spec.uses_adapter
 
     @property
     def adapts_linears(self) -> bool:
         """Whether the adapter wraps linear layers (lora.target_modules applies)."""
-        return self.method in LINEAR_ADAPTER_METHODS
+        return self.method_spec.adapts_linears
 
     @property
     def can_merge(self) -> bool:
         """Whether the trained model can be exported as one merged model (virtual tokens cannot)."""
-        return self.method not in VIRTUAL_TOKEN_METHODS
+        return self.method_spec.mergeable
 
     @property
     def packs_padding_free(self) -> bool:
         """Whether micro-batches are packed: padding_free, except for virtual-token methods (peft drops
         or shifts the position ids that keep packed examples apart, so they train padded)."""
-        return self.data.packing == "padding_free" and self.method not in VIRTUAL_TOKEN_METHODS
+        return self.data.packing == "padding_free" and not self.method_spec.trains_virtual_tokens
 
     @property
     def effective_batch_size(self) -> int:

@@ -31,7 +31,7 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from studio.core.config import KBIT_METHODS, RunConfig, to_dict
+from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.memory_parts import PARTS
@@ -86,8 +86,9 @@ def _eight_bit_optimizer(c: Candidate) -> list[Candidate]:
 def _four_bit_base(c: Candidate) -> list[Candidate]:
     options = [c]
     config = c.config
-    if config.method in KBIT_METHODS and config.uses_adapter and config.effective_load_in != "4bit" and not config.qat.enabled:
-        method = "qlora" if config.method == "lora" else config.method
+    spec = config.method_spec
+    if spec.kbit_base != "no" and config.effective_load_in != "4bit" and not config.qat.enabled:
+        method = spec.quantized_as or config.method
         options.append(replace(c, config=config.replace(method=method, quantization={"load_in": "4bit"})))
     return options
 
@@ -266,7 +267,7 @@ def _what_stands_in_the_way(result: FitResult, shape: ModelShape) -> str:
     reason = f"The largest part is {largest.replace('_', ' ')} at {format_bytes(parts[largest])}"
     if largest == "weights":
         reason += f": the {shape.parameter_count / 1e9:.2f} B-parameter model itself"
-    if result.config.method == "full":
+    if not result.config.uses_adapter:
         reason += "; LoRA or QLoRA trains far fewer parameters and needs much less"
     elif largest in ("activations", "logits_loss"):
         reason += "; a shorter data.max_length shrinks it in proportion"

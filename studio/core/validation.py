@@ -10,9 +10,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from studio.core.config import KBIT_METHODS, RunConfig
+from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
+from studio.core.methods import ADALORA_BUDGET, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.modelcheck import is_local_model
 from studio.core.modelinfo import looks_like_path
 
@@ -82,13 +83,14 @@ def _check_data(config: RunConfig, check_files: bool) -> list[Problem]:
 
 def _check_method(config: RunConfig) -> list[Problem]:
     problems: list[Problem] = []
-    load_in = config.effective_load_in
-    if config.method == "full" and load_in != "none":
+    load_in, spec = config.effective_load_in, config.method_spec
+    if not spec.uses_adapter and load_in != "none":
         problems.append(Problem("quantization.load_in", f"{load_in} weights cannot be fully fine-tuned",
                                 "use method lora/qlora, or set quantization.load_in to none"))
-    elif config.method == "qlora" and load_in == "none":
-        problems.append(Problem("quantization.load_in", "qlora needs a quantized base", "set it to 4bit or 8bit, or use method lora"))
-    elif load_in != "none" and config.method not in KBIT_METHODS:
+    elif spec.kbit_base == "required" and load_in == "none":
+        problems.append(Problem("quantization.load_in", f"{config.method} needs a quantized base",
+                                "set it to 4bit or 8bit, or use method lora"))
+    elif load_in != "none" and spec.kbit_base == "no":
         problems.append(Problem("quantization.load_in", f"{config.method} cannot adapt a {load_in} base (peft has no "
                                 "quantized layers for it)", "use lora, adalora or ia3 on a quantized base, or set "
                                 "quantization.load_in to none"))
@@ -100,26 +102,27 @@ def _check_method(config: RunConfig) -> list[Problem]:
             problems.append(Problem("lora.dropout", f"must be in [0, 1), got {lora.dropout}"))
         if not lora.target_modules:
             problems.append(Problem("lora.target_modules", "empty", "use all-linear or name the modules"))
-    for name, label in (("use_dora", "DoRA"), ("use_rslora", "rsLoRA")):
-        if getattr(config.lora, name) and config.method not in ("lora", "qlora"):
+    for name, label, setting in (("use_dora", "DoRA", DORA), ("use_rslora", "rsLoRA", RSLORA)):
+        if getattr(config.lora, name) and setting not in spec.settings:
             problems.append(Problem(f"lora.{name}", f"{label} is a variant of LoRA, not of {config.method}",
                                     f"use method lora or qlora, or turn lora.{name} off"))
-    if config.method == "full" and config.model.dtype in ("float16", "bfloat16") and config.training.optimizer != "adafactor":
+    if not spec.uses_adapter and config.model.dtype in ("float16", "bfloat16") and config.training.optimizer != "adafactor":
         problems.append(Problem("model.dtype", f"full fine-tuning with {config.model.dtype} weights loses small updates",
                                 "keep model.dtype auto (fp32 master weights) and use training.precision bf16"))
     return problems
 
 
 def _check_peft(config: RunConfig) -> list[Problem]:
-    p = config.peft
+    p, settings = config.peft, config.method_spec.settings
     problems: list[Problem] = []
-    if config.method in ("prefix_tuning", "prompt_tuning"):
+    if VIRTUAL_TOKEN_COUNT in settings:
         problems += _positive(p.num_virtual_tokens, "peft.num_virtual_tokens", "number of virtual tokens such as 20")
+        # prefix tuning alone (a name, not a table fact): only its virtual tokens reach the layers as a key/value cache
         if config.method == "prefix_tuning" and config.training.gradient_checkpointing:
             problems.append(Problem("training.gradient_checkpointing", "prefix tuning passes its prefix as a key/value "
                                     "cache, which gradient checkpointing turns off", "turn gradient checkpointing off, "
                                     "or use prompt_tuning"))
-    if config.method == "adalora":
+    if ADALORA_BUDGET in settings:
         problems += _positive(p.adalora_target_r, "peft.adalora_target_r", "target rank such as r / 2")
         if p.adalora_target_r > config.lora.r:
             problems.append(Problem("peft.adalora_target_r", f"{p.adalora_target_r} is above the starting rank lora.r "
@@ -208,7 +211,7 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
             problems.append(Problem("distributed.deepspeed_config", f"{d.deepspeed_config} sets ZeRO stage {other}, "
                                     f"the config's sharding is {d.sharding}", f"set distributed.sharding to zero{other}, "
                                     "or remove zero_optimization.stage from the file (the estimate and the loss follow sharding)"))
-    if config.method == "adalora" and d.sharding != "none":
+    if ADALORA_BUDGET in config.method_spec.settings and d.sharding != "none":
         problems.append(Problem("distributed.sharding", "AdaLoRA reallocates its ranks from whole gradients, which "
                                 f"{d.sharding} splits across processes", "use sharding none (DDP) with adalora"))
     if config.effective_load_in == "4bit" and d.sharding in ("zero3", "fsdp"):
@@ -218,7 +221,7 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
         if d.num_processes > 1 or d.sharding != "none":
             problems.append(Problem("distributed.layer_split", "a layer split runs in one process, without sharding",
                                     "set num_processes to 1 and sharding to none, or turn layer_split off"))
-        if config.method == "full":
+        if not config.uses_adapter:
             problems.append(Problem("distributed.layer_split", "a layer split is for LoRA/QLoRA",
                                     "use method lora or qlora, or shard full fine-tuning with zero3"))
     for name in ("max_gpu_memory_gib", "max_cpu_memory_gib"):

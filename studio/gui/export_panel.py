@@ -114,10 +114,10 @@ class ExportPanel(QWidget):
             except StudioError:
                 config = None
             if config is not None:
-                self.full_fine_tune = config.method == "full"
+                self.full_fine_tune = not config.uses_adapter
                 if not config.can_merge:
-                    self.cannot_merge = (f"{config.method.replace('_', ' ')} trains virtual tokens, which cannot be "
-                                         "merged into the weights: export the adapter.")
+                    self.cannot_merge = (f"{config.method.replace('_', ' ')} trains {config.method_spec.trains}, "
+                                         "which cannot be merged into the weights: export the adapter.")
             has_checkpoint = RunDir(self.run_dir).latest_checkpoint() is not None
             self.run_label.setText(f"<b>{html.escape(self.run_dir.name)}</b>" +
                                    ("" if has_checkpoint else f" <span style='color:{BAD}'>(no checkpoint yet)</span>"))

@@ -9,42 +9,16 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QCheckBox, QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
-from studio.core.config import VIRTUAL_TOKEN_METHODS, RunConfig
+from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.methods import (ADALORA_BUDGET, ALPHA, DORA, DROPOUT, LORA_SETTINGS, METHOD_SPECS, RANK, RSLORA,
+                                 VIRTUAL_TOKEN_COUNT)
 from studio.core.modelinfo import model_shape
 from studio.gui.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
 from studio.gui.memory import model_config_of
 from studio.gui.widgets import ConfigStore, SettingsColumn, explanation, group_box
 
-METHODS = [
-    Option("full", "Full fine-tuning",
-           "Trains every weight. Saves nothing: weights, gradients and AdamW state for every parameter "
-           "(about 16 bytes each). The highest quality ceiling."),
-    Option("lora", "LoRA",
-           "Trains small low-rank adapters on a frozen base. Saves the base's gradients and optimizer state "
-           "(most of the memory); costs a little quality on hard tasks."),
-    Option("qlora", "QLoRA",
-           "LoRA on a 4-bit base. Saves about 70 % of the weight memory on top of LoRA; costs speed "
-           "(weights are dequantized every step) and a little accuracy."),
-    Option("adalora", "AdaLoRA",
-           "LoRA that moves rank to the layers that need it and prunes the rest to a budget while training. "
-           "About LoRA's memory; a few more settings."),
-    Option("ia3", "IA3",
-           "Learns one scaling vector per adapted layer: the fewest trainable parameters and the least optimizer "
-           "memory; learns less than LoRA."),
-    Option("loha", "LoHa",
-           "Low-rank Hadamard product: more expressive than LoRA at the same rank; keeps a full-size update per "
-           "layer in memory. Needs an unquantized base."),
-    Option("lokr", "LoKr",
-           "Kronecker-product update: very few parameters for a full-rank update; keeps a full-size update per "
-           "layer in memory. Needs an unquantized base."),
-    Option("prefix_tuning", "Prefix tuning",
-           "Trains keys and values of virtual tokens in every layer; changes no weight, so it cannot be merged. "
-           "Longer attention costs a little activation memory."),
-    Option("prompt_tuning", "Prompt tuning",
-           "Trains only the embeddings of virtual tokens in front of every example: the fewest parameters; "
-           "cannot be merged. Every example grows by the virtual tokens."),
-]
+METHODS = [Option(name, spec.label, spec.explanation) for name, spec in METHOD_SPECS.items()]
 QAT_WEIGHTS = {
     "none": ("off", "No quantization-aware training: the merged export keeps full-precision weights."),
     "int4": ("int4", "Train with the block linears' weights rounded to 4 bits (torchao): the int4 export "
@@ -228,22 +202,22 @@ class TechniquesPanel(SettingsColumn):
 
     def _refresh_groups(self, config: RunConfig) -> None:
         """Sections that do not apply to the current method are disabled, and say why."""
-        method = config.method
-        adapts_linears = config.adapts_linears
+        spec = config.method_spec
+        adapts_linears = spec.adapts_linears
         for control in (self.rank, self.alpha, self.dropout, self.targets, self.rslora, self.dora):
             control.setEnabled(adapts_linears)
-        for control, applies in ((self.rank, method != "ia3"), (self.alpha, method != "ia3"),
-                                 (self.dropout, method != "ia3"), (self.rslora, method in ("lora", "qlora")),
-                                 (self.dora, method in ("lora", "qlora"))):
-            control.setVisible(applies)
+        # full fine-tuning shows LoRA's basic settings greyed out, under the note saying why
+        shown = spec.settings if spec.uses_adapter else LORA_SETTINGS
+        for control, setting in ((self.rank, RANK), (self.alpha, ALPHA), (self.dropout, DROPOUT),
+                                 (self.rslora, RSLORA), (self.dora, DORA)):
+            control.setVisible(setting in shown)
         self.lora_note.setText("" if adapts_linears else "Only for adapter methods: full fine-tuning trains the "
                                "weights themselves.")
         self.lora_note.setVisible(not adapts_linears)
-        self.lora_group.setTitle({"adalora": "AdaLoRA adapter", "ia3": "IA3 adapter", "loha": "LoHa adapter",
-                                  "lokr": "LoKr adapter"}.get(method, "LoRA adapter"))
-        self.lora_group.setVisible(method not in VIRTUAL_TOKEN_METHODS)  # nothing of it applies to virtual tokens
-        self.virtual_group.setVisible(method in VIRTUAL_TOKEN_METHODS)
-        self.adalora_group.setVisible(method == "adalora")
+        self.lora_group.setTitle(spec.group_title)
+        self.lora_group.setVisible(not spec.trains_virtual_tokens)  # nothing of it applies to virtual tokens
+        self.virtual_group.setVisible(VIRTUAL_TOKEN_COUNT in spec.settings)
+        self.adalora_group.setVisible(ADALORA_BUDGET in spec.settings)
         qat = config.qat.enabled
         for control in (self.qat_activations, self.qat_group_size):
             control.setEnabled(qat)

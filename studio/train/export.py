@@ -57,7 +57,8 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
     if kind == "adapter" and not config.uses_adapter:
         raise StudioError("a full fine-tune has no adapter", "export it with --merged", kind="export")
     if kind == "merged" and not config.can_merge:
-        raise StudioError(f"{config.method} trains virtual tokens, which cannot be merged into the model's weights",
+        raise StudioError(f"{config.method} trains {config.method_spec.trains}, which cannot be merged into the "
+                          "model's weights",
                           "export the adapter (--adapter) and load it with peft's PeftModel.from_pretrained",
                           kind="export")
     out = Path(out) if out else rd.exports_dir / kind
@@ -110,7 +111,7 @@ def export_form(config: RunConfig, kind: str) -> str:
 
 def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:
     if dtype == "auto":
-        return torch.float32 if config.method == "full" or config.training.precision == "fp32" else torch.bfloat16
+        return torch.float32 if not config.uses_adapter or config.training.precision == "fp32" else torch.bfloat16
     if dtype not in EXPORT_DTYPES:
         raise StudioError(f"unknown export dtype {dtype}", "use auto, " + ", ".join(EXPORT_DTYPES), kind="export")
     return EXPORT_DTYPES[dtype]
