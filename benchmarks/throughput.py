@@ -229,7 +229,8 @@ def run_hf(folder: Path, args, rows, flat: bool, tracker_factory, tokens_of) -> 
                               TrainerCallback, TrainingArguments)
     from transformers.trainer_callback import PrinterCallback
 
-    from studio.train.model import load_tokenizer, peft_config
+    from studio.train.methods import peft_config
+    from studio.train.model import load_tokenizer
 
     config = run_config(folder, args, plain=True)
     tokenizer = load_tokenizer(config)

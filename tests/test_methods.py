@@ -115,3 +115,10 @@ def test_export_refuses_an_adapter_of_the_method_without_one(tmp_path):
     with pytest.raises(StudioError, match="a full fine-tune has no adapter"):
         export_run(_run_with_a_checkpoint(tmp_path, full).path, "adapter")
 
+
+def test_every_adapter_method_has_its_peft_config_and_full_fine_tuning_none():
+    from studio.train.methods import TRAINING, peft_config
+
+    assert set(TRAINING) == {name for name, spec in METHOD_SPECS.items() if spec.uses_adapter}
+    with pytest.raises(StudioError, match="method full has no adapter"):
+        peft_config(config_for("full"))

@@ -12,7 +12,8 @@ from studio.core.errors import StudioError
 from studio.core.events import read_events
 from studio.train.checkpoint import load_weights
 from studio.train.export import export_run
-from studio.train.model import adapter_regularization, build_model
+from studio.train.methods import adapter_regularization
+from studio.train.model import build_model
 from studio.train.worker import run
 
 pytestmark = pytest.mark.slow  # a run and two exports per method: a few seconds each

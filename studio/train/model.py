@@ -2,9 +2,9 @@
 
 Each technique goes through its library: bitsandbytes quantization through
 ``BitsAndBytesConfig``, LoRA/DoRA/rsLoRA, AdaLoRA, IA3, LoHa, LoKr, prefix and
-prompt tuning through peft, k-bit preparation through
-``peft.prepare_model_for_kbit_training``, quantization-aware training through
-torchao's ``QATConfig``, checkpointing through transformers.
+prompt tuning through peft (each method's peft config and training hooks are in
+studio.train.methods), k-bit preparation through ``peft.prepare_model_for_kbit_training``,
+quantization-aware training through torchao's ``QATConfig``, checkpointing through transformers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.regime import weight_dtype_name
 from studio.core.modelinfo import cached_config, looks_like_path
+from studio.train.methods import attach_hooks, hooks_of, peft_config
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
 
 log = logging.getLogger("studio.train")
@@ -155,66 +156,6 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
     return model
 
 
-def peft_config(config: RunConfig, total_steps: int | None = None, model=None):
-    """The peft config of the run's method; AdaLoRA's schedule needs the run's ``total_steps``.
-
-    ``model`` (the base) lets IA3 find its feedforward layers.
-    """
-    import peft
-
-    lora, method = config.lora, config.method
-    targets = "all-linear" if lora.target_modules == ("all-linear",) else list(lora.target_modules)
-    common = {"task_type": "CAUSAL_LM"}
-    if method in ("lora", "qlora"):
-        return peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                               use_rslora=lora.use_rslora, use_dora=lora.use_dora, **common)
-    if method == "adalora":
-        return peft.AdaLoraConfig(init_r=lora.r, target_r=config.peft.adalora_target_r, lora_alpha=lora.alpha,
-                                  lora_dropout=lora.dropout, target_modules=targets,
-                                  **adalora_schedule(config, total_steps), **common)
-    if method == "ia3":
-        return peft.IA3Config(**_ia3_modules(model, targets), **common)
-    if method in ("loha", "lokr"):
-        cls = peft.LoHaConfig if method == "loha" else peft.LoKrConfig
-        return cls(r=lora.r, alpha=lora.alpha, rank_dropout=lora.dropout, target_modules=targets, **common)
-    if method == "prefix_tuning":
-        return peft.PrefixTuningConfig(num_virtual_tokens=config.peft.num_virtual_tokens, **common)
-    if method == "prompt_tuning":
-        return peft.PromptTuningConfig(num_virtual_tokens=config.peft.num_virtual_tokens, **common)
-    raise StudioError(f"method {method} has no adapter", "use full fine-tuning without an adapter", kind="config")
-
-
-def adalora_schedule(config: RunConfig, total_steps: int | None) -> dict:
-    """peft's tinit / tfinal / deltaT / total_step from the config's fractions of the run's steps.
-
-    Only training reads the schedule; a model rebuilt for export or generation without
-    ``total_steps`` gets a placeholder length.
-    """
-    p = config.peft
-    total = total_steps or max(config.training.max_steps, 100)
-    return {"total_step": total, "tinit": int(p.adalora_warmup_ratio * total),
-            "tfinal": int(p.adalora_final_ratio * total), "deltaT": p.adalora_update_every}
-
-
-def _ia3_modules(model, targets) -> dict:
-    """IA3's target and feedforward layers, by leaf name.
-
-    Feedforward layers (the MLP's output projection: its input is the MLP's width) get their
-    input scaled, the others their output. Leaf names are passed even for all-linear: peft
-    0.21 expands all-linear to full paths and then refuses to reload an adapter whose
-    feedforward names are not among them.
-    """
-    from studio.core.modelinfo import model_shape
-
-    try:
-        shape = model_shape(model.config.to_dict())
-    except StudioError:  # an architecture the estimator does not know: peft's own table, if it has one
-        return {"target_modules": None if targets == "all-linear" else targets, "feedforward_modules": None}
-    wanted = shape.resolve_targets(tuple([targets] if isinstance(targets, str) else targets))
-    return {"target_modules": sorted({layer.name for layer in wanted}),
-            "feedforward_modules": sorted({layer.name for layer in wanted if layer.in_features == shape.intermediate})}
-
-
 def qat_base_config(config: RunConfig):
     """The torchao post-training quantization that QAT simulates (and that the export applies)."""
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
@@ -279,51 +220,12 @@ def attach_adapter(model, config: RunConfig, total_steps: int | None = None):
         raise StudioError(f"cannot attach the {config.method} adapter: {exc}",
                           "check lora.target_modules against the model's module names, or use all-linear",
                           kind="config") from exc
+    attach_hooks(model, config)
     if config.distributed.layer_split:
         from studio.train.layersplit import materialize_offloaded_adapters
 
         materialize_offloaded_adapters(model)
     return model
-
-
-def _adalora_tuner(model):
-    from peft.tuners.adalora import AdaLoraModel
-
-    tuner = getattr(model, "base_model", None)
-    return tuner if isinstance(tuner, AdaLoraModel) else None
-
-
-def adapter_regularization(model) -> torch.Tensor | float:
-    """AdaLoRA's penalty keeping its singular vectors orthogonal (as peft's AdaLoraModel.forward adds it,
-    which it does only to a loss computed from labels: the worker computes its own); 0 for other methods."""
-    tuner = _adalora_tuner(model)
-    if tuner is None:
-        return 0.0
-    adapter = tuner.trainable_adapter_name
-    distances = []
-    for name, param in tuner.model.named_parameters():
-        if ("lora_A" in name or "lora_B" in name) and adapter in name:
-            gram = param @ param.T if "lora_A" in name else param.T @ param
-            distances.append(torch.linalg.matrix_norm(gram - torch.eye(*gram.shape, dtype=gram.dtype, device=gram.device)))
-    if not distances:
-        return 0.0
-    return tuner.peft_config[adapter].orth_reg_weight * torch.stack(distances).mean()
-
-
-def after_optimizer_step(model, step: int) -> None:
-    """AdaLoRA re-allocates its ranks from the gradients' importance after each step (before zero_grad)."""
-    tuner = _adalora_tuner(model)
-    if tuner is None:
-        return
-    adapter = tuner.peft_config[tuner.trainable_adapter_name]
-    if adapter.rank_pattern is None and step > adapter.total_step - adapter.tfinal:
-        adapter.rank_pattern = _rank_pattern_from_weights(tuner.model)  # a run resumed after the ranks were fixed
-    tuner.update_and_allocate(step)
-
-
-def _rank_pattern_from_weights(model) -> dict[str, list[bool]]:
-    """AdaLoRA's kept ranks are its nonzero singular values (pruned ones are zeroed)."""
-    return {name: (p.detach() != 0).view(-1).tolist() for name, p in model.named_parameters() if "lora_E." in name}
 
 
 def adapted_module_names(model) -> list[str]:
@@ -351,28 +253,11 @@ def count_parameters(model) -> tuple[int, int]:
     return trainable, total
 
 
-_IMPORTANCE = ("ipt", "exp_avg_ipt", "exp_avg_unc")  # AdaLoRA's rank allocator: averaged importance scores
-
-
-def _adalora_allocator(model):
-    from peft.tuners.adalora import AdaLoraModel
-
-    tuner = getattr(model, "base_model", None)
-    return tuner.rankallocator if isinstance(tuner, AdaLoraModel) else None
-
-
 def trainable_state_dict(model) -> dict[str, torch.Tensor]:
-    """Only the trained tensors: what a checkpoint needs to restore the model.
-
-    AdaLoRA's importance scores ride along (``adalora.<score>.<parameter>``): they decide the
-    ranks pruned later, so a resumed run needs them to prune as the uninterrupted one would.
-    """
+    """Only the trained tensors: what a checkpoint needs to restore the model, with what its method keeps
+    beside them (AdaLoRA's importance scores; studio.train.methods)."""
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad}
-    allocator = _adalora_allocator(model)
-    for score in _IMPORTANCE if allocator is not None else ():
-        for name, value in getattr(allocator, score).items():
-            tensors[f"adalora.{score}.{name}"] = value.detach().to("cpu").contiguous()
-    return tensors
+    return {**tensors, **hooks_of(model).checkpoint_state(model)}
 
 
 def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
@@ -381,12 +266,6 @@ def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
     if missing:
         raise StudioError(f"the checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})",
                           "it was written by a different config; start a new run", kind="checkpoint")
-    allocator = _adalora_allocator(model)
-    device = next(iter(params.values())).device
     with torch.no_grad():
-        for name, value in tensors.items():
-            if name.startswith("adalora.") and allocator is not None:
-                score, parameter = name.removeprefix("adalora.").split(".", 1)
-                getattr(allocator, score)[parameter] = value.to(device)
-            else:
-                params[name].copy_(value.to(params[name].device, params[name].dtype))
+        for name, value in hooks_of(model).restore_checkpoint_state(model, tensors).items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))

@@ -51,8 +51,8 @@ from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.distributed import leave_process_group, make_engine, process_rank
 from studio.train.launcher import launch, launched_by_studio, record_failure
-from studio.train.model import (adapted_module_names, adapter_regularization, after_optimizer_step, build_model,
-                                count_parameters, load_tokenizer)
+from studio.train.methods import adapter_regularization, after_optimizer_step
+from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
