@@ -7,21 +7,15 @@ from typing import get_args
 
 import pytest
 
-from model_factory import tiny_config
 from studio.core.config import Method, RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import regime_for
-from studio.core.memory.states import TensorGroup, adapter_groups, trainable_tensors
 from studio.core.methods import DORA, METHOD_SPECS, RSLORA, VIRTUAL_TOKEN_COUNT
-from studio.core.modelinfo import LinearLayer, model_shape
+from studio.core.modelinfo import model_shape
 from studio.core.rundir import COMPLETE_MARKER, RunDir
 from studio.core.validation import validate
 
 LINEAR_METHODS = [name for name, spec in METHOD_SPECS.items() if spec.adapts_linears]
 VIRTUAL_TOKEN_METHODS = [name for name, spec in METHOD_SPECS.items() if spec.trains_virtual_tokens]
-SHAPE = model_shape(tiny_config("llama", hidden_size=96, intermediate_size=200, num_hidden_layers=3))
-# (in_features, out_features): square, wide, narrow, a prime width (LoKr's factors 1 x n), the MLP's output
-LAYER_SIZES = [(64, 64), (96, 384), (4096, 1024), (97, 60), (SHAPE.intermediate, SHAPE.hidden)]
 
 
 def config_for(method: str, **sections) -> RunConfig:
@@ -47,24 +41,42 @@ def test_what_a_method_trains_decides_which_shapes_it_describes():
         assert spec.mergeable == (not spec.trains_virtual_tokens), spec.name  # virtual tokens are no weights
 
 
+def peft_model(method: str, **sections):
+    """A tiny llama with the method's adapter attached by the worker's own code, and the run config."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from studio.train.model import attach_adapter
+
+    config = config_for(method, peft={"adalora_target_r": 1, "num_virtual_tokens": 7}).replace(**sections)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**PEFT_MODEL))
+    return attach_adapter(model, config, total_steps=100), config
+
+
+# A prime feedforward width (LoKr splits it 1 x 97) and grouped key/value heads.
+PEFT_MODEL = {"hidden_size": 64, "intermediate_size": 97, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 128}
+
+
 @pytest.mark.parametrize("method, dora", [(name, dora) for name in LINEAR_METHODS  # DoRA where validation allows it
                                           for dora in (False, True)[:1 + (DORA in METHOD_SPECS[name].settings)]])
-@pytest.mark.parametrize("rank", [1, 8, 64, 512])
-def test_linear_shapes_are_what_the_estimate_counts(method, dora, rank):
-    spec = METHOD_SPECS[method]
-    regime = dataclasses.replace(regime_for(config_for(method, lora={"use_dora": dora}), SHAPE), rank=rank)
-    for n_in, n_out in LAYER_SIZES:
-        estimated = sorted(g.shape for g in adapter_groups(LinearLayer("x", n_in, n_out, False), regime)
-                           for _ in range(g.count))
-        feedforward = n_in == SHAPE.intermediate
-        assert sorted(spec.linear_tensor_shapes(n_in, n_out, rank, feedforward, dora)) == estimated, (n_in, n_out)
+@pytest.mark.parametrize("rank", [2, 64])
+def test_linear_shapes_are_the_tensors_peft_trains(method, dora, rank):
+    model, _ = peft_model(method, lora={"r": rank, "use_dora": dora})
+    adapted = [m for m in model.modules() if hasattr(m, "base_layer")]
+    assert adapted
+    for module in adapted:
+        trained = sorted(tuple(p.shape) for p in module.parameters() if p.requires_grad)
+        n_in, n_out = module.base_layer.in_features, module.base_layer.out_features
+        table = METHOD_SPECS[method].linear_tensor_shapes(n_in, n_out, rank, n_in == PEFT_MODEL["intermediate_size"], dora)
+        assert sorted(table) == trained, (module.base_layer, rank)
 
 
 @pytest.mark.parametrize("method", VIRTUAL_TOKEN_METHODS)
-def test_virtual_token_shapes_are_what_the_estimate_counts(method):
-    config = config_for(method, peft={"num_virtual_tokens": 7})
-    token = METHOD_SPECS[method].token_shape(SHAPE.hidden, SHAPE.layers, SHAPE.kv_width)
-    assert trainable_tensors(SHAPE, regime_for(config, SHAPE)) == (TensorGroup((7, *token), "fp32", 1),)
+def test_virtual_token_shapes_are_the_tensors_peft_trains(method):
+    model, _ = peft_model(method)
+    shape = model_shape({"model_type": "llama", **PEFT_MODEL})
+    token = METHOD_SPECS[method].token_shape(shape.hidden, shape.layers, shape.kv_width)
+    assert [tuple(p.shape) for p in model.parameters() if p.requires_grad] == [(7, *token)]
 
 
 @pytest.mark.parametrize("method", list(METHOD_SPECS))

@@ -54,6 +54,7 @@ from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Est
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import ModelStates, model_states
 from studio.core.memory.tape import Activations, activations, logits_loss_bytes
+from studio.core.methods import ATTENTION_TOKENS
 from studio.core.modelinfo import ModelShape, model_shape
 from studio.core.placement import split_devices
 
@@ -107,7 +108,7 @@ def _backward_moment(shape: ModelShape, regime: Regime, states: ModelStates, act
 def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
     """Prefix tuning's keys and values for one micro-batch: the fp32 prefix, and every layer's
     attention keeping keys and values longer by the virtual tokens (compute dtype)."""
-    if regime.method != "prefix_tuning":
+    if regime.method.token_entry != ATTENTION_TOKENS:
         return 0
     elements = regime.micro_batch * regime.virtual_tokens * 2 * shape.layers * shape.kv_width
     return elements * (4 + DTYPE_BYTES[regime.compute])
@@ -158,7 +159,7 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.loss_impl == "chunked":
         notes.append("lean loss: logits are computed for at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
-    if regime.method == "prefix_tuning":
+    if regime.method.token_entry == ATTENTION_TOKENS:
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:
         notes.append("QAT: each fake-quantized weight is a new tensor kept for backward (fp32 work while it is made)")

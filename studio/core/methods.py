@@ -18,6 +18,15 @@ EVERY_WEIGHT = "every weight"
 LINEAR_LAYERS = "linear layers"
 VIRTUAL_TOKENS = "virtual tokens"
 
+# How an adapted linear layer computes (what the memory estimate's tape replays, studio.core.memory.tape).
+LOW_RANK = "low-rank"  # the input, dropped out, through A then B, added to the base layer's output
+SCALING = "scaling"  # the output, or a feedforward layer's input, times a trained vector
+REBUILT = "rebuilt"  # the full-size update is rebuilt from its factors, then applied to the input
+
+# Where virtual tokens enter the model.
+INPUT_TOKENS = "input"  # in front of the input embeddings: every layer runs over them
+ATTENTION_TOKENS = "attention"  # as a key and a value in every layer's attention
+
 # The adapter settings a method reads.
 RANK = "rank"  # lora.r
 ALPHA = "alpha"  # lora.alpha
@@ -53,12 +62,18 @@ class MethodSpec:
     # the title of the GUI's adapter group (greyed out for full fine-tuning, hidden for virtual tokens)
     group_title: str = "LoRA adapter"
     linear_shapes: LinearShapes | None = None  # for methods that adapt linear layers
+    linear_form: str = ""  # LOW_RANK, SCALING or REBUILT, for methods that adapt linear layers
     token_shape: TokenShape | None = None  # for methods that train virtual tokens
+    token_entry: str = ""  # INPUT_TOKENS or ATTENTION_TOKENS, for methods that train virtual tokens
     quantized_as: str = ""  # the method fit turns it into on a 4-bit base, if it is renamed (LoRA: QLoRA)
 
     @property
+    def trains_every_weight(self) -> bool:
+        return self.trains == EVERY_WEIGHT
+
+    @property
     def uses_adapter(self) -> bool:
-        return self.trains != EVERY_WEIGHT
+        return not self.trains_every_weight
 
     @property
     def adapts_linears(self) -> bool:
@@ -127,7 +142,8 @@ def _prefix_token_shape(hidden: int, layers: int, kv_width: int) -> Shape:
 _LINEAR_ADAPTER = {"trains": LINEAR_LAYERS, "mergeable": True}
 _VIRTUAL_TOKENS = {"trains": VIRTUAL_TOKENS, "mergeable": False, "kbit_base": "allowed",
                    "settings": frozenset({VIRTUAL_TOKEN_COUNT})}
-_LORA = {**_LINEAR_ADAPTER, "settings": LORA_SETTINGS | {RSLORA, DORA}, "linear_shapes": _lora_shapes}
+_LORA = {**_LINEAR_ADAPTER, "settings": LORA_SETTINGS | {RSLORA, DORA}, "linear_shapes": _lora_shapes,
+         "linear_form": LOW_RANK}
 
 # In the GUI's order.
 METHOD_SPECS: dict[str, MethodSpec] = {spec.name: spec for spec in (
@@ -147,28 +163,28 @@ METHOD_SPECS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                "LoRA that moves rank to the layers that need it and prunes the rest to a budget while training. "
                "About LoRA's memory; a few more settings.",
                kbit_base="allowed", settings=LORA_SETTINGS | {ADALORA_BUDGET}, group_title="AdaLoRA adapter",
-               linear_shapes=_adalora_shapes, **_LINEAR_ADAPTER),
+               linear_shapes=_adalora_shapes, linear_form=LOW_RANK, **_LINEAR_ADAPTER),
     MethodSpec("ia3", "IA3",
                "Learns one scaling vector per adapted layer: the fewest trainable parameters and the least optimizer "
                "memory; learns less than LoRA.",
                kbit_base="allowed", settings=frozenset({TARGET_MODULES}), group_title="IA3 adapter",
-               linear_shapes=_ia3_shapes, **_LINEAR_ADAPTER),
+               linear_shapes=_ia3_shapes, linear_form=SCALING, **_LINEAR_ADAPTER),
     MethodSpec("loha", "LoHa",
                "Low-rank Hadamard product: more expressive than LoRA at the same rank; keeps a full-size update per "
                "layer in memory. Needs an unquantized base.",
                kbit_base="no", settings=LORA_SETTINGS, group_title="LoHa adapter", linear_shapes=_loha_shapes,
-               **_LINEAR_ADAPTER),
+               linear_form=REBUILT, **_LINEAR_ADAPTER),
     MethodSpec("lokr", "LoKr",
                "Kronecker-product update: very few parameters for a full-rank update; keeps a full-size update per "
                "layer in memory. Needs an unquantized base.",
                kbit_base="no", settings=LORA_SETTINGS, group_title="LoKr adapter", linear_shapes=_lokr_shapes,
-               **_LINEAR_ADAPTER),
+               linear_form=REBUILT, **_LINEAR_ADAPTER),
     MethodSpec("prefix_tuning", "Prefix tuning",
                "Trains keys and values of virtual tokens in every layer; changes no weight, so it cannot be merged. "
                "Longer attention costs a little activation memory.",
-               token_shape=_prefix_token_shape, **_VIRTUAL_TOKENS),
+               token_shape=_prefix_token_shape, token_entry=ATTENTION_TOKENS, **_VIRTUAL_TOKENS),
     MethodSpec("prompt_tuning", "Prompt tuning",
                "Trains only the embeddings of virtual tokens in front of every example: the fewest parameters; "
                "cannot be merged. Every example grows by the virtual tokens.",
-               token_shape=_prompt_token_shape, **_VIRTUAL_TOKENS),
+               token_shape=_prompt_token_shape, token_entry=INPUT_TOKENS, **_VIRTUAL_TOKENS),
 )}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.methods import DORA, INPUT_TOKENS, METHOD_SPECS, MethodSpec
 from studio.core.modelinfo import LinearLayer, ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1}
@@ -38,7 +39,7 @@ class Regime:
     accumulation: int
     sequence: int
     loss_impl: str
-    method: str = "lora"
+    method: MethodSpec = METHOD_SPECS["lora"]
     virtual_tokens: int = 0  # prefix / prompt tuning
     feedforward_width: int = 0  # IA3 scales the input of linears this wide (the MLP's output projection)
     qat: bool = False  # torchao fake-quantizes the block linears' weights
@@ -61,7 +62,7 @@ class Regime:
     def embedding_output_needs_grad(self) -> bool:
         # full fine-tuning trains the embeddings; LoRA with checkpointing calls enable_input_require_grads;
         # prompt tuning's trained tokens are part of the input
-        return self.full or self.checkpointing or self.method == "prompt_tuning"
+        return self.full or self.checkpointing or self.method.token_entry == INPUT_TOKENS
 
 
 LOSS_IMPLS = ("full_fp32", "chunked")
@@ -80,7 +81,7 @@ def weight_dtype_name(config: RunConfig) -> str:
     fine-tuning unless configured, else the compute precision. studio.train.model loads them so."""
     if config.model.dtype != "auto":
         return _CONFIG_DTYPES[config.model.dtype]
-    return "fp32" if config.method == "full" else config.training.precision
+    return "fp32" if config.method_spec.trains_every_weight else config.training.precision
 
 
 def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str | None = None) -> Regime:
@@ -91,18 +92,19 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
     if loss_impl not in LOSS_IMPLS:
         raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
     autocast = precision != "fp32"
-    virtual = config.peft.num_virtual_tokens if config.method in ("prefix_tuning", "prompt_tuning") else 0
-    prompt = virtual if config.method == "prompt_tuning" else 0  # the virtual tokens run through the whole model
+    spec = config.method_spec
+    virtual = config.peft.num_virtual_tokens if spec.trains_virtual_tokens else 0
+    prompt = virtual if spec.token_entry == INPUT_TOKENS else 0  # the virtual tokens run through the whole model
     return Regime(
         device_type=device_type, compute=precision if autocast else base, autocast=autocast, base_dtype=base,
         quantization=config.effective_load_in, double_quant=config.quantization.double_quant,
-        full=config.method == "full",
+        full=spec.trains_every_weight,
         adapted=shape.resolve_targets(config.lora.target_modules) if config.adapts_linears else (),
-        rank=config.lora.r, lora_dropout=config.lora.dropout, dora=config.lora.use_dora,
+        rank=config.lora.r, lora_dropout=config.lora.dropout, dora=config.lora.use_dora and DORA in spec.settings,
         checkpointing=training.gradient_checkpointing, attention=config.model.attn_implementation,
         optimizer=training.optimizer, micro_batch=training.micro_batch_size,
         accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
-        loss_impl=loss_impl, method=config.method, virtual_tokens=virtual, feedforward_width=shape.intermediate,
+        loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
     )
 

@@ -32,55 +32,19 @@ def trainable_tensors(shape: ModelShape, regime: Regime) -> tuple[TensorGroup, .
         groups = [TensorGroup(p.shape, regime.base_dtype, 1) for p in shape.outer_parameters]
         groups += [TensorGroup(p.shape, regime.base_dtype, shape.layers) for p in shape.block_parameters]
         return tuple(groups)
-    layers = shape.layers
-    if regime.method == "prompt_tuning":  # one embedding row per virtual token
-        return (TensorGroup((regime.virtual_tokens, shape.hidden), "fp32", 1),)
-    if regime.method == "prefix_tuning":  # a key and a value row per virtual token and layer
-        return (TensorGroup((regime.virtual_tokens, 2 * layers * shape.kv_width), "fp32", 1),)
-    return tuple(replace(group, count=group.count * layers) for layer in regime.adapted
+    if regime.method.trains_virtual_tokens:
+        token = regime.method.token_shape(shape.hidden, shape.layers, shape.kv_width)
+        return (TensorGroup((regime.virtual_tokens, *token), "fp32", 1),)
+    return tuple(replace(group, count=group.count * shape.layers) for layer in regime.adapted
                  for group in adapter_groups(layer, regime))
 
 
 def adapter_groups(layer: LinearLayer, regime: Regime) -> tuple[TensorGroup, ...]:
-    """The trainable tensors peft adds to one linear layer (fp32), per method."""
-    r, n_in, n_out = regime.rank, layer.in_features, layer.out_features
-    if regime.method == "ia3":  # a scaling vector: of the input for feedforward layers, else of the output
-        return (TensorGroup((1, n_in) if n_in == regime.feedforward_width else (n_out, 1), "fp32", 1),)
-    if regime.method == "loha":  # two Hadamard-multiplied low-rank products
-        return tuple(TensorGroup(s, "fp32", 2) for s in ((n_out, r), (r, n_in)))
-    if regime.method == "lokr":
-        return _lokr_groups(n_in, n_out, r)
-    groups = [TensorGroup((r, n_in), "fp32", 1), TensorGroup((n_out, r), "fp32", 1)]
-    if regime.method == "adalora":  # and the singular values
-        groups.append(TensorGroup((r, 1), "fp32", 1))
-    if regime.dora:
-        groups.append(TensorGroup((n_out,), "fp32", 1))
-    return tuple(groups)
-
-
-def _factorization(dimension: int) -> tuple[int, int]:
-    """peft's LoKr split of a dimension into two factors near its square root (smaller first)."""
-    m, n = 1, dimension
-    while m < n:
-        candidate = m + 1
-        while dimension % candidate:
-            candidate += 1
-        if candidate + dimension // candidate > 1 + dimension:
-            break
-        m, n = candidate, dimension // candidate
-    return min(m, n), max(m, n)
-
-
-def _lokr_groups(n_in: int, n_out: int, r: int) -> tuple[TensorGroup, ...]:
-    """LoKr: a small full matrix Kronecker-multiplied with a second one, low-rank when the rank is small."""
-    in_m, in_n = _factorization(n_in)
-    out_l, out_k = _factorization(n_out)
-    groups = [TensorGroup((out_l, in_m), "fp32", 1)]
-    if r < max(out_k, in_n) / 2:
-        groups += [TensorGroup((out_k, r), "fp32", 1), TensorGroup((r, in_n), "fp32", 1)]
-    else:
-        groups.append(TensorGroup((out_k, in_n), "fp32", 1))
-    return tuple(groups)
+    """The trainable tensors peft adds to one linear layer (fp32), as the method's table entry shapes them."""
+    feedforward = layer.in_features == regime.feedforward_width
+    shapes = regime.method.linear_tensor_shapes(layer.in_features, layer.out_features, regime.rank, feedforward,
+                                                regime.dora)
+    return tuple(TensorGroup(shape, "fp32", 1) for shape in shapes)
 
 
 def _total(groups, per_tensor) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime
 from studio.core.memory.states import adapter_groups
+from studio.core.methods import ATTENTION_TOKENS, REBUILT, SCALING
 from studio.core.modelinfo import LinearLayer, ModelShape
 
 
@@ -236,7 +237,7 @@ class ActivationTape:
         shape, regime = self.shape, self.regime
         q, k, v = (self._autocast(t) for t in (q, k, v))
         # prefix tuning's trained keys and values join every layer's attention
-        grad = q.requires_grad or k.requires_grad or v.requires_grad or regime.method == "prefix_tuning"
+        grad = q.requires_grad or k.requires_grad or v.requires_grad or regime.method.token_entry == ATTENTION_TOKENS
         scores = self.tokens * shape.heads * regime.sequence
         dropout = shape.attention_dropout
         if regime.attention == "sdpa" and not (dropout > 0 and regime.device_type == "cpu"):
@@ -282,18 +283,16 @@ class ActivationTape:
 
     def linear(self, x: _Tensor, path: str) -> _Tensor:
         layer = self.shape.linear(path)
-        if path in self._adapted and self.regime.method == "ia3" and layer.in_features == self.regime.feedforward_width:
-            # IA3 scales a feedforward layer's input in the vector's dtype (fp32), then casts it back
+        form = self.regime.method.linear_form if path in self._adapted else ""
+        scales_input = form == SCALING and layer.in_features == self.regime.feedforward_width
+        if scales_input:  # IA3 scales a feedforward layer's input in the vector's dtype (fp32), then casts it back
             x = self.cast(self.mul(self.cast(x, "fp32"), self.new(layer.in_features, "fp32", True)), x.dtype)
         out = self._base_linear(x, layer)
-        if path not in self._adapted:
+        if not form or scales_input:
             return out
-        method = self.regime.method
-        if method == "ia3":
-            if layer.in_features == self.regime.feedforward_width:
-                return out
-            return self.cast(self.mul(out, self.new(layer.out_features, "fp32", True)), out.dtype)  # back to out's dtype
-        if method in ("loha", "lokr"):
+        if form == SCALING:  # the output times the vector, back in the output's dtype
+            return self.cast(self.mul(out, self.new(layer.out_features, "fp32", True)), out.dtype)
+        if form == REBUILT:
             return self._rebuilt_update(x, layer, out)
         return self._lora(x, layer, out)
 
