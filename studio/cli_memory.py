@@ -16,7 +16,7 @@ from pathlib import Path
 from studio.core.commands import last_json_object, simulation_command
 from studio.core.errors import StudioError
 from studio.core.estimate import parse_size
-from studio.core.memory_parts import PART_LABELS, PHASE_LABELS
+from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 
 SIMULATION_TIMEOUT_S = 600
 

@@ -20,7 +20,7 @@ from studio.core.estimate import ScaleOut, estimate, verdict_for
 from studio.core.memory.regime import regime_for
 from studio.core.memory.sharding import zero_model_states
 from studio.core.memory.states import model_states, quantized_weight_bytes
-from studio.core.memory_parts import PARTS
+from studio.core.memory.parts import PARTS
 from studio.core.modelinfo import UnknownArchitectureError, load_model_config, model_shape
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), the fields that matter, written out: no download.

@@ -15,7 +15,7 @@ from helpers import parse_command
 from PySide6.QtWidgets import QMessageBox
 
 from studio.core.config import choice_values
-from studio.core.memory_parts import PARTS
+from studio.core.memory.parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.gui import errors
 from studio.gui.charts import NO_RUN, WAITING, ChartsPanel

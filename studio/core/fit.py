@@ -34,7 +34,7 @@ from typing import Any, Callable
 from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
-from studio.core.memory_parts import PARTS
+from studio.core.memory.parts import PARTS
 from studio.core.modelinfo import ModelShape, model_shape
 
 MICRO_STEP_OVERHEAD_TOKENS = 256

@@ -16,14 +16,14 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 from studio.core.config import save_config
 from studio.core.errors import StudioError
 from studio.core.estimate import Estimate
-from studio.core.memory_parts import PART_LABELS, PHASE_LABELS
+from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 from studio.gui import memory
 from studio.gui.console import console_error
 from studio.gui.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus
 from studio.gui.process import LineProcess
 from studio.gui.widgets import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
 
-PART_COLORS = {  # one per memory part (studio.core.memory_parts.PARTS)
+PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
     "weights": "#4e79a7", "adapter_weights": "#a0cbe8", "gradients": "#f28e2b", "optimizer_state": "#e15759",
     "master_weights": "#ff9d9a", "activations": "#59a14f", "logits_loss": "#8cd17d", "temporaries": "#b6992d",
     "communication": "#499894", "cuda_context": "#9d7660", "allocator_margin": "#bab0ac",

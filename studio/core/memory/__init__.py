@@ -2,6 +2,7 @@
 
 Each module has one job, and each imports only those listed before it:
 
+* ``parts``: the names of the memory parts and of a step's phases, with the words users read for them;
 * ``results``: what an estimate says (bytes per part and device, the verdict) and byte sizes as text;
 * ``regime``: a run's settings that memory depends on, resolved from its config, and the rules the
   worker applies too (the loaded weights' dtype, which loss it computes);

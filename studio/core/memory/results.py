@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.memory_parts import PARTS, PHASES
+from studio.core.memory.parts import PARTS, PHASES
 
 GIB = 1024**3
 
