@@ -17,6 +17,9 @@ from studio.train.worker import run
 pytestmark = pytest.mark.slow
 
 
+SPLIT_THRESHOLD = 0.7  # the last loss over the first; benchmarks/loss_margins.py shows the room across seeds
+
+
 def split_config(data):
     """The tiny model's embeddings and two of its four blocks fit the compute device; two are offloaded."""
     config = quick_config(data, data={"format": "text"}, training={"max_steps": 10})
@@ -50,6 +53,6 @@ def test_a_lora_run_with_offloaded_blocks_learns_and_exports(tmp_path, story_dat
     estimate = next(e for e in events if e["type"] == "estimate")
     assert [d["device"] for d in estimate["devices"]] == ["cpu", "host"]
     curve = losses(run_dir)
-    assert curve[-1] < 0.7 * curve[0]
+    assert curve[-1] < SPLIT_THRESHOLD * curve[0]
     _, verification = export_run(run_dir.path, "adapter")
     assert verification.passed and verification.max_abs_diff < 1e-3

@@ -158,13 +158,16 @@ def test_length_grouping_is_deterministic_and_groups_similar_lengths():
     assert sum(spread(plan, i) for i in range(50)) * 5 < sum(spread(plain, i) for i in range(50))
 
 
+def packing_config(data, packing: str, chunked: bool):
+    return quick_config(data, data={"packing": packing}, training={"chunked_loss": chunked, "max_steps": 4})
+
+
 @pytest.mark.slow
 def test_packed_chunked_training_follows_the_padded_full_loss_curve(tmp_path, small_data):
     curves = {}
     for name, packing, chunked in [("padded", "none", False), ("packed", "padding_free", True),
                                    ("grouped", "length_grouped", True)]:
-        config = quick_config(small_data, data={"packing": packing}, training={"chunked_loss": chunked, "max_steps": 4})
-        code, run_dir = run(config, tmp_path / name, watch_stdin=False)
+        code, run_dir = run(packing_config(small_data, packing, chunked), tmp_path / name, watch_stdin=False)
         assert code == EXIT_OK
         curves[name] = losses(run_dir)
     assert curves["packed"] == pytest.approx(curves["padded"], rel=1e-4)

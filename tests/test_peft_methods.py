@@ -18,15 +18,19 @@ from studio.train.worker import run
 
 pytestmark = pytest.mark.slow  # a run and two exports per method: a few seconds each
 
-METHOD_THRESHOLD = 0.85  # later losses over the first one; benchmarks/loss_margins.py shows each method's room
-# Each method's learning rate makes 12 steps on 8 lines of text visibly memorize them.
+# Later losses over the first one. benchmarks/loss_margins.py shows each method's room across seeds, which
+# stands in for the rounding of another CPU: 1.15x or more for every method.
+METHOD_THRESHOLD = 0.85
+# Each method's settings make 12 steps on 8 lines of text visibly memorize them. Prefix tuning levels off
+# at a loss near 1.0 whatever its rate, so its room comes from the first loss: 64 virtual tokens start
+# further from that floor than 20 do.
 METHODS = {
-    "ia3": 5e-2,
-    "adalora": 2e-2,
-    "loha": 1e-2,
-    "lokr": 1e-2,
-    "prefix_tuning": 3e-2,
-    "prompt_tuning": 3e-2,
+    "ia3": {"training": {"learning_rate": 5e-2}},
+    "adalora": {"training": {"learning_rate": 2e-2}},
+    "loha": {"training": {"learning_rate": 1e-2}},
+    "lokr": {"training": {"learning_rate": 1e-2}},
+    "prefix_tuning": {"training": {"learning_rate": 2e-2}, "peft": {"num_virtual_tokens": 64}},
+    "prompt_tuning": {"training": {"learning_rate": 3e-2}},
 }
 MERGEABLE = ("ia3", "adalora", "loha", "lokr")
 
@@ -34,8 +38,8 @@ MERGEABLE = ("ia3", "adalora", "loha", "lokr")
 @pytest.fixture(scope="module", params=list(METHODS))
 def method_run(request, tmp_path_factory, story_data):
     method = request.param
-    config = quick_config(story_data, method=method, data={"format": "text"},
-                          training={"learning_rate": METHODS[method]}, schedule={"save_every": 6})
+    config = quick_config(story_data, method=method, data={"format": "text"}, schedule={"save_every": 6},
+                          **METHODS[method])
     code, run_dir = run(config, tmp_path_factory.mktemp(method) / "run", watch_stdin=False)
     events = read_events(run_dir.events)
     assert code == EXIT_OK, [e for e in events if e["type"] == "error"]

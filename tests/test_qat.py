@@ -18,6 +18,8 @@ from studio.train.worker import run
 pytestmark = pytest.mark.slow
 
 QAT = {"weights": "int4", "activations": "int8", "group_size": 32}
+FULL_INT8 = demo_config().replace(method="full", qat={"weights": "int8"}, training={"max_steps": 6, "learning_rate": 1e-3},
+                                  schedule={"save_every": 0})
 
 
 def trained(tmp_path, name, config):
@@ -29,9 +31,7 @@ def trained(tmp_path, name, config):
 def test_full_fine_tune_with_qat_exports_integer_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    config = demo_config().replace(method="full", qat={"weights": "int8"},
-                                   training={"max_steps": 6, "learning_rate": 1e-3}, schedule={"save_every": 0})
-    run_dir = trained(tmp_path, "full", config)
+    run_dir = trained(tmp_path, "full", FULL_INT8)
     curve = losses(run_dir)
     assert sum(curve[-2:]) < sum(curve[:2])
     out, verification = export_run(run_dir.path, "merged", tmp_path / "merged")

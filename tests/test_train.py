@@ -18,8 +18,8 @@ def train(tmp_path, config):
     return run_dir, events
 
 
-# Later losses must average below this fraction of the first ones; benchmarks/loss_margins.py shows each
-# case's room across seeds, which stands in for the rounding of another CPU.
+# Later losses must average below this fraction of the first ones. benchmarks/loss_margins.py shows each
+# case's room across seeds, which stands in for the rounding of another CPU: 1.5x or more for every case.
 TECHNIQUE_THRESHOLD = 0.8
 TECHNIQUES = {
     "lora_fp32": {},
@@ -32,13 +32,15 @@ TECHNIQUES = {
     "dora": {"lora": {"use_dora": True}},
     "rslora": {"lora": {"use_rslora": True, "r": 32}, "training": {"learning_rate": 1e-3}},
     "lora_dropout_attention_only": {"lora": {"dropout": 0.1, "target_modules": ("q_proj", "v_proj")},
-                                    "training": {"learning_rate": 1e-2}},
+                                    "training": {"learning_rate": 1.5e-2}},
     "checkpointing": {"training": {"gradient_checkpointing": True}},
     "qlora_checkpointing": {"method": "qlora", "training": {"gradient_checkpointing": True}},
     "accumulation": {"training": {"micro_batch_size": 4, "gradient_accumulation_steps": 2}},
     "adamw_8bit": {"training": {"optimizer": "adamw_8bit"}},
     "paged_adamw_8bit": {"training": {"optimizer": "paged_adamw_8bit"}},
-    "sgd": {"training": {"optimizer": "sgd", "learning_rate": 3.0}},
+    # SGD with momentum swings on LoRA's zero-started adapters at every rate that learns in 12 steps (the
+    # verdict then hangs on the CPU's rounding); on the whole model it descends smoothly
+    "sgd": {"method": "full", "training": {"optimizer": "sgd", "learning_rate": 0.03}},
     "adafactor": {"training": {"optimizer": "adafactor"}},
     "qat_lora_int4_int8": {"qat": {"weights": "int4", "activations": "int8"}},
     "qat_full_int8": {"method": "full", "qat": {"weights": "int8"}, "training": {"learning_rate": 5e-4}},
