@@ -3,7 +3,8 @@
 ``add_estimate(commands)`` and ``add_fit(commands)`` register the subcommands on
 the parser's subparsers, like the other ``_add_*`` functions in studio.cli.
 Both read only the model's config.json; ``estimate --simulate`` additionally
-runs the training step on fake tensors in a child process.
+runs the training step on fake tensors in a child process, and so does
+``estimate`` once for a model no family describes (its memory trace).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from studio.core.commands import last_json_object, simulation_command
+from studio.core.commands import last_json_object, simulation_command, trace_command
 from studio.core.errors import StudioError
 from studio.core.estimate import parse_size
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
@@ -92,9 +93,17 @@ def _load(args):
 
 def _estimate(args) -> int:
     from studio.core.estimate import estimate
+    from studio.core.memory.derived import TraceNeededError, kind_text
 
     config, model_config, scale_out = _load(args)
-    result = estimate(model_config, config, args.device, scale_out)
+    try:
+        result = estimate(model_config, config, args.device, scale_out)
+    except TraceNeededError:
+        if not args.json:
+            print(f"tracing one training step of a small {model_config['model_type']} copy (once per model and "
+                  "settings)...", file=sys.stderr)
+        run_json_subprocess(trace_command(sys.executable, args.config), "the memory trace")
+        result = estimate(model_config, config, args.device, scale_out)
     try:
         simulated = simulate_in_subprocess(args.config) if args.simulate else None
     except StudioError as exc:
@@ -109,6 +118,7 @@ def _estimate(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(estimate_table(result, config, model_config, args.gpu_memory, simulated))
+        print(f"kind: {kind_text(result)}")
     return 0
 
 
@@ -135,16 +145,20 @@ def simulate_in_subprocess(config_path: Path) -> dict:
     Never in the caller's process: the simulation imports the ML stack and a
     fault there must not take a window down with it.
     """
-    command = simulation_command(sys.executable, config_path)
+    return run_json_subprocess(simulation_command(sys.executable, config_path), "the simulation")
+
+
+def run_json_subprocess(command: list[str], what: str) -> dict:
+    """Run a studio subprocess that prints its result (or ``{"error", "hint"}``) as its last JSON object."""
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=SIMULATION_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise StudioError(f"the simulation took more than {SIMULATION_TIMEOUT_S} s", "use the analytic estimate",
+        raise StudioError(f"{what} took more than {SIMULATION_TIMEOUT_S} s", "check the model's config.json",
                           kind="simulate") from None
     result = last_json_object(done.stdout)  # libraries print to stdout too: ours is the last
     if result is None or "error" in result:
         message = result["error"] if result else (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise StudioError(f"the simulation failed: {message}", (result or {}).get("hint", "run it without --simulate"),
+        raise StudioError(f"{what} failed: {message}", (result or {}).get("hint", "see its message above"),
                           kind="simulate")
     return result
 

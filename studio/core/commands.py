@@ -2,8 +2,8 @@
 
 The app, the command line and the training launcher run the ML side in Python
 subprocesses: the worker (``python -m studio.train``), torchrun for several
-processes, ``studio export``, ``studio generate``, ``studio estimate --simulate``
-and the simulation module. Each builder here takes the Python to run (the app
+processes, ``studio export``, ``studio generate``, ``studio estimate --simulate``,
+the simulation module and the memory trace. Each builder here takes the Python to run (the app
 starts its worker with the windowless one) and returns the whole argv. What a
 subprocess leaves behind is read here too: ``last_json_object`` for the JSON it
 prints last, ``read_export_record`` for the record an export writes beside it.
@@ -30,6 +30,7 @@ from studio.core.errors import StudioError
 DEFAULT_PORT = 29500
 WORKER_MODULE = "studio.train"
 SIMULATION_MODULE = "studio.train.simulate"
+TRACE_MODULE = "studio.train.trace"
 EXPORT_RECORD = "studio_export.json"  # what an export holds and how it verified, in its folder
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED = 0, 1, 2, 130
@@ -111,6 +112,12 @@ def estimate_simulation_command(python: str, config_path: Path) -> list[str]:
 def simulation_command(python: str, config_path: Path) -> list[str]:
     """The simulation module alone: prints its result, or ``{"error", "hint"}``, as one JSON line."""
     return [python, "-m", SIMULATION_MODULE, str(config_path)]
+
+
+def trace_command(python: str, config_path: Path) -> list[str]:
+    """The memory trace of a model no family describes (studio.core.memory.derived): stores it in the trace
+    cache and prints ``{"trace": PATH, "seconds": S}``, or ``{"error", "hint"}``, as its last line."""
+    return [python, "-m", TRACE_MODULE, str(config_path)]
 
 
 # ---------------------------------------------------------------- results

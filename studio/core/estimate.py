@@ -55,7 +55,8 @@ from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices
 from studio.core.memory.states import ModelStates, model_states
 from studio.core.memory.tape import Activations, activations, logits_loss_bytes
 from studio.core.methods import ATTENTION_TOKENS
-from studio.core.modelinfo import ModelShape, model_shape
+from studio.core.memory.derived import TraceNeededError, cached_trace, derived_estimate, trace_path
+from studio.core.modelinfo import ModelShape, UnknownArchitectureError, family_of, model_shape
 from studio.core.placement import split_devices
 
 # What callers of the estimate use; the parts of the model live in studio.core.memory.
@@ -120,9 +121,13 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     """The itemized peak memory of ``config`` on ``model_config`` (a config.json mapping).
 
     ``device_type`` "cuda" adds the CUDA context and the allocator margin;
-    "cpu" predicts the live tensor bytes a CPU run reaches. Raises StudioError
-    for architectures and LoRA targets it does not know.
+    "cpu" predicts the live tensor bytes a CPU run reaches. A model of a family
+    ``studio.core.modelinfo`` does not describe is estimated from its traced
+    step (``studio.core.memory.derived``); without a trace for these settings
+    it raises TraceNeededError. Raises StudioError for LoRA targets it does not know.
     """
+    if isinstance(model_config, dict) and not _described(model_config):
+        return _derived(model_config, config, device_type, scale_out, overheads)
     shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
     regime = regime_for(config, shape, device_type, loss_impl)
     states = model_states(shape, regime)
@@ -134,7 +139,8 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
         devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
     else:
         placement = None
-        devices, host = sharded_devices(phases, shape, regime, states, scale_out)
+        block_parameters = sum(p.elements for p in shape.block_parameters)
+        devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
@@ -147,6 +153,24 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
                     notes=notes, placement=placement)
+
+
+def _described(model_config: dict) -> bool:
+    """Whether a family of studio.core.modelinfo describes the model (a config without model_type is refused there)."""
+    try:
+        family_of(model_config)
+    except UnknownArchitectureError:
+        return False
+    return True
+
+
+def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out: ScaleOut,
+             overheads: CudaOverheads) -> Estimate:
+    """A model no family describes: scale its traced step, or say that it needs tracing."""
+    trace = cached_trace(model_config, config)
+    if trace is None:
+        raise TraceNeededError(model_config["model_type"], trace_path(model_config, config))
+    return derived_estimate(trace, config, device_type, scale_out, overheads)
 
 
 def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -476,7 +474,11 @@ def looks_like_path(name_or_path: str) -> bool:
 
 
 def load_model_config(name_or_path: str, revision: str = "", allow_network: bool = True) -> dict:
-    """A model's config.json: from a local folder, the Hugging Face cache, or the Hub (that file alone)."""
+    """A model's config.json: from a local folder, or through huggingface_hub for a Hub id (its cache first,
+    then the Hub at ``HF_ENDPOINT`` with the token ``huggingface-cli login`` saved; that file alone).
+
+    ``allow_network=False`` (the window, on every keystroke) and ``HF_HUB_OFFLINE=1`` read the cache only.
+    """
     if not name_or_path:
         raise StudioError("no model chosen", "set model.name_or_path", kind="config")
     local = Path(name_or_path).expanduser()
@@ -487,10 +489,17 @@ def load_model_config(name_or_path: str, revision: str = "", allow_network: bool
     cached = cached_config(name_or_path, revision)
     if cached is not None:
         return _read_json(cached)
-    if not allow_network or os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise StudioError(f"no config.json for '{name_or_path}' on this machine",
-                          "download the model once, or point model.name_or_path at a local folder", kind="model")
-    return _download_config(name_or_path, revision or "main")
+    if not allow_network or _offline():
+        why = " and HF_HUB_OFFLINE forbids asking the Hub" if _offline() else ""
+        raise StudioError(f"the config.json of '{name_or_path}' is not in the Hugging Face cache ({hub_cache_dir()})"
+                          + why, f"fetch it once online (`huggingface-cli download {name_or_path} config.json`, or "
+                          "`studio estimate` with the network), or point model.name_or_path at a local folder",
+                          kind="model")
+    return _read_json(_download_config(name_or_path, revision))
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _read_json(path: Path) -> dict:
@@ -504,25 +513,42 @@ def _read_json(path: Path) -> dict:
 
 def cached_config(repo_id: str, revision: str) -> Path | None:
     """The config.json of a Hub model in the local Hugging Face cache, if it is there."""
-    repo = hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-    ref = repo / "refs" / (revision or "main")
-    commit = ref.read_text().strip() if ref.is_file() else revision
-    candidate = repo / "snapshots" / commit / "config.json" if commit else None
-    return candidate if candidate is not None and candidate.is_file() else None
+    from huggingface_hub import try_to_load_from_cache  # not at import: the window starts without it
 
-
-def _download_config(repo_id: str, revision: str) -> dict:
-    url = f"https://huggingface.co/{repo_id}/resolve/{revision}/config.json"
-    request = urllib.request.Request(url, headers={"User-Agent": "finetune-studio"})
-    token = os.environ.get("HF_TOKEN")
-    if token:  # gated models (e.g. Llama) need the user's token even for config.json
-        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read().decode("utf-8"))
-    except urllib.error.HTTPError as exc:
-        hint = "log in (HF_TOKEN) and accept the model's license" if exc.code in (401, 403) else "check the model id"
-        raise StudioError(f"cannot get config.json of '{repo_id}' from the Hub: HTTP {exc.code}", hint, kind="model") from exc
-    except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-        raise StudioError(f"cannot get config.json of '{repo_id}' from the Hub: {exc}",
-                          "check the network, or point model.name_or_path at a local folder", kind="model") from exc
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache_dir(), revision=revision or None)
+    except ValueError:  # not a valid repo id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _download_config(repo_id: str, revision: str) -> Path:
+    """config.json alone, into the Hugging Face cache (where transformers finds it later)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    where = f"'{repo_id}'" + (f" at revision {revision}" if revision else "")
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", revision=revision or None, cache_dir=hub_cache_dir()))
+    except GatedRepoError as exc:
+        raise StudioError(f"{where} is gated: its config.json needs an account that accepted its license",
+                          "accept the license on the model's Hub page, then `huggingface-cli login` (or set HF_TOKEN)",
+                          kind="model") from exc
+    except RepositoryNotFoundError as exc:
+        raise StudioError(f"the Hub has no model {where} (or it is private)",
+                          "check the model id; for a private model, `huggingface-cli login` (or set HF_TOKEN)",
+                          kind="model") from exc
+    except RevisionNotFoundError as exc:
+        raise StudioError(f"the Hub has no revision '{revision}' of '{repo_id}'", "check model.revision",
+                          kind="model") from exc
+    except LocalEntryNotFoundError as exc:  # the Hub did not answer, and the cache has no copy
+        raise StudioError(f"cannot reach the Hub ({exc.__class__.__name__}) for the config.json of {where}",
+                          "check the network (and HF_ENDPOINT), or point model.name_or_path at a local folder",
+                          kind="model") from exc
+    except EntryNotFoundError as exc:
+        raise StudioError(f"{where} has no config.json", "is it a transformers model?", kind="model") from exc
+    except (HfHubHTTPError, OSError, ValueError) as exc:  # network down, HF_ENDPOINT unreachable, bad id
+        raise StudioError(f"cannot get the config.json of {where} from the Hub: {exc}",
+                          "check the network (and HF_ENDPOINT), or point model.name_or_path at a local folder",
+                          kind="model") from exc

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 from studio.core.config import save_config
 from studio.core.errors import StudioError
 from studio.core.estimate import Estimate
+from studio.core.memory.derived import TraceNeededError, kind_text
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 from studio.gui import memory
 from studio.gui.console import console_error
@@ -204,6 +205,11 @@ class EstimatePanel(QGroupBox):
         try:
             self.estimate, self.error = memory.estimate_run(self.store.config, gpu_bytes=self.picker.capacity_bytes,
                                                             gpu_count=max(1, len(self.detected))), ""
+        except TraceNeededError as exc:  # a family the estimate does not describe: measure its step, once
+            failure = memory.trace_in_background(self.store.config, exc.path)
+            self.estimate, self.error = None, failure or "measuring the model's memory (a traced training step)..."
+            if not failure:
+                QTimer.singleShot(2000, self.recompute)
         except StudioError as exc:
             self.estimate, self.error = None, exc.message
         self._show()
@@ -230,7 +236,8 @@ class EstimatePanel(QGroupBox):
                            f"{gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
                            + _scale_out_text(estimate)
-                           + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes)))
+                           + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes))
+                           + f" Estimate: {kind_text(estimate)}.")
         self.fit_button.setEnabled(True)
 
     @property

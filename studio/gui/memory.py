@@ -6,13 +6,15 @@ change in their interface is one edit. No Qt.
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from studio.core.commands import estimate_simulation_command, last_json_object
-from studio.core.config import RunConfig
+from studio.core.commands import estimate_simulation_command, last_json_object, trace_command
+from studio.core.config import RunConfig, save_config
 from studio.core.estimate import Estimate, ScaleOut, estimate
 from studio.core.fit import fit
 from studio.core.modelinfo import load_model_config
@@ -35,6 +37,43 @@ def estimate_run(config: RunConfig, device_type: str = "cuda", gpu_bytes: int = 
     devices = (gpu_bytes,) * gpu_count if gpu_bytes else ()
     return estimate(model_config_of(config), config, device_type=device_type,
                     scale_out=ScaleOut.from_config(config, devices))
+
+
+# ---------------------------------------------------------------- the trace of a model no family describes
+
+
+@dataclass
+class _Tracing:
+    process: subprocess.Popen
+    folder: tempfile.TemporaryDirectory
+
+    @property
+    def output(self) -> Path:
+        return Path(self.folder.name) / "output.txt"
+
+
+_tracing: dict[Path, _Tracing] = {}
+
+
+def trace_in_background(config: RunConfig, trace_file: Path) -> str:
+    """Start the memory trace for ``trace_file`` (studio.core.memory.derived) once, detached from the window.
+
+    Returns "" while it runs (ask again later: the estimate appears once the file
+    exists), else why no trace came of it.
+    """
+    tracing = _tracing.get(trace_file)
+    if tracing is None:
+        folder = tempfile.TemporaryDirectory(prefix="studio-trace-")
+        path = Path(folder.name) / "config.yaml"
+        save_config(config, path)
+        with open(Path(folder.name) / "output.txt", "w", encoding="utf-8") as output:
+            process = subprocess.Popen(trace_command(sys.executable, path), stdout=output, stderr=subprocess.DEVNULL)
+        _tracing[trace_file] = tracing = _Tracing(process, folder)
+    if tracing.process.poll() is None:
+        return ""
+    printed = tracing.output.read_text(encoding="utf-8") if tracing.output.is_file() else ""
+    result = last_json_object(printed) or {}
+    return "the memory trace failed: " + str(result.get("error") or "it left no trace for these settings")
 
 
 # ---------------------------------------------------------------- fit to a GPU

@@ -102,6 +102,14 @@ class LiveTensorTracker(TorchDispatchMode):
         finally:
             self._phase = previous
 
+    @property
+    def current_phase(self) -> str:
+        return self._phase
+
+    def mark(self, name: str) -> None:
+        """Attribute what follows to ``name`` until the enclosing ``phase`` ends (for hooks inside a phase)."""
+        self._phase = name
+
     # ----------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -45,7 +45,7 @@ def hub_kwargs(config: RunConfig) -> dict:
     return kwargs
 
 
-def _load_error(config: RunConfig, exc: Exception) -> StudioError:
+def load_error(config: RunConfig, exc: Exception) -> StudioError:
     name = config.model.name_or_path
     if isinstance(exc, pickle.UnpicklingError):  # torch's weights_only loader found code in a pickle file
         return refused_pickle_error(name, exc)
@@ -100,7 +100,7 @@ def load_tokenizer(config: RunConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model.name_or_path, **hub_kwargs(config))
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
-        raise _load_error(config, exc) from exc
+        raise load_error(config, exc) from exc
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise StudioError("the tokenizer has neither a pad nor an eos token", "use a tokenizer that defines eos_token", kind="model")
@@ -147,7 +147,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
             **kwargs,
         )
     except Exception as exc:
-        raise _load_error(config, exc) from exc
+        raise load_error(config, exc) from exc
     if config.distributed.layer_split:
         layersplit.dispatch_offloaded(model, placement, kwargs["device_map"])
     elif quant is None:

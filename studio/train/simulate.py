@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -133,19 +134,13 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
     cache or the Hub). Tensors are placed on the CPU, so CUDA-only kernels are
     not what runs; the estimate's ``device_type="cpu"`` is the comparable one.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    _warm_up_bitsandbytes_tables(config)
-    with _base_model_on_meta():
-        model = build_model(config, torch.device("meta"))
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    _materialize_fake(model, fake_mode)
+    model, fake_mode = fake_model(config)
     batches = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))
     targets = target_tokens(batches)
     # built outside fake mode: bitsandbytes fills its quantization maps from real data; state comes at the step
     optimizer = build_optimizer(config, _trainable(model))
     started = time.perf_counter()
-    with fake_mode, _rows_are_unpadded():
+    with fake_mode, rows_are_unpadded():
         with LiveTensorTracker() as tracker:
             tracker.add_module(model)
             tracker.add(batches)
@@ -154,15 +149,30 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
     return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started)
 
 
+def fake_model(config: RunConfig, layers: int | None = None):
+    """The worker's model built from config.json alone, every tensor fake; ``layers`` overrides its depth.
+
+    Returns the model and the FakeTensorMode to run it under.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _warm_up_bitsandbytes_tables(config)
+    with _base_model_on_meta(layers):
+        model = build_model(config, torch.device("meta"))
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    _materialize_fake(model, fake_mode)
+    return model, fake_mode
+
+
 @contextlib.contextmanager
-def _base_model_on_meta():
+def _base_model_on_meta(layers: int | None = None):
     """Make build_model load its base model on the meta device from config.json alone.
 
     build_model's other steps (k-bit preparation, checkpointing, the adapter)
     then run unchanged, so the simulation follows whatever the worker does.
     """
     original = model_module.load_base_model
-    model_module.load_base_model = _load_base_model_on_meta
+    model_module.load_base_model = functools.partial(_load_base_model_on_meta, layers=layers)
     try:
         yield
     finally:
@@ -170,7 +180,7 @@ def _base_model_on_meta():
 
 
 @contextlib.contextmanager
-def _rows_are_unpadded():
+def rows_are_unpadded():
     """Let transformers drop the all-ones attention mask, as it does on real tensors.
 
     It checks that no row is padded by reading the mask, which fake tensors
@@ -186,13 +196,33 @@ def _rows_are_unpadded():
         masking_utils._ignore_causal_mask_sdpa = original
 
 
-def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized: bool = True, dtype=None):
-    from transformers import AutoConfig, AutoModelForCausalLM
+def hub_config(config: RunConfig):
+    """The model's transformers config, read from its config.json alone."""
+    from transformers import AutoConfig
 
     try:
-        hf_config = AutoConfig.from_pretrained(config.model.name_or_path, **model_module.hub_kwargs(config))
+        return AutoConfig.from_pretrained(config.model.name_or_path, **model_module.hub_kwargs(config))
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
-        raise model_module._load_error(config, exc) from exc
+        raise model_module.load_error(config, exc) from exc
+
+
+def with_depth(hf_config, layers: int):
+    """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match)."""
+    hf_config.num_hidden_layers = layers
+    for key in ("layer_types", "mlp_layer_types"):
+        value = getattr(hf_config, key, None)
+        if isinstance(value, list) and len(value) > layers:
+            setattr(hf_config, key, value[:layers])
+    return hf_config
+
+
+def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized: bool = True, dtype=None,
+                             layers: int | None = None):
+    from transformers import AutoModelForCausalLM
+
+    hf_config = hub_config(config)
+    if layers is not None:
+        hf_config = with_depth(hf_config, layers)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype or model_module.weight_dtype(config),
                                                  attn_implementation=config.model.attn_implementation)

@@ -110,6 +110,9 @@ class Estimate:
     tokens_per_micro_batch: int
     notes: tuple[str, ...] = ()
     placement: Any = None  # a layer split's studio.core.placement.Placement
+    # "described" (the model's family, by hand) or "derived" (a traced step); left out of repr, which
+    # fit results print, so that described estimates read as they always did
+    kind: str = field(default="described", repr=False)
 
     @property
     def peak_device(self) -> DeviceEstimate:
@@ -136,6 +139,8 @@ class Estimate:
         }
         if self.placement is not None:
             out["placement"] = self.placement.to_json()
+        if self.kind != "described":  # absent: described, as every estimate was before derived ones
+            out["kind"] = self.kind
         if gpu_bytes:
             out["verdict"] = self.verdict(gpu_bytes).to_json()
         return out

@@ -7,10 +7,8 @@ from dataclasses import dataclass, replace
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import Regime
 from studio.core.memory.results import GIB, DeviceEstimate, complete_parts
 from studio.core.memory.states import ModelStates
-from studio.core.modelinfo import ModelShape
 
 
 @dataclass(frozen=True)
@@ -96,13 +94,16 @@ def with_cuda_overheads(device: DeviceEstimate, overheads: CudaOverheads, scale_
     return replace(device, parts=parts, phases={k: v + extra for k, v in device.phases.items()})
 
 
-def sharded_devices(phases, shape: ModelShape, regime: Regime, states: ModelStates, scale_out: ScaleOut):
-    """Per-GPU shares under data parallelism and ZeRO, and the host RAM that offload needs (or None)."""
+def sharded_devices(phases, device_type: str, block_parameters: int, states: ModelStates, scale_out: ScaleOut):
+    """Per-GPU shares under data parallelism and ZeRO, and the host RAM that offload needs (or None).
+
+    ``block_parameters``: the parameters of one decoder block, which ZeRO-3 gathers (16-bit) to compute it.
+    """
     if scale_out.num_gpus == 1 and not scale_out.uses_zero:
-        return [DeviceEstimate.at_peak("cuda:0" if regime.device_type == "cuda" else "cpu", phases)], None
+        return [DeviceEstimate.at_peak("cuda:0" if device_type == "cuda" else "cpu", phases)], None
     shares = zero_model_states(states, scale_out)
     communication = _bucket_bytes(states, scale_out)
-    gathered = 2 * _largest_block_bytes(shape) if scale_out.zero_stage == 3 else 0  # one layer's parameters, gathered
+    gathered = 2 * 2 * block_parameters if scale_out.zero_stage == 3 else 0  # one layer's parameters, gathered
     per_gpu = {}
     for phase, parts in phases.items():
         sharded = {**parts, **{k: v for k, v in shares.items() if k != "gradients"}}
@@ -113,7 +114,7 @@ def sharded_devices(phases, shape: ModelShape, regime: Regime, states: ModelStat
         sharded["temporaries"] = sharded.get("temporaries", 0) + gathered
         sharded["communication"] = communication
         per_gpu[phase] = sharded
-    devices = [DeviceEstimate.at_peak(f"{regime.device_type}:{rank}", per_gpu) for rank in range(scale_out.num_gpus)]
+    devices = [DeviceEstimate.at_peak(f"{device_type}:{rank}", per_gpu) for rank in range(scale_out.num_gpus)]
     return devices, _offloaded(states, scale_out)
 
 
@@ -163,8 +164,3 @@ def _bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
     if scale_out.zero_stage == 0:  # DDP copies every gradient into its buckets
         return states.gradients
     return min(states.gradients, 2 * 500_000_000 * 2)  # reduce and allgather buckets of 5e8 16-bit elements
-
-
-def _largest_block_bytes(shape: ModelShape) -> int:
-    return 2 * sum(p.elements for p in shape.block_parameters)
-

@@ -1,0 +1,267 @@
+"""The estimate of a model no family describes, derived from a traced training step of its own code.
+
+``studio.train.trace`` builds copies of the model with ``TRACE_DEPTHS`` decoder
+blocks on fake tensors and runs the worker's training step at the
+``trace_points`` (micro-batch, length). Each step records, over the model
+states live when it starts (weights, adapters, optimizer state, inputs), the
+peak of each of its ``MOMENTS`` (the blocks' forward, the head's forward, the
+head's backward, the last and the first block's backward), and the model's
+trainable tensors. Two depths separate what one more block adds from what the
+model adds once (embeddings' output, head, logits, loss); five points at each
+of two scales separate the terms that grow with the length (rotary tables),
+with length² (a causal mask shared by the rows), with the tokens, and with
+batch x length² (eager attention's scores).
+
+``derived_estimate`` scales the trace to the real depth, micro-batch and length
+and recounts the model states for the chosen optimizer, accumulation and ZeRO
+with ``states`` and ``sharding``: pure Python, well under a millisecond. Every
+setting that changes what a step keeps (method, LoRA rank and targets,
+precision, weight dtype, checkpointing, attention, loss, quantization, QAT) is
+part of the trace's key instead: a new combination is traced anew.
+
+The trace is a JSON file in the user's cache folder, named by ``trace_key``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import platformdirs
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES, loss_impl_for
+from studio.core.memory.results import Estimate
+from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
+from studio.core.memory.states import OPTIMIZERS, ModelStates, TensorGroup
+
+TRACE_VERSION = 1
+# The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
+# (a phase's peak alone moves from one moment to another as they change)
+PHASE_MOMENTS = {"forward": ("forward", "forward_head"), "backward": ("backward", "backward_last", "backward_first")}
+MOMENTS = tuple(moment for moments in PHASE_MOMENTS.values() for moment in moments)
+TRACE_DEPTHS = (2, 3)  # block 1 differs (its input needs no gradient): 3 - 2 is a typical block
+DERIVED = "derived"
+DESCRIBED = "described"
+# benchmarks/memory_accuracy.py against real steps (docs/memory-accuracy.md)
+DESCRIBED_ACCURACY = "measured: median 0.02 %, worst 4.22 %"
+DERIVED_ACCURACY = "measured: median 0.0 %, worst 0.2 %"
+
+
+def trace_settings(config: RunConfig) -> dict:
+    """The run settings that change what a training step keeps alive (not the sizes the trace scales)."""
+    lora = asdict(config.lora)
+    del lora["alpha"]  # a scale factor: no memory
+    return {"method": config.method, "dtype": config.model.dtype, "attention": config.model.attn_implementation,
+            "precision": config.training.precision, "checkpointing": config.training.gradient_checkpointing,
+            "loss": loss_impl_for(config), "load_in": config.effective_load_in,
+            "quantization": asdict(config.quantization), "lora": lora, "peft": asdict(config.peft),
+            "qat": asdict(config.qat)}
+
+
+def trace_key(model_config: dict, config: RunConfig) -> str:
+    text = json.dumps({"version": TRACE_VERSION, "model": model_config, "settings": trace_settings(config)},
+                      sort_keys=True, default=list)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def trace_cache_dir() -> Path:
+    override = os.environ.get("STUDIO_TRACE_CACHE")
+    return Path(override) if override else platformdirs.user_cache_path("finetune-studio") / "memory-traces"
+
+
+def trace_path(model_config: dict, config: RunConfig) -> Path:
+    return trace_cache_dir() / f"{model_config.get('model_type', 'model')}-{trace_key(model_config, config)}.json"
+
+
+def trace_points(vocab: int, chunked: bool) -> tuple[tuple[int, int], ...]:
+    """(micro-batch, length) of the traced steps: five at each of two scales (see ``Trace.excess``).
+
+    The chunked loss computes the logits of at most ``chunk_tokens`` at a time: no scale's points straddle
+    that, so each fit sees one behaviour; with a vocabulary so small that real runs stay in one chunk
+    (about 4,000 tokens), the scales stay below it.
+    """
+    chunk_tokens = max(1, CHUNKED_LOSS_BYTES // (4 * vocab)) if chunked else 1 << 40
+    scales = [512] if chunk_tokens > 4096 else [max(512, -(-chunk_tokens // 64) * 64)]
+    if 3 * 128 <= chunk_tokens or chunk_tokens > 4096:
+        scales.insert(0, 128)
+    return tuple(point for length in scales for point in _scale_points(length))
+
+
+def _scale_points(length: int) -> tuple[tuple[int, int], ...]:
+    return ((1, length), (1, 2 * length), (1, 3 * length), (2, length), (2, 2 * length))
+
+
+def _size_terms(batch: int, length: int) -> tuple[int, ...]:
+    """What a step's bytes grow with: once, per position (rotary tables), per position² (a mask shared by the
+    rows), per token, per row x position² (eager attention's scores)."""
+    return (1, length, length * length, batch * length, batch * length * length)
+
+
+def _fit_sizes(points, values) -> list[float]:
+    """The coefficients of ``_size_terms`` through the trace points (as many as terms): Gaussian elimination."""
+    rows = [[float(x) for x in _size_terms(*point)] + [float(value)] for point, value in zip(points, values)]
+    n = len(rows)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(n):
+            if r != col:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col])]
+    return [rows[i][n] / rows[i][i] for i in range(n)]
+
+
+def _at(coefficients, batch: int, length: int) -> float:
+    return sum(c * term for c, term in zip(coefficients, _size_terms(batch, length)))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A traced model: its real depth and the measured steps of its few-block copies (see the module doc)."""
+
+    data: dict
+
+    @classmethod
+    def load(cls, path: Path) -> "Trace":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise StudioError(f"cannot read the memory trace {path}: {exc}", "delete it and trace the model again",
+                              kind="model") from exc
+        if data.get("version") != TRACE_VERSION:
+            raise StudioError(f"the memory trace {path} is of an older version", "trace the model again", kind="model")
+        return cls(data)
+
+    @property
+    def layers(self) -> int:
+        return self.data["layers"]
+
+    def _by_depth(self, depth: int) -> dict:
+        return self.data["depths"][str(depth)]
+
+    def once_and_per_block(self, value) -> tuple[float, float]:
+        """(once, per block) of a quantity measured at both depths."""
+        low, high = TRACE_DEPTHS
+        a, b = value(self._by_depth(low)), value(self._by_depth(high))
+        per_block = (b - a) / (high - low)
+        return a - low * per_block, per_block
+
+    def at_depth(self, value, layers: int) -> float:
+        once, per_block = self.once_and_per_block(value)
+        return once + layers * per_block
+
+    def excess(self, moment: str, batch: int, length: int) -> tuple[int, int]:
+        """(fixed, blocks) bytes a moment of the step holds over the model states, at the real depth."""
+        points = [tuple(p) for p in self.data["points"]]
+        size = len(_size_terms(1, 1))
+
+        def fitted(depth_data):
+            """The largest fit of the scales: a moment's peak is the largest of several instants, each of
+            which grows by the terms, and each scale's fit follows the instants that dominate there."""
+            values = [step[moment] for step in depth_data["steps"]]
+            return max(_at(_fit_sizes(points[i:i + size], values[i:i + size]), batch, length)
+                       for i in range(0, len(points), size))
+
+        once, per_block = self.once_and_per_block(fitted)
+        return max(0, round(once)), max(0, round(per_block * self.layers))
+
+    def trainable_groups(self) -> tuple[TensorGroup, ...]:
+        """The trainable tensors of the whole model: the outer ones once, a block's ``layers`` times."""
+        low, high = TRACE_DEPTHS
+        counts = [_group_counts(self._by_depth(depth)["trainable"]) for depth in (low, high)]
+        groups = []
+        for key in set(counts[0]) | set(counts[1]):
+            per_block = (counts[1].get(key, 0) - counts[0].get(key, 0)) // (high - low)
+            once = counts[0].get(key, 0) - low * per_block
+            count = once + per_block * self.layers
+            if count:
+                groups.append(TensorGroup(tuple(key[0]), key[1], count))
+        return tuple(sorted(groups, key=lambda g: (g.shape, g.dtype)))
+
+
+def _group_counts(tensors) -> dict:
+    counts: dict = {}
+    for shape, dtype in tensors:
+        key = (tuple(shape), dtype)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _states(trace: Trace, config: RunConfig, device_type: str) -> ModelStates:
+    groups = trace.trainable_groups()
+    optimizer = OPTIMIZERS[config.training.optimizer]
+    trainable_bytes = sum(g.nbytes * g.count for g in groups)
+    full = config.method_spec.trains_every_weight
+    model_bytes = round(trace.at_depth(lambda d: d["model_bytes"], trace.layers))
+    shared = optimizer.shared_state if groups else 0
+    return ModelStates(
+        weights=model_bytes - (0 if full else trainable_bytes), adapters=0 if full else trainable_bytes,
+        gradients=trainable_bytes, optimizer_state=sum(optimizer.state(g) * g.count for g in groups) + shared,
+        master_weights=0, optimizer_temporaries=optimizer.step_temporaries(groups, device_type),
+        trainable_parameters=sum(g.elements * g.count for g in groups),
+        fp32_optimizer_state=sum(optimizer.state(TensorGroup(g.shape, "fp32", 1)) * g.count for g in groups) + shared,
+        full=full)
+
+
+def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda", scale_out: ScaleOut = ScaleOut(),
+                     overheads: CudaOverheads = CudaOverheads()) -> Estimate:
+    """The estimate of ``config`` from the model's trace (see the module doc)."""
+    if scale_out.layer_split:
+        raise StudioError("a layer split needs a model family the estimate describes",
+                          "estimate without distributed.layer_split", kind="config")
+    t = config.training
+    states = _states(trace, config, device_type)
+    inputs = 3 * 8 * t.micro_batch_size * config.data.max_length * t.gradient_accumulation_steps
+    persistent = {"weights": states.weights, "adapter_weights": states.adapters,
+                  "optimizer_state": states.optimizer_state}
+    accumulated = states.gradients if t.gradient_accumulation_steps > 1 else 0
+    phases = {}
+    for phase, moments in PHASE_MOMENTS.items():
+        fixed, blocks = max((trace.excess(moment, t.micro_batch_size, config.data.max_length) for moment in moments),
+                            key=sum)
+        phases[phase] = {**persistent, "gradients": accumulated, "activations": inputs + blocks, "logits_loss": fixed}
+    phases["optimizer"] = {**persistent, "gradients": states.gradients, "activations": inputs,
+                           "temporaries": states.optimizer_temporaries}
+    block_parameters = round(trace.once_and_per_block(lambda d: d["parameters"])[1])
+    devices, host = sharded_devices(phases, device_type, block_parameters, states, scale_out)
+    if device_type == "cuda":
+        devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
+    peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
+    if host is not None:
+        devices.append(host)
+    parameters = round(trace.at_depth(lambda d: d["parameters"], trace.layers))
+    note = ("traced estimate: activations are what the decoder blocks add, logits and loss what the model adds "
+            "once (embeddings' output, head, loss)")
+    return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=parameters,
+                    trainable_parameters=states.trainable_parameters,
+                    tokens_per_micro_batch=t.micro_batch_size * config.data.max_length, notes=(note,), kind=DERIVED)
+
+
+def cached_trace(model_config: dict, config: RunConfig) -> Trace | None:
+    path = trace_path(model_config, config)
+    return Trace.load(path) if path.is_file() else None
+
+
+def kind_text(estimate: Estimate) -> str:
+    """Which kind of estimate this is, and how close that kind came to measured steps."""
+    if estimate.kind == DERIVED:
+        return f"derived from a traced training step of the model's own code ({DERIVED_ACCURACY})"
+    return f"described (the model's family, by hand; {DESCRIBED_ACCURACY})"
+
+
+class TraceNeededError(StudioError):
+    """The model's family is not described and its step has not been traced for these settings yet."""
+
+    def __init__(self, model_type: str, path: Path):
+        super().__init__(
+            f"the estimate does not describe '{model_type}' models and has not traced this one with these settings yet",
+            "run `studio estimate CONFIG` once (it traces one training step of a small copy, about a minute), "
+            "or wait for the window's measurement", kind="model")
+        self.model_type = model_type
+        self.path = path
+
