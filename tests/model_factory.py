@@ -28,13 +28,19 @@ TINY_CONFIGS: dict[str, dict] = {
     "phi": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 512},
 }
+# Families the estimate does not describe: it derives theirs from a traced step (studio.core.memory.derived).
+UNDESCRIBED = ("stablelm", "starcoder2")
+TINY_CONFIGS.update({
+    "stablelm": {**_LLAMA_LIKE},
+    "starcoder2": {**_LLAMA_LIKE, "intermediate_size": 256},
+})
 _COMMON = {"vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 
 
 def tiny_config(family: str, **overrides) -> dict:
     """The config.json fields of a tiny model (plain data; no transformers needed)."""
     if family not in TINY_CONFIGS:
-        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(TINY_CONFIGS)}")
     return {"model_type": family, **_COMMON, **TINY_CONFIGS[family], **overrides}
 
 

@@ -21,6 +21,7 @@ from studio.core.memory.regime import regime_for
 from studio.core.memory.sharding import zero_model_states
 from studio.core.memory.states import model_states, quantized_weight_bytes
 from studio.core.memory.parts import PARTS
+from studio.core.memory.derived import TraceNeededError
 from studio.core.modelinfo import UnknownArchitectureError, load_model_config, model_shape
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), the fields that matter, written out: no download.
@@ -78,8 +79,11 @@ def test_parameter_names_follow_transformers():
     assert {"gpt_neox.embed_in.weight", "gpt_neox.layers.3.attention.query_key_value.weight", "lm_head.weight"} <= neox
 
 
-def test_unknown_architecture_is_reported_not_guessed():
+def test_unknown_architecture_is_traced_not_guessed(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDIO_TRACE_CACHE", str(tmp_path))
     with pytest.raises(UnknownArchitectureError, match="falcon"):
+        model_shape({"model_type": "falcon", "hidden_size": 4544})
+    with pytest.raises(TraceNeededError, match="falcon"):  # studio.core.memory.derived: tests/test_derived.py
         estimate({"model_type": "falcon", "hidden_size": 4544}, run())
     with pytest.raises(StudioError, match="no model_type"):
         estimate({"hidden_size": 64}, run())

@@ -87,12 +87,13 @@ def trace_points(vocab: int, chunked: bool) -> tuple[tuple[int, int], ...]:
     """
     chunk_tokens = max(1, CHUNKED_LOSS_BYTES // (4 * vocab)) if chunked else 1 << 40
     scales = [512] if chunk_tokens > 4096 else [max(512, -(-chunk_tokens // 64) * 64)]
-    if 3 * 128 <= chunk_tokens or chunk_tokens > 4096:
+    small = scale_points(128)
+    if all(b * s >= chunk_tokens for b, s in small) or all(b * s <= chunk_tokens for b, s in small):
         scales.insert(0, 128)
-    return tuple(point for length in scales for point in _scale_points(length))
+    return tuple(point for length in scales for point in scale_points(length))
 
 
-def _scale_points(length: int) -> tuple[tuple[int, int], ...]:
+def scale_points(length: int) -> tuple[tuple[int, int], ...]:
     return ((1, length), (1, 2 * length), (1, 3 * length), (2, length), (2, 2 * length))
 
 
@@ -102,7 +103,7 @@ def _size_terms(batch: int, length: int) -> tuple[int, ...]:
     return (1, length, length * length, batch * length, batch * length * length)
 
 
-def _fit_sizes(points, values) -> list[float]:
+def fit_sizes(points, values) -> list[float]:
     """The coefficients of ``_size_terms`` through the trace points (as many as terms): Gaussian elimination."""
     rows = [[float(x) for x in _size_terms(*point)] + [float(value)] for point, value in zip(points, values)]
     n = len(rows)
@@ -116,7 +117,7 @@ def _fit_sizes(points, values) -> list[float]:
     return [rows[i][n] / rows[i][i] for i in range(n)]
 
 
-def _at(coefficients, batch: int, length: int) -> float:
+def value_at(coefficients, batch: int, length: int) -> float:
     return sum(c * term for c, term in zip(coefficients, _size_terms(batch, length)))
 
 
@@ -164,7 +165,7 @@ class Trace:
             """The largest fit of the scales: a moment's peak is the largest of several instants, each of
             which grows by the terms, and each scale's fit follows the instants that dominate there."""
             values = [step[moment] for step in depth_data["steps"]]
-            return max(_at(_fit_sizes(points[i:i + size], values[i:i + size]), batch, length)
+            return max(value_at(fit_sizes(points[i:i + size], values[i:i + size]), batch, length)
                        for i in range(0, len(points), size))
 
         once, per_block = self.once_and_per_block(fitted)

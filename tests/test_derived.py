@@ -1,0 +1,127 @@
+"""The estimate of a model no family describes: traced from its own code, scaled in pure Python, checked
+against real training steps; and the CLI that traces on demand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from model_factory import make_tiny_model, tiny_config
+
+from studio.core.config import RunConfig, save_config
+from studio.core.estimate import estimate
+from studio.core.memory.derived import (DERIVED, TraceNeededError, value_at, fit_sizes, scale_points, trace_key,
+                                        trace_points)
+from studio.core.modelinfo import UnknownArchitectureError, model_shape
+
+
+@pytest.fixture(autouse=True)
+def trace_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDIO_TRACE_CACHE", str(tmp_path / "traces"))
+    return tmp_path / "traces"
+
+
+def run(**sections) -> RunConfig:
+    return RunConfig().replace(**sections)
+
+
+def test_the_size_fit_recovers_every_term():
+    coefficients = [1000.0, 24.0, 3.0, 512.0, 2.0]
+    points = scale_points(128)
+    fitted = fit_sizes(points, [value_at(coefficients, *point) for point in points])
+    assert fitted == pytest.approx(coefficients, rel=1e-9)
+    assert value_at(fitted, 7, 3000) == pytest.approx(value_at(coefficients, 7, 3000), rel=1e-9)
+
+
+def test_trace_points_keep_the_chunked_loss_on_one_side_of_a_chunk():
+    small_vocab = trace_points(512, chunked=True)  # a chunk holds 32k tokens: every point stays inside one
+    assert max(b * s for b, s in small_vocab) < 32768
+    big_vocab = trace_points(151936, chunked=True)  # 110 tokens a chunk: every point spans whole chunks
+    assert min(b * s for b, s in big_vocab) >= 110
+    assert len(small_vocab) == len(big_vocab) == 10
+
+
+def test_a_model_no_family_describes_asks_for_its_trace_instead_of_refusing():
+    with pytest.raises(UnknownArchitectureError):
+        model_shape(tiny_config("stablelm"))
+    with pytest.raises(TraceNeededError, match="stablelm") as raised:
+        estimate(tiny_config("stablelm"), run())
+    assert "studio estimate" in raised.value.hint
+
+
+def test_the_trace_key_follows_what_changes_the_step_and_not_what_the_estimate_scales():
+    model = tiny_config("stablelm")
+    base = trace_key(model, run())
+    scaled = run(training={"micro_batch_size": 7, "optimizer": "adafactor", "gradient_accumulation_steps": 4},
+                 data={"max_length": 999}, lora={"alpha": 3.0})
+    assert trace_key(model, scaled) == base
+    for changed in (run(training={"precision": "fp32"}), run(training={"gradient_checkpointing": True}),
+                    run(lora={"r": 32}), run(method="full"), run(model={"attn_implementation": "eager"})):
+        assert trace_key(model, changed) != base
+    assert trace_key({**model, "hidden_size": 128}, run()) != base
+
+
+# ---------------------------------------------------------------- against real steps
+
+# (traced settings, the sizes estimated: a depth, micro-batch and length none of the traced steps had)
+REAL_STEPS = [
+    ({"method": "lora", "training": {"precision": "bf16", "optimizer": "adamw"}}, 3, 96),
+    ({"method": "full", "training": {"precision": "fp32", "gradient_checkpointing": True, "optimizer": "adamw"},
+      "model": {"attn_implementation": "eager"}}, 2, 200),
+    ({"method": "lora", "training": {"precision": "fp32", "optimizer": "sgd", "gradient_accumulation_steps": 2},
+      "lora": {"r": 4}}, 3, 160),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["stablelm", "starcoder2"])
+def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family):
+    import torch
+
+    from studio.train.simulate import measure_step
+    from studio.train.trace import write_trace
+
+    folder = make_tiny_model(family, tmp_path / family, num_hidden_layers=5)
+    model_config = json.loads((folder / "config.json").read_text())
+    for sections, batch, length in REAL_STEPS:
+        config = run(model={"name_or_path": str(folder), **sections.get("model", {})},
+                     **{k: v for k, v in sections.items() if k != "model"})
+        write_trace(config)
+        sized = config.replace(training={"micro_batch_size": batch}, data={"max_length": length})
+        started = time.perf_counter()
+        derived = estimate(model_config, sized, "cpu")
+        assert time.perf_counter() - started < 0.05
+        assert derived.kind == DERIVED
+        measured = measure_step(sized, torch.device("cpu"))
+        assert derived.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.03), (sections, measured)
+        assert derived.trainable_parameters == sum(p.numel() for p in _trainable(sized))
+
+
+def _trainable(config):
+    import torch
+
+    from studio.train.model import build_model
+
+    return [p for p in build_model(config, torch.device("cpu")).parameters() if p.requires_grad]
+
+
+@pytest.mark.slow
+def test_studio_estimate_traces_an_undescribed_model_once_and_says_which_kind_it_is(tmp_path, trace_cache):
+    folder = make_tiny_model("stablelm", tmp_path / "model", weights=False)  # config.json is all it needs
+    path = tmp_path / "run.yaml"
+    save_config(run(model={"name_or_path": str(folder)}, data={"max_length": 64}), path)
+    command = [sys.executable, "-m", "studio", "estimate", str(path)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "tracing one training step" in first.stderr
+    assert "kind: derived from a traced training step" in first.stdout and "measured" in first.stdout
+    assert len(list(trace_cache.glob("stablelm-*.json"))) == 1
+    again = subprocess.run(command + ["--json", "--simulate"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    result = json.loads(again.stdout)
+    assert result["kind"] == DERIVED and "tracing" not in again.stderr
+    tensors = result["peak_bytes"] - sum(result["devices"][0]["parts"][k] for k in ("cuda_context", "allocator_margin"))
+    assert result["simulated"]["peak_bytes"] == pytest.approx(tensors, rel=0.03)
