@@ -10,7 +10,10 @@ allocates the optimizer state, the second is the steady state) at full
 sequence length, and takes the peak of live tensor bytes from a dispatch-mode
 tracker (``studio.train.memtrack``). It compares that with the analytic
 estimate (``studio.core.estimate``, device type cpu) and with the simulated
-one (the same steps on fake tensors, ``studio.train.simulate``).
+one (the same steps on fake tensors, ``studio.train.simulate``). The rows named
+``derived:`` estimate from a traced step instead of the family's description
+(``studio.core.memory.derived``, traced here in-process by ``studio.train.trace``);
+``--only derived:`` runs just those.
 
 On a machine with a GPU (and without ``--cpu``) the steps run on CUDA and the
 measured side is torch.cuda.max_memory_allocated / max_memory_reserved and
@@ -59,6 +62,11 @@ MODELS = {
                                 num_key_value_heads=8, vocab_size=2048, resid_pdrop=0.1)),
     "gemma-14M": ("gemma", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
                                 num_key_value_heads=1, head_dim=64, vocab_size=32000)),
+    # families no hand description covers: only the derived estimate (a traced step) applies
+    "stablelm-20M": ("stablelm", dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
+                                      num_attention_heads=6, num_key_value_heads=2, vocab_size=16384)),
+    "starcoder2-24M": ("starcoder2", dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
+                                          num_attention_heads=6, num_key_value_heads=2, vocab_size=16384)),
 }
 
 
@@ -74,10 +82,13 @@ class Case:
     accumulation: int = 1
     quick: bool = False
     changes: dict = field(default_factory=dict)  # further RunConfig sections, e.g. {"lora": {"r": 64}}
+    derived: bool = False  # estimate from a traced step (studio.core.memory.derived), not the family's description
 
     @property
     def name(self) -> str:
         parts = [self.model, self.method, self.precision, f"b{self.micro_batch}x{self.sequence}", self.optimizer]
+        if self.derived:
+            parts.insert(0, "derived:")
         if self.checkpointing:
             parts.append("ckpt")
         if self.accumulation > 1:
@@ -152,6 +163,29 @@ CASES = [
     Case("gemma-14M", "qlora", "bf16", 2, 512),
 ]
 
+# The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On
+# described families too, so that its error is measured where the description's is known.
+DERIVED_CASES = [
+    Case("llama-7M", "lora", "bf16", 4, 256, derived=True, quick=True),
+    Case("llama-7M", "full", "fp32", 4, 128, derived=True),
+    Case("llama-55M", "lora", "bf16", 4, 256, checkpointing=True, derived=True),
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit", derived=True),
+    Case("llama-7M", "lora", "bf16", 2, 256, changes={"model": {"attn_implementation": "eager"}}, derived=True),
+    Case("llama-7M", "lora", "bf16", 4, 256, accumulation=2, derived=True),
+    Case("qwen2-16M", "full", "fp32", 2, 256, optimizer="sgd", derived=True),
+    Case("mistral-26M", "lora", "bf16", 2, 512, checkpointing=True, derived=True),
+    Case("gpt2-17M", "lora", "bf16", 4, 256, derived=True),
+    Case("gpt2-17M", "full", "fp32", 2, 256, checkpointing=True, derived=True),
+    Case("gpt2-12M-v2k", "lora", "bf16", 2, 256, checkpointing=True, derived=True),
+    Case("neox-36M", "lora", "bf16", 4, 256, derived=True),
+    Case("phi-36M", "full", "fp32", 2, 128, derived=True),
+    Case("gemma-14M", "lora", "bf16", 4, 256, derived=True),
+    Case("stablelm-20M", "lora", "bf16", 4, 256, derived=True, quick=True),
+    Case("stablelm-20M", "full", "bf16", 2, 512, checkpointing=True, derived=True),
+    Case("starcoder2-24M", "lora", "fp32", 2, 384, derived=True),
+    Case("starcoder2-24M", "qlora", "bf16", 4, 256, checkpointing=True, derived=True),
+]
+
 
 @dataclass
 class Row:
@@ -188,21 +222,23 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     import torch
 
     from studio.core.estimate import estimate
-    from studio.core.modelinfo import model_shape
+    from studio.core.memory.derived import Trace, derived_estimate
     from studio.train.simulate import measure_step, simulate_step
+    from studio.train.trace import trace_model
 
     started = time.perf_counter()
     folder = model_folder(case.model, cache)
     config = case.run_config(folder)
     model_config = json.loads((folder / "config.json").read_text())
     on_cuda = device.type == "cuda"
-    analytic = estimate(model_config, config, device_type=device.type)
+    analytic = derived_estimate(Trace(trace_model(config)), config, device.type) if case.derived \
+        else estimate(model_config, config, device_type=device.type)
     simulated = simulate_step(config).peak_bytes if simulate else None
     measured = measure_step(config, device)
     # this process's context and the allocator's cache, still reserved after the step
     nvml_used = _nvml_used() - nvml_baseline if on_cuda else 0
     overheads = analytic.parts["cuda_context"] + analytic.parts["allocator_margin"]
-    row = Row(case, parameters=model_shape(model_config).parameter_count, measured=measured.peak_bytes,
+    row = Row(case, parameters=analytic.parameters, measured=measured.peak_bytes,
               analytic=analytic.peak_bytes - overheads, simulated=simulated, seconds=time.perf_counter() - started,
               reserved=measured.peak_reserved_bytes, nvml_used=nvml_used, analytic_total=analytic.peak_bytes)
     gc.collect()
@@ -243,7 +279,8 @@ def table(rows: list[Row], on_cuda: bool) -> str:
 
 def summary(rows: list[Row]) -> str:
     lines = []
-    for label, errors in (("analytic", [r.analytic_error for r in rows]),
+    for label, errors in (("analytic (described)", [r.analytic_error for r in rows if not r.case.derived]),
+                          ("analytic (derived)", [r.analytic_error for r in rows if r.case.derived]),
                           ("simulated", [r.simulated_error for r in rows if r.simulated is not None])):
         if errors:
             absolute = [abs(e) for e in errors]
@@ -269,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    cases = [c for c in CASES if (c.quick or not args.quick) and (not args.only or args.only in c.name)]
+    cases = [c for c in CASES + DERIVED_CASES if (c.quick or not args.quick) and (not args.only or args.only in c.name)]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)
     nvml_baseline = _nvml_used() if device.type == "cuda" else 0  # other processes, before our CUDA context exists

@@ -200,6 +200,20 @@ def test_simulate_runs_in_a_subprocess_with_progress(window, qtbot):
     assert not panel.progress.isVisible()
 
 
+@pytest.mark.slow
+def test_a_model_no_family_describes_is_measured_in_the_background_then_estimated(window, qtbot, tmp_path,
+                                                                                   monkeypatch):
+    from model_factory import make_tiny_model
+
+    monkeypatch.setenv("STUDIO_TRACE_CACHE", str(tmp_path / "traces"))  # the trace subprocess inherits it
+    folder = make_tiny_model("stablelm", tmp_path / "stablelm", weights=False)
+    window.store.update(model={"name_or_path": str(folder)}, data={"max_length": 64})
+    panel = window.estimate_panel
+    assert panel.estimate is None and "measuring the model's memory" in panel.verdict.text()
+    qtbot.waitUntil(lambda: panel.estimate is not None, timeout=300_000)
+    assert panel.estimate.kind == "derived" and "derived from a traced training step" in panel.phase.text()
+
+
 # ---------------------------------------------------------------- model and data
 
 def test_model_picker_hub_id_offline_then_demo(window, monkeypatch, tmp_path):

@@ -36,13 +36,15 @@ from studio.train.optim import build_optimizer
 from studio.train.simulate import (fake_model, full_length_batches, hub_config, rows_are_unpadded, run_optimizer_steps,
                                    target_tokens)
 
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")  # the longest input
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def trace_model(config: RunConfig) -> dict:
     """The trace of ``config``'s model (see the module doc), as the JSON mapping the estimate reads."""
     hf_config = hub_config(config)
-    points = trace_points(hf_config.vocab_size, loss_impl_for(config) == "chunked")
+    positions = next((value for key in _POSITION_KEYS if isinstance(value := getattr(hf_config, key, None), int)), 0)
+    points = trace_points(hf_config.vocab_size, loss_impl_for(config) == "chunked", positions)
     depths = {str(depth): _trace_depth(config, depth, points) for depth in TRACE_DEPTHS}
     return {"version": TRACE_VERSION, "model_type": hf_config.model_type, "layers": hf_config.num_hidden_layers,
             "points": [list(point) for point in points], "depths": depths}
@@ -142,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         path = write_trace(load_config(args.config))
     except StudioError as exc:
         print(json.dumps({"error": exc.message, "hint": exc.hint}))
+        return 1
+    except Exception as exc:  # the model's own code, on fake tensors: anything it raises
+        print(json.dumps({"error": f"the model's code failed in the traced step: {type(exc).__name__}: {exc}",
+                          "hint": "without a trace there is no estimate for this model; if the message names an "
+                                  "attention implementation, set model.attn_implementation accordingly"}))
         return 1
     print(json.dumps({"trace": str(path), "seconds": round(time.perf_counter() - started, 1)}))
     return 0

@@ -78,8 +78,9 @@ def trace_path(model_config: dict, config: RunConfig) -> Path:
     return trace_cache_dir() / f"{model_config.get('model_type', 'model')}-{trace_key(model_config, config)}.json"
 
 
-def trace_points(vocab: int, chunked: bool) -> tuple[tuple[int, int], ...]:
-    """(micro-batch, length) of the traced steps: five at each of two scales (see ``Trace.excess``).
+def trace_points(vocab: int, chunked: bool, positions: int = 0) -> tuple[tuple[int, int], ...]:
+    """(micro-batch, length) of the traced steps: five at each of two scales (see ``Trace.excess``), none
+    longer than the model's ``positions`` (0: no limit).
 
     The chunked loss computes the logits of at most ``chunk_tokens`` at a time: no scale's points straddle
     that, so each fit sees one behaviour; with a vocabulary so small that real runs stay in one chunk
@@ -90,6 +91,8 @@ def trace_points(vocab: int, chunked: bool) -> tuple[tuple[int, int], ...]:
     small = scale_points(128)
     if all(b * s >= chunk_tokens for b, s in small) or all(b * s <= chunk_tokens for b, s in small):
         scales.insert(0, 128)
+    if positions:
+        scales = sorted({min(length, max(1, positions // 3)) for length in scales})
     return tuple(point for length in scales for point in scale_points(length))
 
 
