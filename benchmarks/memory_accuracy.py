@@ -167,8 +167,8 @@ CASES = [
 # described families too, so that its error is measured where the description's is known.
 DERIVED_CASES = [
     Case("llama-7M", "lora", "bf16", 4, 256, derived=True, quick=True),
+    Case("llama-55M", "lora", "bf16", 4, 256, checkpointing=True, derived=True, quick=True),
     Case("llama-7M", "full", "fp32", 4, 128, derived=True),
-    Case("llama-55M", "lora", "bf16", 4, 256, checkpointing=True, derived=True),
     Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit", derived=True),
     Case("llama-7M", "lora", "bf16", 2, 256, changes={"model": {"attn_implementation": "eager"}}, derived=True),
     Case("llama-7M", "lora", "bf16", 4, 256, accumulation=2, derived=True),

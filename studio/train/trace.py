@@ -44,10 +44,12 @@ def trace_model(config: RunConfig) -> dict:
     """The trace of ``config``'s model (see the module doc), as the JSON mapping the estimate reads."""
     hf_config = hub_config(config)
     positions = next((value for key in _POSITION_KEYS if isinstance(value := getattr(hf_config, key, None), int)), 0)
-    points = trace_points(hf_config.vocab_size, loss_impl_for(config) == "chunked", positions)
+    chunked = loss_impl_for(config) == "chunked"
+    points = trace_points(hf_config.vocab_size, chunked, positions)
     depths = {str(depth): _trace_depth(config, depth, points) for depth in TRACE_DEPTHS}
     return {"version": TRACE_VERSION, "model_type": hf_config.model_type, "layers": hf_config.num_hidden_layers,
-            "points": [list(point) for point in points], "depths": depths}
+            "vocab": hf_config.vocab_size, "chunked": chunked, "points": [list(point) for point in points],
+            "depths": depths}
 
 
 def _trace_depth(config: RunConfig, depth: int, points) -> dict:
@@ -124,7 +126,14 @@ def _decoder_blocks(model) -> torch.nn.ModuleList:
 def write_trace(config: RunConfig) -> Path:
     """Trace ``config``'s model and store the trace where the estimate looks for it."""
     path = trace_path(load_model_config(config.model.name_or_path, config.model.revision), config)
-    trace = trace_model(config)
+    try:
+        trace = trace_model(config)
+    except StudioError:
+        raise
+    except Exception as exc:  # the model's own code, on fake tensors: anything it raises
+        raise StudioError(f"the model's code failed in the traced step: {type(exc).__name__}: {exc}",
+                          "without a trace there is no estimate for this model; if the message names an attention "
+                          "implementation, set model.attn_implementation accordingly", kind="model") from exc
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(trace, indent=1), encoding="utf-8")
@@ -144,11 +153,6 @@ def main(argv: list[str] | None = None) -> int:
         path = write_trace(load_config(args.config))
     except StudioError as exc:
         print(json.dumps({"error": exc.message, "hint": exc.hint}))
-        return 1
-    except Exception as exc:  # the model's own code, on fake tensors: anything it raises
-        print(json.dumps({"error": f"the model's code failed in the traced step: {type(exc).__name__}: {exc}",
-                          "hint": "without a trace there is no estimate for this model; if the message names an "
-                                  "attention implementation, set model.attn_implementation accordingly"}))
         return 1
     print(json.dumps({"trace": str(path), "seconds": round(time.perf_counter() - started, 1)}))
     return 0

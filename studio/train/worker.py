@@ -37,6 +37,7 @@ from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
 from studio.core.events import EventWriter
+from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.regime import loss_impl_for
 from studio.core.modelinfo import load_model_config
 from studio.core.rundir import RunDir, default_runs_root
@@ -57,6 +58,7 @@ from studio.train.oom import consistent_after, oom_report, overflowed_part, rele
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
 from studio.train.preflight import check_inputs
+from studio.train.trace import write_trace
 
 log = logging.getLogger("studio.train")
 
@@ -172,8 +174,12 @@ class Worker:
         """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
         model = self.config.model
         try:
-            predicted = estimate(load_model_config(model.name_or_path, model.revision), self.config, self.device.type,
-                                 run_scale_out(self.config))
+            model_config = load_model_config(model.name_or_path, model.revision)
+            try:
+                predicted = estimate(model_config, self.config, self.device.type, run_scale_out(self.config))
+            except TraceNeededError:  # no family describes the model: trace its step (seconds, fake tensors)
+                write_trace(self.config)
+                predicted = estimate(model_config, self.config, self.device.type, run_scale_out(self.config))
         except StudioError as exc:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
             return None

@@ -83,21 +83,29 @@ def trace_points(vocab: int, chunked: bool, positions: int = 0) -> tuple[tuple[i
     longer than the model's ``positions`` (0: no limit).
 
     The chunked loss computes the logits of at most ``chunk_tokens`` at a time: no scale's points straddle
-    that, so each fit sees one behaviour; with a vocabulary so small that real runs stay in one chunk
-    (about 4,000 tokens), the scales stay below it.
+    that, so each fit sees one behaviour. The larger scale spans whole chunks when real runs of this
+    vocabulary do (about 4,000 tokens a chunk or fewer), with as many rows as that takes.
     """
-    chunk_tokens = max(1, CHUNKED_LOSS_BYTES // (4 * vocab)) if chunked else 1 << 40
-    scales = [512] if chunk_tokens > 4096 else [max(512, -(-chunk_tokens // 64) * 64)]
-    small = scale_points(128)
-    if all(b * s >= chunk_tokens for b, s in small) or all(b * s <= chunk_tokens for b, s in small):
-        scales.insert(0, 128)
-    if positions:
-        scales = sorted({min(length, max(1, positions // 3)) for length in scales})
-    return tuple(point for length in scales for point in scale_points(length))
+    longest = positions // 3 if positions else 1 << 20
+    chunk_tokens = loss_chunk_tokens(vocab, chunked)
+    large_length = min(512, longest)
+    large_rows = -(-chunk_tokens // large_length) if chunk_tokens <= 4096 else 1
+    scales = []
+    for rows, length in ((1, min(128, longest)), (large_rows, large_length)):
+        tokens = [b * s for b, s in scale_points(length, rows)]
+        straddles = min(tokens) < chunk_tokens < max(tokens)
+        if not straddles and (rows, length) not in scales:
+            scales.append((rows, length))
+    return tuple(point for rows, length in scales for point in scale_points(length, rows))
 
 
-def scale_points(length: int) -> tuple[tuple[int, int], ...]:
-    return ((1, length), (1, 2 * length), (1, 3 * length), (2, length), (2, 2 * length))
+def loss_chunk_tokens(vocab: int, chunked: bool) -> int:
+    """Tokens whose logits the loss computes at once (all of them for the full loss)."""
+    return max(1, CHUNKED_LOSS_BYTES // (4 * vocab)) if chunked else 1 << 40
+
+
+def scale_points(length: int, rows: int = 1) -> tuple[tuple[int, int], ...]:
+    return ((rows, length), (rows, 2 * length), (rows, 3 * length), (2 * rows, length), (2 * rows, 2 * length))
 
 
 def _size_terms(batch: int, length: int) -> tuple[int, ...]:
@@ -163,16 +171,23 @@ class Trace:
         """(fixed, blocks) bytes a moment of the step holds over the model states, at the real depth."""
         points = [tuple(p) for p in self.data["points"]]
         size = len(_size_terms(1, 1))
+        scales = self._scales_like(batch * length, range(0, len(points), size), size)
 
         def fitted(depth_data):
             """The largest fit of the scales: a moment's peak is the largest of several instants, each of
             which grows by the terms, and each scale's fit follows the instants that dominate there."""
             values = [step[moment] for step in depth_data["steps"]]
-            return max(value_at(fit_sizes(points[i:i + size], values[i:i + size]), batch, length)
-                       for i in range(0, len(points), size))
+            return max(value_at(fit_sizes(points[i:i + size], values[i:i + size]), batch, length) for i in scales)
 
         once, per_block = self.once_and_per_block(fitted)
         return max(0, round(once)), max(0, round(per_block * self.layers))
+
+    def _scales_like(self, tokens: int, starts, size: int) -> list[int]:
+        """The scales (by first point) on the same side of a loss chunk as ``tokens`` (all if none is)."""
+        chunk = loss_chunk_tokens(self.data["vocab"], self.data["chunked"])
+        points = self.data["points"]
+        alike = [i for i in starts if (points[i][0] * points[i][1] >= chunk) == (tokens >= chunk)]
+        return alike or list(starts)
 
     def trainable_groups(self) -> tuple[TensorGroup, ...]:
         """The trainable tensors of the whole model: the outer ones once, a block's ``layers`` times."""
