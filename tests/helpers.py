@@ -20,6 +20,17 @@ def quick_config(data_file: Path, **sections):
     return base.replace(**sections)
 
 
+def with_demo_tokenizer(folder: Path) -> Path:
+    """A tiny model folder with the demo's tokenizer (it fits in a vocabulary of 1200 tokens or more)."""
+    import shutil
+
+    from studio.core.presets import DEMO_MODEL
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(DEMO_MODEL / name, folder / name)
+    return folder
+
+
 def losses(run_dir) -> list[float]:
     return [e["loss"] for e in read_events(run_dir.events) if e["type"] == "step"]
 

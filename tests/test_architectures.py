@@ -1,14 +1,11 @@
 """LoRA's all-linear default finds the right layers in every supported architecture family, and trains."""
 
-import shutil
-
 import pytest
 
-from helpers import quick_config
+from helpers import quick_config, with_demo_tokenizer
 from model_factory import make_tiny_model
 from studio.core.commands import EXIT_OK
 from studio.core.events import read_events
-from studio.core.presets import DEMO_MODEL
 from studio.train.worker import run
 
 EXPECTED_TARGETS = {
@@ -25,9 +22,7 @@ EXPECTED_TARGETS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(EXPECTED_TARGETS))
 def test_all_linear_targets_and_training(tmp_path, story_data, family):
-    folder = make_tiny_model(family, tmp_path / family, vocab_size=1200)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(DEMO_MODEL / name, folder / name)  # the demo tokenizer fits in the 1200-token vocabulary
+    folder = with_demo_tokenizer(make_tiny_model(family, tmp_path / family, vocab_size=1200))
     config = quick_config(story_data, model={"name_or_path": str(folder)}, data={"format": "text"},
                           training={"max_steps": 2})
     code, run_dir = run(config, tmp_path / "run", watch_stdin=False)

@@ -129,17 +129,12 @@ def test_studio_estimate_traces_an_undescribed_model_once_and_says_which_kind_it
 
 @pytest.mark.slow
 def test_a_training_run_of_an_undescribed_model_traces_it_and_records_the_estimate(tmp_path, story_data, trace_cache):
-    import shutil
-
-    from helpers import quick_config
+    from helpers import quick_config, with_demo_tokenizer
 
     from studio.core.events import read_events
-    from studio.core.presets import DEMO_MODEL
     from studio.train.worker import run as train
 
-    folder = make_tiny_model("stablelm", tmp_path / "stablelm", vocab_size=1200)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(DEMO_MODEL / name, folder / name)  # the demo tokenizer fits in the 1200-token vocabulary
+    folder = with_demo_tokenizer(make_tiny_model("stablelm", tmp_path / "stablelm", vocab_size=1200))
     config = quick_config(story_data, model={"name_or_path": str(folder)}, data={"format": "text"},
                           training={"max_steps": 3})
     code, run_dir = train(config, tmp_path / "run", watch_stdin=False)
