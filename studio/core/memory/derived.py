@@ -45,8 +45,7 @@ TRACE_VERSION = 1
 PHASE_MOMENTS = {"forward": ("forward", "forward_head"), "backward": ("backward", "backward_last", "backward_first")}
 MOMENTS = tuple(moment for moments in PHASE_MOMENTS.values() for moment in moments)
 TRACE_DEPTHS = (2, 3)  # block 1 differs (its input needs no gradient): 3 - 2 is a typical block
-DERIVED = "derived"
-DESCRIBED = "described"
+DERIVED = "derived"  # Estimate.kind of these estimates
 # benchmarks/memory_accuracy.py against real steps (docs/memory-accuracy.md)
 DESCRIBED_ACCURACY = "measured: median 0.02 %, worst 4.22 %"
 DERIVED_ACCURACY = "measured: median 0.0 %, worst 0.2 %"
@@ -171,7 +170,7 @@ class Trace:
         """(fixed, blocks) bytes a moment of the step holds over the model states, at the real depth."""
         points = [tuple(p) for p in self.data["points"]]
         size = len(_size_terms(1, 1))
-        scales = self._scales_like(batch * length, range(0, len(points), size), size)
+        scales = self._scales_like(batch * length, range(0, len(points), size))
 
         def fitted(depth_data):
             """The largest fit of the scales: a moment's peak is the largest of several instants, each of
@@ -182,7 +181,7 @@ class Trace:
         once, per_block = self.once_and_per_block(fitted)
         return max(0, round(once)), max(0, round(per_block * self.layers))
 
-    def _scales_like(self, tokens: int, starts, size: int) -> list[int]:
+    def _scales_like(self, tokens: int, starts) -> list[int]:
         """The scales (by first point) on the same side of a loss chunk as ``tokens`` (all if none is)."""
         chunk = loss_chunk_tokens(self.data["vocab"], self.data["chunked"])
         points = self.data["points"]
