@@ -13,8 +13,9 @@ from model_factory import make_tiny_model, tiny_config
 
 from studio.core.config import RunConfig, save_config
 from studio.core.estimate import estimate
-from studio.core.memory.derived import (DERIVED, TraceNeededError, value_at, fit_sizes, scale_points, trace_key,
-                                        trace_points)
+from studio.core.memory.derived import (DERIVED, MOMENTS, TRACE_DEPTHS, TRACE_VERSION, Trace, TraceNeededError,
+                                        derived_estimate, fit_sizes, scale_points, trace_key, trace_points, value_at)
+from studio.core.memory.sharding import ScaleOut
 from studio.core.modelinfo import UnknownArchitectureError, model_shape
 
 
@@ -62,6 +63,36 @@ def test_the_trace_key_follows_what_changes_the_step_and_not_what_the_estimate_s
                     run(lora={"r": 32}), run(method="full"), run(model={"attn_implementation": "eager"})):
         assert trace_key(model, changed) != base
     assert trace_key({**model, "hidden_size": 128}, run()) != base
+
+
+def synthetic_trace(layers: int) -> Trace:
+    """A trace whose steps follow known formulas: per block 1000 bytes a token, once 50 per token plus 4 KB."""
+    points = trace_points(512, chunked=True)
+    depths = {}
+    for depth in TRACE_DEPTHS:
+        steps = [{moment: (depth * 1000 + 50) * b * s + 4096 if moment == "forward" else 0 for moment in MOMENTS}
+                 for b, s in points]
+        depths[str(depth)] = {"model_bytes": 10_000 + depth * 4_000, "parameters": 2_500 + depth * 1_000,
+                              "trainable": [[[8, 16], "fp32"], [[16, 8], "fp32"]] * depth, "steps": steps}
+    return Trace({"version": TRACE_VERSION, "layers": layers, "vocab": 512, "chunked": True,
+                  "points": [list(p) for p in points], "depths": depths})
+
+
+def test_a_trace_scales_to_any_depth_batch_length_optimizer_and_zero_stage():
+    trace = synthetic_trace(layers=30)
+    config = run(training={"micro_batch_size": 3, "optimizer": "adamw"}, data={"max_length": 700})
+    result = derived_estimate(trace, config, "cpu")
+    parts = result.devices[0].parts
+    assert result.peak_phase == "forward" and result.kind == DERIVED
+    assert parts["activations"] == 30 * 1000 * 2100 + 3 * 8 * 2100  # the blocks, and the inputs
+    assert parts["logits_loss"] == 50 * 2100 + 4096
+    assert parts["weights"] + parts["adapter_weights"] == 10_000 + 30 * 4_000
+    assert parts["adapter_weights"] == 30 * 2 * 128 * 4 and result.trainable_parameters == 30 * 2 * 128
+    assert parts["optimizer_state"] == 30 * 2 * (2 * 128 * 4 + 4)  # Adam: two moments and a step per tensor
+    sgd = derived_estimate(trace, config.replace(training={"optimizer": "sgd"}), "cpu").devices[0].parts
+    assert sgd["optimizer_state"] == 30 * 2 * 128 * 4
+    sharded = derived_estimate(trace, config, "cuda", ScaleOut(num_gpus=4, zero_stage=3))
+    assert len(sharded.devices) == 4 and sharded.devices[0].parts["communication"] > 0
 
 
 # ---------------------------------------------------------------- against real steps
