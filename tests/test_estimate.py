@@ -331,6 +331,7 @@ def test_estimate_command_prints_the_table_and_verdict(tmp_path, capsys):
     assert args.handler(args) == 0
     out = capsys.readouterr().out
     assert "\n  weights " in out and "\n  total " in out and "on 24.00 GiB:" in out
+    assert "kind: described (the model's family, by hand; measured: median" in out
 
 
 def test_estimate_command_json(tmp_path, capsys):
