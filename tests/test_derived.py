@@ -35,6 +35,8 @@ def test_the_size_fit_recovers_every_term():
     fitted = fit_sizes(points, [value_at(coefficients, *point) for point in points])
     assert fitted == pytest.approx(coefficients, rel=1e-9)
     assert value_at(fitted, 7, 3000) == pytest.approx(value_at(coefficients, 7, 3000), rel=1e-9)
+    without_scores = fit_sizes(points, [value_at(coefficients[:4], *point) for point in points], scores=False)
+    assert without_scores == pytest.approx(coefficients[:4], rel=1e-6)  # least squares: five points, four terms
 
 
 def test_trace_points_keep_the_chunked_loss_on_one_side_of_a_chunk():
@@ -74,7 +76,7 @@ def synthetic_trace(layers: int) -> Trace:
                  for b, s in points]
         depths[str(depth)] = {"model_bytes": 10_000 + depth * 4_000, "parameters": 2_500 + depth * 1_000,
                               "trainable": [[[8, 16], "fp32"], [[16, 8], "fp32"]] * depth, "steps": steps}
-    return Trace({"version": TRACE_VERSION, "layers": layers, "vocab": 512, "chunked": True,
+    return Trace({"version": TRACE_VERSION, "layers": layers, "vocab": 512, "chunked": True, "attention": "sdpa",
                   "points": [list(p) for p in points], "depths": depths})
 
 

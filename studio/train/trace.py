@@ -48,7 +48,7 @@ def trace_model(config: RunConfig) -> dict:
     points = trace_points(hf_config.vocab_size, chunked, positions)
     depths = {str(depth): _trace_depth(config, depth, points) for depth in TRACE_DEPTHS}
     return {"version": TRACE_VERSION, "model_type": hf_config.model_type, "layers": hf_config.num_hidden_layers,
-            "vocab": hf_config.vocab_size, "chunked": chunked, "points": [list(point) for point in points],
+            "vocab": hf_config.vocab_size, "chunked": chunked, "attention": config.model.attn_implementation, "points": [list(point) for point in points],
             "depths": depths}
 
 

@@ -10,7 +10,7 @@ trainable tensors. Two depths separate what one more block adds from what the
 model adds once (embeddings' output, head, logits, loss); five points at each
 of two scales separate the terms that grow with the length (rotary tables),
 with length² (a causal mask shared by the rows), with the tokens, and with
-batch x length² (eager attention's scores).
+batch x length² (eager attention's scores; SDPA's fit leaves that term out).
 
 ``derived_estimate`` scales the trace to the real depth, micro-batch and length
 and recounts the model states for the chosen optimizer, accumulation and ZeRO
@@ -39,7 +39,7 @@ from studio.core.memory.results import Estimate
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import OPTIMIZERS, ModelStates, TensorGroup
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2
 # The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
 # (a phase's peak alone moves from one moment to another as they change)
 PHASE_MOMENTS = {"forward": ("forward", "forward_head"), "backward": ("backward", "backward_last", "backward_first")}
@@ -107,16 +107,23 @@ def scale_points(length: int, rows: int = 1) -> tuple[tuple[int, int], ...]:
     return ((rows, length), (rows, 2 * length), (rows, 3 * length), (2 * rows, length), (2 * rows, 2 * length))
 
 
-def _size_terms(batch: int, length: int) -> tuple[int, ...]:
+def _size_terms(batch: int, length: int, scores: bool = True) -> tuple[int, ...]:
     """What a step's bytes grow with: once, per position (rotary tables), per position² (a mask shared by the
-    rows), per token, per row x position² (eager attention's scores)."""
-    return (1, length, length * length, batch * length, batch * length * length)
+    rows), per token, and with ``scores`` per row x position² (eager attention's scores; SDPA keeps none, so
+    there that term would only pick up the CPU kernels' block sizes and then extrapolate them)."""
+    terms = (1, length, length * length, batch * length)
+    return terms + (batch * length * length,) if scores else terms
 
 
-def fit_sizes(points, values) -> list[float]:
-    """The coefficients of ``_size_terms`` through the trace points (as many as terms): Gaussian elimination."""
-    rows = [[float(x) for x in _size_terms(*point)] + [float(value)] for point, value in zip(points, values)]
-    n = len(rows)
+def fit_sizes(points, values, scores: bool = True) -> list[float]:
+    """The coefficients of ``_size_terms`` through the trace points, by least squares (exact with as many
+    points as terms): normal equations on columns scaled to 1, solved by Gaussian elimination."""
+    columns = list(zip(*(_size_terms(*point, scores) for point in points)))
+    scales = [float(max(column)) for column in columns]
+    matrix = [[x / scale for x, scale in zip(_size_terms(*point, scores), scales)] for point in points]
+    n = len(scales)
+    rows = [[sum(m[i] * m[j] for m in matrix) for j in range(n)] + [sum(m[i] * v for m, v in zip(matrix, values))]
+            for i in range(n)]
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
         rows[col], rows[pivot] = rows[pivot], rows[col]
@@ -124,11 +131,11 @@ def fit_sizes(points, values) -> list[float]:
             if r != col:
                 factor = rows[r][col] / rows[col][col]
                 rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col])]
-    return [rows[i][n] / rows[i][i] for i in range(n)]
+    return [rows[i][n] / rows[i][i] / scales[i] for i in range(n)]
 
 
 def value_at(coefficients, batch: int, length: int) -> float:
-    return sum(c * term for c, term in zip(coefficients, _size_terms(batch, length)))
+    return sum(c * term for c, term in zip(coefficients, _size_terms(batch, length, len(coefficients) == 5)))
 
 
 @dataclass(frozen=True)
@@ -170,13 +177,15 @@ class Trace:
         """(fixed, blocks) bytes a moment of the step holds over the model states, at the real depth."""
         points = [tuple(p) for p in self.data["points"]]
         size = len(_size_terms(1, 1))
+        scores = self.data["attention"] == "eager"
         scales = self._scales_like(batch * length, range(0, len(points), size))
 
         def fitted(depth_data):
             """The largest fit of the scales: a moment's peak is the largest of several instants, each of
             which grows by the terms, and each scale's fit follows the instants that dominate there."""
             values = [step[moment] for step in depth_data["steps"]]
-            return max(value_at(fit_sizes(points[i:i + size], values[i:i + size]), batch, length) for i in scales)
+            return max(value_at(fit_sizes(points[i:i + size], values[i:i + size], scores), batch, length)
+                       for i in scales)
 
         once, per_block = self.once_and_per_block(fitted)
         return max(0, round(once)), max(0, round(per_block * self.layers))
