@@ -76,7 +76,7 @@ def synthetic_trace(layers: int) -> Trace:
                  for b, s in points]
         depths[str(depth)] = {"model_bytes": 10_000 + depth * 4_000, "parameters": 2_500 + depth * 1_000,
                               "trainable": [[[8, 16], "fp32"], [[16, 8], "fp32"]] * depth, "steps": steps}
-    return Trace({"version": TRACE_VERSION, "layers": layers, "vocab": 512, "chunked": True, "attention": "sdpa",
+    return Trace({"version": TRACE_VERSION, "layers": layers, "vocab": 512, "chunked": True, "scores": False,
                   "points": [list(p) for p in points], "depths": depths})
 
 

@@ -37,6 +37,7 @@ from studio.train.simulate import (fake_model, full_length_batches, hub_config, 
                                    target_tokens)
 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")  # the longest input
+_ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout")
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -48,8 +49,16 @@ def trace_model(config: RunConfig) -> dict:
     points = trace_points(hf_config.vocab_size, chunked, positions)
     depths = {str(depth): _trace_depth(config, depth, points) for depth in TRACE_DEPTHS}
     return {"version": TRACE_VERSION, "model_type": hf_config.model_type, "layers": hf_config.num_hidden_layers,
-            "vocab": hf_config.vocab_size, "chunked": chunked, "attention": config.model.attn_implementation, "points": [list(point) for point in points],
+            "vocab": hf_config.vocab_size, "chunked": chunked, "scores": _keeps_scores(config, hf_config), "points": [list(point) for point in points],
             "depths": depths}
+
+
+def _keeps_scores(config: RunConfig, hf_config) -> bool:
+    """Whether attention keeps its batch x heads x length² probabilities: eager attention does, and so does
+    SDPA with attention dropout on the CPU (its math path), which is where the trace runs."""
+    dropout = max((float(value) for key in _ATTENTION_DROPOUT_KEYS
+                   if isinstance(value := getattr(hf_config, key, None), (int, float))), default=0.0)
+    return config.model.attn_implementation == "eager" or dropout > 0
 
 
 def _trace_depth(config: RunConfig, depth: int, points) -> dict:

@@ -10,7 +10,7 @@ trainable tensors. Two depths separate what one more block adds from what the
 model adds once (embeddings' output, head, logits, loss); five points at each
 of two scales separate the terms that grow with the length (rotary tables),
 with length² (a causal mask shared by the rows), with the tokens, and with
-batch x length² (eager attention's scores; SDPA's fit leaves that term out).
+batch x length² (attention probabilities, where the trace says they are kept).
 
 ``derived_estimate`` scales the trace to the real depth, micro-batch and length
 and recounts the model states for the chosen optimizer, accumulation and ZeRO
@@ -39,7 +39,7 @@ from studio.core.memory.results import Estimate
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import OPTIMIZERS, ModelStates, TensorGroup
 
-TRACE_VERSION = 2
+TRACE_VERSION = 3
 # The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
 # (a phase's peak alone moves from one moment to another as they change)
 PHASE_MOMENTS = {"forward": ("forward", "forward_head"), "backward": ("backward", "backward_last", "backward_first")}
@@ -109,8 +109,9 @@ def scale_points(length: int, rows: int = 1) -> tuple[tuple[int, int], ...]:
 
 def _size_terms(batch: int, length: int, scores: bool = True) -> tuple[int, ...]:
     """What a step's bytes grow with: once, per position (rotary tables), per position² (a mask shared by the
-    rows), per token, and with ``scores`` per row x position² (eager attention's scores; SDPA keeps none, so
-    there that term would only pick up the CPU kernels' block sizes and then extrapolate them)."""
+    rows), per token, and with ``scores`` per row x position² (attention probabilities, where the traced
+    step keeps them: without them that term would only pick up the CPU kernels' block sizes and extrapolate
+    them)."""
     terms = (1, length, length * length, batch * length)
     return terms + (batch * length * length,) if scores else terms
 
@@ -177,7 +178,7 @@ class Trace:
         """(fixed, blocks) bytes a moment of the step holds over the model states, at the real depth."""
         points = [tuple(p) for p in self.data["points"]]
         size = len(_size_terms(1, 1))
-        scores = self.data["attention"] == "eager"
+        scores = self.data["scores"]
         scales = self._scales_like(batch * length, range(0, len(points), size))
 
         def fitted(depth_data):
