@@ -90,6 +90,7 @@ def test_a_trace_scales_to_any_depth_batch_length_optimizer_and_zero_stage():
     assert parts["logits_loss"] == 50 * 2100 + 4096
     assert parts["weights"] + parts["adapter_weights"] == 10_000 + 30 * 4_000
     assert parts["adapter_weights"] == 30 * 2 * 128 * 4 and result.trainable_parameters == 30 * 2 * 128
+    assert result.parameters == 2_500 + 30 * 1_000 - 30 * 2 * 128  # the base model's, as described ones count
     assert parts["optimizer_state"] == 30 * 2 * (2 * 128 * 4 + 4)  # Adam: two moments and a step per tensor
     sgd = derived_estimate(trace, config.replace(training={"optimizer": "sgd"}), "cpu").devices[0].parts
     assert sgd["optimizer_state"] == 30 * 2 * 128 * 4

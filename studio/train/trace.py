@@ -72,8 +72,13 @@ def _trace_depth(config: RunConfig, depth: int, points) -> dict:
     steps = [_step(model, fake_mode, optimizer, traced.replace(training={"micro_batch_size": batch},
                                                                data={"max_length": length}))
              for batch, length in points]
-    return {"model_bytes": sizer.live_bytes, "parameters": sum(p.numel() for p in model.parameters()),
+    return {"model_bytes": sizer.live_bytes, "parameters": sum(_parameter_count(p) for p in model.parameters()),
             "trainable": [[list(p.shape), _DTYPE_NAMES.get(p.dtype, "fp32")] for p in trainable], "steps": steps}
+
+
+def _parameter_count(param: torch.Tensor) -> int:
+    """Weights a parameter holds: a 4-bit one packs two into each byte (bitsandbytes keeps its quant_state)."""
+    return param.numel() * (2 if hasattr(param, "quant_state") else 1)
 
 
 def _step(model, fake_mode, optimizer, config: RunConfig) -> dict:
