@@ -12,6 +12,7 @@ import pytest
 from model_factory import make_tiny_model, tiny_config
 
 from studio.core.config import RunConfig, save_config
+from studio.core.errors import StudioError
 from studio.core.estimate import estimate
 from studio.core.memory.derived import (DERIVED, MOMENTS, TRACE_DEPTHS, TRACE_VERSION, Trace, TraceNeededError,
                                         derived_estimate, fit_sizes, scale_points, trace_key, trace_points, value_at)
@@ -52,6 +53,14 @@ def test_a_model_no_family_describes_asks_for_its_trace_instead_of_refusing():
         model_shape(tiny_config("stablelm"))
     with pytest.raises(TraceNeededError, match="stablelm") as raised:
         estimate(tiny_config("stablelm"), run())
+    assert "studio estimate" in raised.value.hint
+
+
+def test_fit_says_it_needs_a_described_family():
+    from studio.core.fit import fit
+
+    with pytest.raises(StudioError, match="'stablelm' is not one") as raised:
+        fit(tiny_config("stablelm"), run(), 8 * 1024**3)
     assert "studio estimate" in raised.value.hint
 
 

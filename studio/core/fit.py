@@ -35,7 +35,7 @@ from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.memory.parts import PARTS
-from studio.core.modelinfo import ModelShape, model_shape
+from studio.core.modelinfo import ModelShape, UnknownArchitectureError, model_shape
 
 MICRO_STEP_OVERHEAD_TOKENS = 256
 CHECKPOINTING_SLOWDOWN = 1.33
@@ -179,7 +179,13 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     """The fastest-expected configuration whose estimate fits in ``gpu_bytes`` (see the module docstring)."""
     if gpu_bytes <= 0:
         raise StudioError(f"GPU memory must be positive, got {gpu_bytes} bytes", "give it like 24GiB", kind="usage")
-    shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
+    try:
+        shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
+    except UnknownArchitectureError as exc:  # its estimate is derived from a trace of these settings only
+        raise StudioError(f"fit searches the memory savers of described families only, and '{exc.model_type}' is "
+                          "not one", "`studio estimate` derives its estimate for the settings you choose; change "
+                          "them by hand (micro-batch, checkpointing, optimizer) and estimate again",
+                          kind="model") from exc
 
     def estimated(c: Candidate) -> Estimate:
         return estimate(shape, c.config, device_type, c.scale_out, **estimate_options)
