@@ -189,7 +189,7 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
 
     from studio.core.estimate import estimate
     from studio.core.modelinfo import model_shape
-    from studio.train.simulate import measure_step, simulate_step
+    from studio.train.simulate import measure_step
 
     started = time.perf_counter()
     folder = model_folder(case.model, cache)
@@ -197,7 +197,7 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     model_config = json.loads((folder / "config.json").read_text())
     on_cuda = device.type == "cuda"
     analytic = estimate(model_config, config, device_type=device.type)
-    simulated = simulate_step(config).peak_bytes if simulate else None
+    simulated = simulated_peak(config) if simulate else None
     measured = measure_step(config, device)
     # this process's context and the allocator's cache, still reserved after the step
     nvml_used = _nvml_used() - nvml_baseline if on_cuda else 0
@@ -209,6 +209,17 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     if on_cuda:
         torch.cuda.empty_cache()
     return row
+
+
+def simulated_peak(config) -> int | None:
+    """The fake-tensor step's peak, or None (a table's "n/a") where the method cannot run on fake tensors."""
+    from studio.train.simulate import simulate_step
+
+    try:
+        return simulate_step(config).peak_bytes
+    except Exception as exc:  # e.g. peft's LoHa reads a tensor's value, which fake tensors do not have
+        print(f"  simulation not possible: {type(exc).__name__}", file=sys.stderr)
+        return None
 
 
 def _nvml_used() -> int:
