@@ -3,8 +3,9 @@
 The trained model is rebuilt from the run's newest complete checkpoint. The export
 is written into a staging folder, reloaded the way a user would load it (plain
 ``PeftModel.from_pretrained`` or ``AutoModelForCausalLM.from_pretrained``) and its
-logits compared with the trained model's on a few training examples. Only an
-export that passes is renamed into place; a failed or interrupted export leaves no
+logits compared with the trained model's on a few training examples. An export
+that passes gets the chat template and end of turn training used (``chat_export``)
+and a model card (``export_card``), and is renamed into place; a failed or interrupted export leaves no
 folder behind and an earlier export untouched.
 """
 
@@ -24,8 +25,10 @@ from studio.core.dataset import inspect_files
 from studio.core.errors import StudioError
 from studio.core.events import EventWriter
 from studio.core.rundir import RunDir, atomic_folder
+from studio.train.chat_export import base_generation_config, carry_chat_template, trained_template
 from studio.train.checkpoint import load_weights, read_state
 from studio.train.data import encode, render_segments
+from studio.train.export_card import write_card
 from studio.train.model import attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
@@ -87,6 +90,11 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
         info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
                 "base_model": config.model.name_or_path, "form": export_form(config, kind),
                 "verification": asdict(verification)}
+        if verification.passed:  # what makes it usable as trained: its template and eos, and its card
+            chat = carry_chat_template(tokenizer, trained_template(config, rd.events, tokenizer), staging,
+                                       base_generation_config(config))
+            info["chat"] = chat.to_json()
+            write_card(config, rd, info, staging)
         (staging / EXPORT_RECORD).write_text(json.dumps(info, indent=1), encoding="utf-8")
         if not verification.passed:
             raise StudioError(f"the exported {kind} does not reproduce the trained model "
