@@ -21,10 +21,11 @@ from studio.core.methods import RANK
 CARD_FILE = "README.md"
 _PEFT_LOAD = """```python
 from peft import AutoPeftModelForCausalLM
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig
 
 model = AutoPeftModelForCausalLM.from_pretrained("{path}")  # loads the base model, then this adapter
-tokenizer = AutoTokenizer.from_pretrained("{path}")
+tokenizer = AutoTokenizer.from_pretrained("{path}")  # the chat template and end of turn it was trained with
+model.generation_config = GenerationConfig.from_pretrained("{path}")  # stops at that end of turn
 ```"""
 _TRANSFORMERS_LOAD = """```python
 from transformers import AutoModelForCausalLM, AutoTokenizer

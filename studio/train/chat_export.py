@@ -68,11 +68,12 @@ def carry_chat_template(tokenizer: Any, template: str, folder: Path, generation_
         tokenizer.chat_template = BUILTIN_JINJA[template]
     marker = end_of_turn(tokenizer, template)
     marker_id = single_token_id(tokenizer, marker)
+    # the base's eos stays a stop too: the end of a text, should the model ever write it
+    stops = tuple(dict.fromkeys(i for i in (marker_id, tokenizer.eos_token_id) if i is not None))
     if marker_id is not None:
         tokenizer.eos_token = marker
     else:
         marker = ""  # several tokens: no eos can say it; the model card says what to stop on
-    stops = tuple(dict.fromkeys(i for i in (marker_id, tokenizer.eos_token_id) if i is not None))
     tokenizer.save_pretrained(folder)
     if stops:
         generation_config.eos_token_id = list(stops) if len(stops) > 1 else stops[0]

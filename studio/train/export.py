@@ -5,8 +5,8 @@ is written into a staging folder, reloaded the way a user would load it (plain
 ``PeftModel.from_pretrained`` or ``AutoModelForCausalLM.from_pretrained``) and its
 logits compared with the trained model's on a few training examples. An export
 that passes gets the chat template and end of turn training used (``chat_export``)
-and a model card (``export_card``), and is renamed into place; a failed or interrupted export leaves no
-folder behind and an earlier export untouched.
+and a model card (``export_card``), and is renamed into place; a failed or
+interrupted export leaves no folder behind and an earlier export untouched.
 """
 
 from __future__ import annotations
