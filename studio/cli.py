@@ -94,6 +94,8 @@ def _export(args) -> int:
     from studio.train.export import export_run
     from studio.train.hub_push import check_can_push, publish
 
+    if args.private and not args.push_to_hub:
+        raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
     if args.push_to_hub:
         check_can_push(args.push_to_hub)  # before minutes of export work
     out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)

@@ -13,6 +13,7 @@ from studio.core.config import load_config, save_config
 from studio.core.dataset import inspect_files
 from studio.core.errors import ProblemsError, StudioError
 from studio.core.hub_data import HubDataset, parse_hub_spec, rows_file
+from studio.core.model_card import front_matter, model_card
 from studio.core.row_formats import DataError, detect_format, to_messages
 from studio.core.validation import validate
 from studio.train import export as export_module
@@ -59,6 +60,12 @@ def test_a_malformed_repository_id_is_refused(monkeypatch, tmp_path, capsys, rep
     refuse_export_work(monkeypatch)
     assert main(["export", str(tmp_path), "--adapter", "--push-to-hub", repo_id]) == EXIT_USAGE
     assert "OWNER/NAME" in capsys.readouterr().err
+
+
+def test_private_without_a_push_is_refused(monkeypatch, tmp_path, capsys):
+    refuse_export_work(monkeypatch)
+    assert main(["export", str(tmp_path), "--adapter", "--private"]) == EXIT_USAGE
+    assert "--push-to-hub" in capsys.readouterr().err
 
 
 class FakeHfApi:
@@ -183,6 +190,16 @@ def test_a_run_trains_on_a_cached_hub_dataset_of_trl_conversational_rows(tmp_pat
     assert code == EXIT_OK
     started = next(e for e in map(json.loads, run_dir.events.read_text().splitlines()) if e["type"] == "run_started")
     assert started["data"]["train"]["rows"] == len(TRL_ROWS) and started["data"]["train"]["format"] == "chat"
+
+
+def test_the_model_card_names_hub_ids_in_its_metadata(small_data):
+    config = quick_config(small_data).replace(model={"name_or_path": "someone/base-model", "revision": "v1"},
+                                              data={"train_files": ("hub:someone/tiny@default:train", str(small_data))})
+    card = model_card(config, [], {"kind": "adapter", "dtype": "float32"}, "mit", load_path="me/tune")
+    meta = front_matter(card)
+    assert meta["base_model"] == "someone/base-model" and meta["datasets"] == ["someone/tiny"]
+    assert meta["license"] == "mit" and meta["library_name"] == "peft"
+    assert "base_model:adapter:someone/base-model" in meta["tags"] and "(revision `v1`)" in card
 
 
 # ---------------------------------------------------------------- TRL's conversational rows

@@ -95,8 +95,9 @@ def _metadata(config: RunConfig, adapter: bool, license_: str) -> str:
 
 def _summary(config: RunConfig, record: dict[str, Any]) -> str:
     revision = f" (revision `{config.model.revision}`)" if config.model.revision else ""
-    what = "A LoRA-family adapter" if record["kind"] == "adapter" else "A merged model"
-    return (f"{what} ({record.get('form', record['kind'])}, {record.get('dtype', '')} weights) fine-tuned with "
+    what = "An adapter" if record["kind"] == "adapter" else "A merged model"
+    details = f"{record.get('dtype')} weights" + (f"; {record.get('form')}" if config.qat.enabled else "")
+    return (f"{what} ({details}) fine-tuned with "
             f"Finetune Studio from `{config.model.name_or_path}`{revision} by method `{config.method}` "
             f"({config.method_spec.label}).")
 
