@@ -127,7 +127,7 @@ class ChartsPanel(QWidget):
         self.loss = ChartCard("Training loss", "loss")
         self.lr = ChartCard("Learning rate", "lr")
         self.throughput = ChartCard("Throughput", "tokens/s")
-        self.memory = ChartCard("Memory", "GB")
+        self.memory = ChartCard("Memory", "GiB")
         grid = QGridLayout(self)
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setSpacing(6)
@@ -207,9 +207,9 @@ class ChartsPanel(QWidget):
                 self._update(index, f"mem.{trace.device}.{name}", series, curve)
             if trace.capacity_bytes and index == 0:
                 self.memory.horizontal_line(f"cap.{trace.device}", trace.capacity_bytes / GIB,
-                                            f"{device}capacity {trace.capacity_bytes / GIB:.0f} GB", "#111827")
+                                            f"{device}capacity {trace.capacity_bytes / GIB:.0f} GiB", "#111827")
         if gpu and run.estimate_bytes and index == 0:
-            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GB",
+            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GiB",
                                         BAD, Qt.PenStyle.DashLine)
 
     def _update(self, index: int, key: str, series: Series, curve) -> None:

@@ -163,6 +163,7 @@ class DataPanel(QWidget):
     def _start_preview(self, config: RunConfig) -> None:
         data = config.data
         if not data.train_files:
+            self.task.cancel()  # a preview of the files just removed must not arrive after this message
             self._show_error(StudioError("no training data", "add a data file or use the demo dataset"))
             return
         tokenizer = self.tokenizer

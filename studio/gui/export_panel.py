@@ -76,6 +76,7 @@ class ExportPanel(QWidget):
         self._process.done.connect(self._on_done)
         self._started = 0.0
         self._last_line = ""
+        self._asked: tuple | None = None  # (run, kind, folder, dtype) of the export running
         self._clock = QTimer(self)
         self._clock.timeout.connect(self._show_progress)
         self._build_layout(browse)
@@ -156,10 +157,14 @@ class ExportPanel(QWidget):
         text = self.destination.text().strip()
         return Path(text) if text else RunDir(self.run_dir).exports_dir / self.kind
 
+    def _request(self) -> tuple:
+        return self.run_dir, self.kind, self.output_folder(), self.dtype.currentText()
+
     def start_export(self) -> None:
         if self.run_dir is None:
             return
         self.result_info = None
+        self._asked = self._request()
         self._started, self._last_line = time.monotonic(), "starting"
         self._process.start(export_command(sys.executable, self.run_dir, self.kind, self.output_folder(),
                                            self.dtype.currentText()))
@@ -181,11 +186,16 @@ class ExportPanel(QWidget):
         self._clock.stop()
         self.progress.hide()
         self._update_form()
-        folder = self.output_folder()
+        run_dir, kind, folder, _ = self._asked
+        if self._asked != self._request():
+            self.status.setText(f"<span style='color:{MUTED}'>The export of {html.escape(run_dir.name)} to "
+                                f"{html.escape(str(folder))} ended while other choices were made here: its result "
+                                "is not shown. Export again to see it verified.</span>")
+            return
         info = read_export_record(folder) if exit_code == 0 and not error else None
         if info is not None:
             self.result_info = info
-            self.status.setText(f"Exported the {self.kind} to <b>{html.escape(str(folder))}</b><br>{verification_html(info)}")
+            self.status.setText(f"Exported the {kind} to <b>{html.escape(str(folder))}</b><br>{verification_html(info)}")
             return
         found = console_error("\n".join(self._process.all_lines))
         message, hint = (found.message, found.hint) if found else (error or f"the export exited with code {exit_code}", "")

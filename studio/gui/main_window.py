@@ -96,6 +96,10 @@ class MainWindow(QMainWindow):
         self.start_action = self._action(toolbar, "▶  Start", self.start_run, "Ctrl+Return")
         self.stop_action = self._action(toolbar, "■  Stop and save", self.controller.stop)
         self.cancel_action = self._action(toolbar, "✕  Cancel", self.controller.cancel)
+        self.start_reason = QLabel()  # why Start is off, next to it; the problems are listed under the setup
+        self.start_reason.setProperty("role", "reason")
+        self.start_reason.setContentsMargins(4, 0, 8, 0)
+        toolbar.addWidget(self.start_reason)
         self.resume_action = self._action(toolbar, "↻  Resume", lambda: self.resume_run())
         toolbar.addSeparator()
         self.log_action = self._action(toolbar, "Log", self.show_log, "Ctrl+L")
@@ -162,8 +166,12 @@ class MainWindow(QMainWindow):
         self.history.export_requested.connect(self._export_from_history)
 
     # ------------------------------------------------------------ runs
+    def start_blockers(self) -> list[Problem]:
+        """What must be fixed before Start: the config's problems, then the model's (``studio config check``'s)."""
+        return self.store.problems() + self.model_panel.problems
+
     def start_run(self) -> None:
-        if self.controller.job.active or self.store.problems():
+        if self.controller.job.active or self.start_blockers():
             return
         app_settings.save_last_config(self.store.config)
         self.controller.start(self.store.config)
@@ -195,10 +203,12 @@ class MainWindow(QMainWindow):
         active = job.active
         self.status.setText(status_text(job, controller.loading_note))
         self.charts.set_waiting_text(self._waiting_text())
-        problems = self.store.problems()
+        problems = self.start_blockers()
         self.start_action.setEnabled(not active and not problems)
         self.start_action.setToolTip("A run is in progress" if active else
                                      ("Fix first: " + "; ".join(map(str, problems)) if problems else "Start training"))
+        self.start_reason.setText("" if active or not problems else self._start_reason(problems))
+        self.start_reason.setVisible(not active and bool(problems))
         self.stop_action.setEnabled(active)
         self.stop_action.setText("■  Stop now (abort)" if job.state is State.STOPPING else "■  Stop and save")
         self.cancel_action.setEnabled(active)
@@ -218,6 +228,11 @@ class MainWindow(QMainWindow):
         if state in TERMINAL:
             self.export_panel.set_run(run_dir)
             self.try_panel.set_run(run_dir)
+
+    def _start_reason(self, problems: list[Problem]) -> str:
+        if self.model_panel.problems:
+            return "⚠ Cannot start: the model cannot be loaded (see 1 Model)"
+        return f"⚠ Cannot start: {len(problems)} problem{'s' if len(problems) > 1 else ''}, listed on the left"
 
     def _waiting_text(self) -> str:
         job = self.controller.job
@@ -258,7 +273,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ config
     def _on_config_changed(self, *_args) -> None:
-        problems = self.store.problems()
+        problems = self.start_blockers()
         self.problems.setText("" if not problems else "⚠ Fix before starting: " +
                               "; ".join(html.escape(str(p)) for p in problems[:4]))
         self.problems.setVisible(bool(problems))
