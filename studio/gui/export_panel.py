@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
@@ -47,6 +48,7 @@ class ExportPanel(QWidget):
         self.cannot_merge = ""  # why the run's method cannot be merged, if it cannot
         self.result_info: dict | None = None
         self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Export to")
+        self.command = partial(export_command, sys.executable)  # tests point this at a stand-in
         self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
         self.run_label.setWordWrap(True)
         self.adapter = QRadioButton("Adapter (small; load it on top of the base model with PEFT)")
@@ -166,8 +168,7 @@ class ExportPanel(QWidget):
         self.result_info = None
         self._asked = self._request()
         self._started, self._last_line = time.monotonic(), "starting"
-        self._process.start(export_command(sys.executable, self.run_dir, self.kind, self.output_folder(),
-                                           self.dtype.currentText()))
+        self._process.start(self.command(self.run_dir, self.kind, self.output_folder(), self.dtype.currentText()))
         self.progress.show()
         self._clock.start(500)
         self._show_progress()
