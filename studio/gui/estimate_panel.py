@@ -30,6 +30,7 @@ PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
 }
 VERDICT_COLORS = {"fits": GOOD, "tight": WARN, "does not fit": BAD}
 CUSTOM = "custom"
+LEGEND_COLUMNS = 3  # the widest labels ("optimizer state 12.3 GiB") side by side in the setup column
 
 
 class StackedBar(QWidget):
@@ -77,6 +78,8 @@ class GpuPicker(QWidget):
         super().__init__()
         self.detected = detected
         self.combo = QComboBox()
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.combo.setMinimumContentsLength(22)  # long card names are elided, not widening the window
         for gpu in detected:
             self.combo.addItem(gpu.title, gpu)
         for gpu in COMMON_CARDS:
@@ -145,6 +148,7 @@ class EstimatePanel(QGroupBox):
         self.bar_area = QVBoxLayout()
         self.verdict = QLabel()
         self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.verdict.setWordWrap(True)  # "No estimate: ..." says why in a sentence
         self.phase = explanation("")
         self.legend_labels: list[QLabel] = []
         self.legend = QGridLayout()
@@ -263,7 +267,7 @@ class EstimatePanel(QGroupBox):
             label = QLabel()
             label.setProperty("role", "explain")
             index = len(self.legend_labels)
-            self.legend.addWidget(label, index // 4, index % 4)
+            self.legend.addWidget(label, index // LEGEND_COLUMNS, index % LEGEND_COLUMNS)
             self.legend_labels.append(label)
         for index, label in enumerate(self.legend_labels):
             label.setVisible(index < len(shown))

@@ -51,8 +51,8 @@ class ExportPanel(QWidget):
         self.command = partial(export_command, sys.executable)  # tests point this at a stand-in
         self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
         self.run_label.setWordWrap(True)
-        self.adapter = QRadioButton("Adapter (small; load it on top of the base model with PEFT)")
-        self.merged = QRadioButton("Merged model (the base with the adapter built in; loads with transformers alone)")
+        self.adapter = QRadioButton("Adapter: small, PEFT loads it on the base model")
+        self.merged = QRadioButton("Merged model: the adapter built in, for transformers alone")
         self.kind_group = QButtonGroup(self)
         for button in (self.adapter, self.merged):
             self.kind_group.addButton(button)

@@ -28,7 +28,7 @@ from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
-from studio.gui.widgets import Banner, ConfigStore, problems_html
+from studio.gui.widgets import Banner, ConfigStore, problems_html, VerticalScroll
 
 ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -124,6 +124,7 @@ class MainWindow(QMainWindow):
         self.setup_tabs.addTab(self.data_panel, "2  Data")
         self.setup_tabs.addTab(self.techniques_panel, "3  Techniques")
         self.setup_tabs.addTab(self.scale_panel, "4  Scale out")
+        self.setup_tabs.setMinimumHeight(240)  # a long estimate scrolls rather than squeeze the setup away
         self.problems.setWordWrap(True)
         self.problems.setProperty("role", "reason")
         left = QWidget()
@@ -131,8 +132,13 @@ class MainWindow(QMainWindow):
         left_layout.setContentsMargins(6, 6, 0, 6)
         left_layout.addWidget(self.notice)
         left_layout.addWidget(self.setup_tabs, 1)
-        left_layout.addWidget(self.problems)
-        left_layout.addWidget(self.estimate_panel)
+        under_tabs = QWidget()  # scrolls on a short screen when the estimate has much to say
+        under_layout = QVBoxLayout(under_tabs)
+        under_layout.setContentsMargins(0, 0, 0, 0)
+        under_layout.addWidget(self.problems)
+        under_layout.addWidget(self.estimate_panel)
+        self.under_tabs = VerticalScroll(under_tabs)
+        left_layout.addWidget(self.under_tabs)
 
         self.run_tabs = QTabWidget()
         self.run_tabs.addTab(self.charts, "Training")

@@ -15,14 +15,14 @@ from studio.core.presets import DEMO_MODEL
 from studio.gui.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_bytes, human_count, summarize_model
 from studio.gui.settings import AppSettings
 from studio.gui.controls import ToggleControl
-from studio.gui.widgets import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html
+from studio.gui.widgets import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html, VerticalScroll
 
 
-class ModelPanel(QWidget):
+class ModelPanel(VerticalScroll):
     summary_changed = Signal(object)  # ModelSummary or None
 
     def __init__(self, store: ConfigStore, settings: AppSettings, parent: QWidget | None = None):
-        super().__init__(parent)
+        super().__init__(parent=parent)
         self.store, self.settings = store, settings
         self.summary: ModelSummary | None = None
         self.problems: list[Problem] = []  # what stops this model loading: Start waits for them to be fixed
@@ -89,11 +89,13 @@ class ModelPanel(QWidget):
             self.facts[key] = label
             form.addRow(f"{key}:", label)
 
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.addWidget(source)
         layout.addWidget(self.banner)
         layout.addWidget(info)
         layout.addStretch(1)
+        self.setWidget(content)
 
     # ------------------------------------------------------------ choosing
     def use_model(self, name_or_path: str) -> None:
