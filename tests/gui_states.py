@@ -40,6 +40,10 @@ for step in range(1, steps + 1):
         write({"type": "eval", "step": step, "eval_loss": 2.4 / (1 + step / 20)})
     time.sleep(0.01)
 if finish:
+    checkpoint = os.path.join(run_dir, "checkpoints", f"step-{steps:06d}")
+    os.makedirs(checkpoint)
+    open(os.path.join(checkpoint, "COMPLETE"), "w").close()
+    write({"type": "checkpoint", "step": steps, "path": checkpoint})
     write({"type": "finished", "status": "completed", "step": steps})
     sys.exit(0)
 while not any(os.path.exists(os.path.join(run_dir, name)) for name in ("STOP", "ABORT")):
@@ -267,7 +271,6 @@ def history_empty(window, qtbot, tmp_path):
 def export_verified(window, qtbot, tmp_path):
     _train(window, qtbot, tmp_path, steps=20, finish=True)
     run = window.controller.run_dir.path
-    (run / "checkpoints" / "step-000020").mkdir(parents=True)
     record = json.dumps({"form": "merged model in bfloat16", "verification": {
         "passed": True, "samples": 8, "max_abs_diff": 0.0312, "top1_agreement": 1.0, "base_max_abs_diff": 4.1}})
     panel = window.export_panel

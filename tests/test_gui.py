@@ -325,6 +325,7 @@ def test_history_rebuilds_charts_from_events_and_overlays_two_runs(window, app_d
     history = window.history
     history.refresh_now()
     assert history.table.topLevelItemCount() == 2
+    assert "Select a run" in history.charts.loss.placeholder.text()  # not "open one in History": this is History
     history.select(first)
     assert [r.name for r in history.charts.runs] == ["first"] and history.charts.loss.showing_plot
     assert list(history.charts.loss.curves["0.raw"].yData) == [3.0, 2.0, 1.0]
