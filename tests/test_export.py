@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.commands import EXIT_OK
+from studio.core.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
 from studio.core.rundir import COMPLETE_MARKER
 from studio.train import export as export_module
@@ -81,6 +81,9 @@ def test_merged_bf16_agrees_on_next_tokens(lora_run, tmp_path):
     out, verification = export_run(run_dir.path, "merged", tmp_path / "merged16", dtype="bfloat16")
     assert not verification.exact and verification.top1_agreement >= 0.9 and verification.passed
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert read_export_record(out)["form"] == "merged model in bfloat16"  # not "full-precision"
+    modes = {path.name: path.stat().st_mode & 0o777 for path in out.iterdir() if path.is_file()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the rest (were 0600 among 0644)
 
 
 def test_qlora_merges_into_a_16bit_base(tmp_path_factory, small_data, tmp_path):
