@@ -1,6 +1,8 @@
 """Exports load with the plain libraries and reproduce the trained model; failed exports leave nothing."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -124,3 +126,14 @@ def test_export_before_any_checkpoint_says_what_to_do(tmp_path, small_data):
     save_config(quick_config(small_data), run_dir.config)
     with pytest.raises(StudioError, match="no complete checkpoint"):
         export_run(run_dir.path, "adapter")
+
+
+def test_the_console_of_an_export_holds_only_what_is_about_it(lora_run, tmp_path):
+    """No import-time library warnings, deprecation notices or one progress bar per model loaded."""
+    _, run_dir = lora_run
+    done = subprocess.run([sys.executable, "-m", "studio", "export", str(run_dir.path), "--merged", "--dtype",
+                           "bfloat16", "--out", str(tmp_path / "quiet")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert done.stderr == "", done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["exported merged to " + str(tmp_path / "quiet"),
+                                                                         "form", "verified"]

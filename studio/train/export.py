@@ -27,6 +27,7 @@ from studio.core.events import EventWriter
 from studio.core.rundir import RunDir, atomic_folder
 from studio.train.checkpoint import load_weights, read_state
 from studio.train.data import encode, render_segments
+from studio.train.quiet import quiet_progress_bars
 from studio.train.model import attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
@@ -63,6 +64,7 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
                           "export the adapter (--adapter) and load it with peft's PeftModel.from_pretrained",
                           kind="export")
     out = Path(out) if out else rd.exports_dir / kind
+    quiet_progress_bars()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     tokenizer = load_tokenizer(config)
