@@ -239,6 +239,9 @@ def test_model_picker_hub_id_offline_then_demo(window, monkeypatch, tmp_path):
     assert panel.banner.isVisible() and "not on this machine yet" in panel.banner.text.text()
     assert "No estimate" in window.estimate_panel.verdict.text()
     assert window.start_action.isEnabled()  # the worker downloads it at Start
+    estimate = window.estimate_panel  # nothing left of the previous model's estimate, nothing to check it with
+    assert not any(label.isVisibleTo(estimate) for label in estimate.legend_labels)
+    assert not estimate.fit_button.isEnabled() and not estimate.simulate_button.isEnabled()
     panel.demo_button.click()
     assert not panel.banner.isVisible()
     assert panel.facts["Parameters"].text() == human_count(summarize_model(str(DEMO_MODEL)).parameters)
