@@ -6,9 +6,9 @@ window fits a screen with no label cut off. Used by test_gui_layout.py; each sta
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from PySide6.QtCore import QPoint, QRect
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QAbstractScrollArea, QLabel, QWidget
 
 from studio.core.presets import DEMO_MODEL
 from studio.gui.job_state import State
+from test_gui import OOM_WORKER
 
 # What a window manager takes from a screen around the window: a title bar and a panel or taskbar.
 FRAME_WIDTH, FRAME_HEIGHT = 16, 80
@@ -51,20 +52,6 @@ while not any(os.path.exists(os.path.join(run_dir, name)) for name in ("STOP", "
 write({"type": "finished", "status": "stopped", "step": steps})
 """
 
-OOM_WORKER = r"""
-import json, os, sys, time
-run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
-fix = {"description": "gradient checkpointing", "changes": {"training": {"gradient_checkpointing": True}}}
-events = [{"type": "run_started", "total_steps": 10, "start_step": 0},
-          {"type": "error", "kind": "oom", "part": "the backward pass", "fix": fix,
-           "message": "out of memory in the backward pass: CUDA out of memory. Tried to allocate 2.00 GiB",
-           "hint": "the last checkpoint is kept. Cheapest change that fits: gradient checkpointing"},
-          {"type": "finished", "status": "failed", "step": 0}]
-with open(os.path.join(run_dir, "events.jsonl"), "a") as f:
-    for event in events:
-        f.write(json.dumps({**event, "time": time.time()}) + "\n")
-sys.exit(1)
-"""
 
 
 # ---------------------------------------------------------------- the check
@@ -123,7 +110,7 @@ def _fake_worker(window, tmp_path: Path, script: str, **env) -> None:
     path.write_text(script)
     window.controller.worker_command = lambda config, run_dir: [sys.executable, str(path), str(config), "--run-dir",
                                                                 str(run_dir)]
-    import os
+
     os.environ.update({f"FAKE_{k.upper()}": str(v) for k, v in env.items()})
 
 
@@ -160,7 +147,7 @@ def zero3_full_logits(window, qtbot, tmp_path):
 
 
 def hub_id_typed(window, qtbot, tmp_path):
-    import os
+
     os.environ.pop("HF_HUB_OFFLINE", None)
     os.environ["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
     window.model_panel.hub_id.setText("Qwen/Qwen2.5-0.5B-Instruct")
@@ -168,7 +155,7 @@ def hub_id_typed(window, qtbot, tmp_path):
 
 
 def hub_id_offline(window, qtbot, tmp_path):
-    import os
+
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
     window.model_panel.use_model("meta-llama/Llama-3.2-1B-Instruct")

@@ -1,5 +1,6 @@
 """The window fits a 1280x800 and a 1366x768 screen in every state (tests/gui_states.py), with no label
 cut off or overlapping. STUDIO_LAYOUT_SHOTS=folder also saves each state as a PNG to look at."""
+# ruff: noqa: F811 (test_gui's fixtures, imported, are the tests' parameters)
 
 import os
 from pathlib import Path

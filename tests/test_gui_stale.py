@@ -1,5 +1,6 @@
 """Every asynchronous result belongs to what it was asked for: the setup (or the run, prompt, export choice)
 is changed while each job runs, and the result that comes back must not be shown as the new one's."""
+# ruff: noqa: F811 (test_gui's fixtures, imported, are the tests' parameters)
 
 import json
 import sys
