@@ -138,6 +138,8 @@ class MainWindow(QMainWindow):
         under_layout.addWidget(self.problems)
         under_layout.addWidget(self.estimate_panel)
         self.under_tabs = VerticalScroll(under_tabs)
+        # No taller than its text: the room left over goes to the tabs.
+        self.under_tabs.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         left_layout.addWidget(self.under_tabs)
 
         self.run_tabs = QTabWidget()
