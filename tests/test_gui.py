@@ -2,6 +2,7 @@
 history, persistence, and how a crashed worker is reported. The real-worker runs are in test_gui_runs.py."""
 
 import json
+import shutil
 from html import escape as html_escape
 import subprocess
 import sys
@@ -207,16 +208,20 @@ def test_what_config_check_finds_disables_start_with_the_reason(window, monkeypa
     broken.mkdir()
     (broken / "config.json").write_text((DEMO_MODEL / "config.json").read_text())
     window.model_panel.use_model(str(broken))
-    assert not window.start_action.isEnabled() and window.start_reason.isVisible()
+    assert not window.start_action.isEnabled() and window.start_reason_action.isVisible()
     assert "model cannot be loaded" in window.start_reason.text() and "no weights" in window.problems.text()
     assert "no weights" in run_config_check(window, tmp_path)
+    for name in ("model.safetensors", "tokenizer.json"):  # the user copies the missing files in, picks it again
+        shutil.copy(DEMO_MODEL / name, broken / name)
+    window.model_panel.use_model(str(broken))
+    assert window.start_action.isEnabled() and not window.start_reason_action.isVisible()
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     window.model_panel.use_model("someone/not-downloaded")
     assert not window.start_action.isEnabled() and "HF_HUB_OFFLINE" in window.problems.text()
     assert "not in the Hugging Face cache" in run_config_check(window, tmp_path)
     window.model_panel.demo_button.click()
-    assert window.start_action.isEnabled() and not window.start_reason.isVisible() and not window.problems.isVisible()
+    assert window.start_action.isEnabled() and not window.start_reason_action.isVisible() and not window.problems.isVisible()
 
 
 def run_config_check(window, tmp_path) -> str:

@@ -28,7 +28,7 @@ from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
-from studio.gui.widgets import Banner, ConfigStore, problems_html, VerticalScroll
+from studio.gui.widgets import Banner, ConfigStore, VerticalScroll, problems_html
 
 ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -99,7 +99,7 @@ class MainWindow(QMainWindow):
         self.start_reason = QLabel()  # why Start is off, next to it; the problems are listed under the setup
         self.start_reason.setProperty("role", "reason")
         self.start_reason.setContentsMargins(4, 0, 8, 0)
-        toolbar.addWidget(self.start_reason)
+        self.start_reason_action = toolbar.addWidget(self.start_reason)  # a toolbar shows it through its action
         self.resume_action = self._action(toolbar, "↻  Resume", lambda: self.resume_run())
         toolbar.addSeparator()
         self.log_action = self._action(toolbar, "Log", self.show_log, "Ctrl+L")
@@ -168,6 +168,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         self.store.changed.connect(self._on_config_changed)
         self.model_panel.summary_changed.connect(self.data_panel.set_model)
+        self.model_panel.summary_changed.connect(self._on_config_changed)  # its problems may have changed
         self.controller.changed.connect(self._on_run_changed)
         self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))
         self.history.resume_requested.connect(self.resume_run)
@@ -216,7 +217,7 @@ class MainWindow(QMainWindow):
         self.start_action.setToolTip("A run is in progress" if active else
                                      ("Fix first: " + "; ".join(map(str, problems)) if problems else "Start training"))
         self.start_reason.setText("" if active or not problems else self._start_reason(problems))
-        self.start_reason.setVisible(not active and bool(problems))
+        self.start_reason_action.setVisible(not active and bool(problems))
         self.stop_action.setEnabled(active)
         self.stop_action.setText("■  Stop now (abort)" if job.state is State.STOPPING else "■  Stop and save")
         self.cancel_action.setEnabled(active)

@@ -100,7 +100,12 @@ class ModelPanel(VerticalScroll):
     # ------------------------------------------------------------ choosing
     def use_model(self, name_or_path: str) -> None:
         name_or_path = name_or_path.strip()
-        if name_or_path:
+        if not name_or_path:
+            return
+        if name_or_path == self.store.config.model.name_or_path:
+            self._shown_model = None  # chosen again: read its files again (weights copied in meanwhile)
+            self._on_config(self.store.config)
+        else:
             self.store.update(model={"name_or_path": name_or_path, "revision": ""})
 
     def _choose_folder(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from PySide6.QtCore import QObject, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QGroupBox, QHBoxLayout, QLabel, QPushButton,
                                QScrollArea, QSizePolicy, QStyleFactory, QVBoxLayout, QWidget)
@@ -185,6 +185,11 @@ class VerticalScroll(QScrollArea):
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width():
             self.updateGeometry()  # a new width can change the height its wrapped text needs
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()  # new text in the content: the column around it asks for the new height
+        return super().eventFilter(watched, event)
 
 
 class SettingsColumn(VerticalScroll):
