@@ -72,6 +72,7 @@ class FakeHfApi:
     """Records what would go to the Hub: the repository made and the files an upload_folder call sends."""
 
     calls: list = []
+    progress_shown = False
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", repo_id, kwargs))
@@ -83,6 +84,7 @@ class FakeHfApi:
         sent = sorted(p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*")
                       if p.is_file() and p.name not in ignore_patterns)
         self.calls.append(("upload_folder", repo_id, sent))
+        type(self).progress_shown = not huggingface_hub.utils.are_progress_bars_disabled()
 
 
 @pytest.mark.slow
@@ -102,6 +104,7 @@ def test_publish_uploads_the_verified_export_with_its_card_and_never_writes_the_
     assert sent == ["README.md", "adapter_config.json", "adapter_model.safetensors", "chat_template.jinja",
                     "generation_config.json", "studio_export.json", "tokenizer.json", "tokenizer_config.json"]
     assert all(name in out for name in sent) and "published: https://huggingface.co/me/tiny-tune" in out
+    assert FakeHfApi.progress_shown  # the export turned huggingface_hub's bars off; the upload shows its own
     card = (run_dir.exports_dir / "adapter" / "README.md").read_text()
     assert 'AutoPeftModelForCausalLM.from_pretrained("me/tiny-tune")' in card
     for path in run_dir.path.rglob("*"):

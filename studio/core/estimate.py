@@ -140,7 +140,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
     if host is not None:
         devices.append(host)
-    notes = _notes(shape, regime)
+    notes = _notes(shape, regime, config)
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
@@ -149,7 +149,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
                     notes=notes, placement=placement)
 
 
-def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
+def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:
     notes = []
     known = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "gelu_fast", "quick_gelu"}
     if shape.activation not in known:
@@ -159,6 +159,10 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.loss_impl == "chunked":
         notes.append("lean loss: logits are computed for at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
+    elif config.training.chunked_loss and regime.loss_impl == "full_fp32" and config.distributed.sharding in ("zero3", "fsdp"):
+        notes.append(f"no lean loss with {config.distributed.sharding}: its sharded output layer is gathered only "
+                     "inside the model's forward, so the whole logits and their loss are counted; zero2 or no "
+                     "sharding computes them a chunk at a time")
     if regime.method.token_entry == ATTENTION_TOKENS:
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:

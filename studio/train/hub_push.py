@@ -59,8 +59,11 @@ def push_export(folder: Path, repo_id: str, private: bool, api=None, say=print) 
 
     huggingface_hub draws the upload's progress bars on the console. Returns the repository's URL.
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import enable_progress_bars
 
+    if not constants.HF_HUB_DISABLE_PROGRESS_BARS:  # the export silenced every bar; the upload's says how far it is
+        enable_progress_bars()
     api = api or HfApi()
     plan = upload_plan(folder)
     say(f"publishing {len(plan)} files ({sum(size for _, size in plan) / 1e6:.1f} MB) to {repo_id}"

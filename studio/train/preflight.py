@@ -20,7 +20,7 @@ from studio.core.config import RunConfig
 from studio.core.dataset import DatasetReport, inspect_files
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.events import EventWriter
-from studio.core.modelcheck import is_local_model, raise_for_model_folder, remote_code_warning, weight_format
+from studio.core.modelcheck import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.modelinfo import SUPPORTED_MODEL_TYPES, cached_config
 from studio.train.hub_datasets import load_hub_datasets
 
@@ -47,10 +47,11 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
 
 
 def check_model(config: RunConfig) -> None:
-    """A local folder file by file, then (local or cached) whether transformers knows its architecture."""
+    """A local folder file by file (a Hub id: in the cache when offline), then whether transformers knows
+    its architecture."""
     name = config.model.name_or_path
+    raise_for_model(name, config.model.revision)
     if is_local_model(name):
-        raise_for_model_folder(name)
         config_path = Path(name).expanduser() / "config.json"
     else:
         config_path = cached_config(name, config.model.revision)
