@@ -198,7 +198,11 @@ def test_a_run_trains_on_a_cached_hub_dataset_of_trl_conversational_rows(tmp_pat
 def test_the_model_card_names_hub_ids_in_its_metadata(small_data):
     config = quick_config(small_data).replace(model={"name_or_path": "someone/base-model", "revision": "v1"},
                                               data={"train_files": ("hub:someone/tiny@default:train", str(small_data))})
-    card = model_card(config, [], {"kind": "adapter", "dtype": "float32"}, "mit", load_path="me/tune")
+    events = [{"type": "step", "step": 3, "loss": 1.25}, {"type": "eval", "step": 3, "eval_loss": 1.5},
+              {"type": "eval", "step": None, "heldout_exact_match_before": 0.0, "heldout_exact_match": 0.75}]
+    card = model_card(config, events, {"kind": "adapter", "dtype": "float32"}, "mit", load_path="me/tune")
+    assert "| final train loss | 1.2500 |" in card and "| final eval loss | 1.5000 (step 3) |" in card
+    assert "| held-out exact match | 0% before, 75% after |" in card  # what studio demo records
     meta = front_matter(card)
     assert meta["base_model"] == "someone/base-model" and meta["datasets"] == ["someone/tiny"]
     assert meta["license"] == "mit" and meta["library_name"] == "peft"
