@@ -179,6 +179,13 @@ def test_a_cached_hub_dataset_loads_offline_and_reads_like_a_file(small_data, ca
     assert report.examples[0].messages[-1] == {"role": "assistant", "content": "a fruit"}
 
 
+def test_config_check_loads_a_hub_dataset_and_counts_its_rows(small_data, cached_hub_dataset, tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    save_config(quick_config(small_data).replace(data={"train_files": (cached_hub_dataset,), "format": "auto"}), path)
+    assert main(["config", "check", str(path)]) == EXIT_OK
+    assert f"{len(TRL_ROWS)} training rows in chat format" in capsys.readouterr().out
+
+
 def test_a_missing_split_names_the_valid_ones(small_data, cached_hub_dataset):
     config = quick_config(small_data).replace(data={"train_files": (cached_hub_dataset + ":test",)})
     with pytest.raises(StudioError, match="train"):
