@@ -12,6 +12,7 @@ from studio.core.events import read_events
 from studio.core.model_card import front_matter
 from studio.core.presets import DEMO_HELDOUT, DEMO_MODEL
 from studio.core.templates import BUILTIN_JINJA, render
+from studio.train.chat_export import end_of_turn
 from studio.train.export import export_run
 from studio.train.worker import run
 
@@ -40,6 +41,17 @@ def test_a_built_in_template_as_jinja_renders_what_training_rendered(template, c
         prompt = "".join(text for text, _ in render(template, messages[:-1] + [{"role": "assistant", "content": ""}],
                                                     tokenizer.eos_token)[:-1])
         assert tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True) == prompt
+
+
+@pytest.mark.parametrize("template, chat_template, expected", [
+    ("chatml", None, END_OF_TURN), ("alpaca", None, "<s>"), ("none", None, "<s>"),
+    ("tokenizer", "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<pad>\n{% endfor %}", "<pad>"),
+    ("tokenizer", "{{ raise_exception('a system turn first') }}", "<s>"),  # falls back to the eos
+])
+def test_the_end_of_turn_is_what_the_template_ends_a_response_with(template, chat_template, expected):
+    tokenizer = demo_tokenizer()
+    tokenizer.eos_token, tokenizer.chat_template = "<s>", chat_template
+    assert end_of_turn(tokenizer, template) == expected
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 
 from studio.core.config import RunConfig
 from studio.core.events import read_events
-from studio.core.row_formats import Example
+from studio.core.row_formats import DataError, Example
 from studio.core.templates import BUILTIN_JINJA
 from studio.train.data import render_segments, resolve_template
 
@@ -49,7 +49,10 @@ def end_of_turn(tokenizer: Any, template: str) -> str:
     if template == "none":
         return tokenizer.eos_token or ""
     probe = Example("chat", messages=({"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}))
-    response = [text for text, trainable in render_segments(probe, tokenizer, template) if trainable][-1]
+    try:
+        response = [text for text, trainable in render_segments(probe, tokenizer, template) if trainable][-1]
+    except DataError:  # a template that refuses this minimal chat (one that demands a system turn, say)
+        return tokenizer.eos_token or ""
     return response.split(_PROBE, 1)[1].strip()
 
 
