@@ -13,7 +13,7 @@ row of column names), ``.parquet`` and ``.txt`` (one example a non-blank line).
 Locations name the row the way an editor finds it: ``data.jsonl:12`` (1-based
 line; for CSV the line a row starts on, the header being line 1),
 ``data.json[3] (line 12)`` (0-based list index and the line it starts on),
-``data.parquet row 7`` (1-based), ``hub:OWNER/NAME:train row 7`` and ``notes.txt:3``.
+``data.parquet row 7`` (1-based), ``hub:OWNER/NAME row 7`` (the entry as written) and ``notes.txt:3``.
 
 The row formats and their validation are in ``studio.core.row_formats``.
 """
