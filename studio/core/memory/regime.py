@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.families import LinearLayer
 from studio.core.methods import DORA, INPUT_TOKENS, METHOD_SPECS, MethodSpec
-from studio.core.modelinfo import LinearLayer, ModelShape
+from studio.core.modelinfo import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1}
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -6,8 +6,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from studio.core.families import LinearLayer
 from studio.core.memory.regime import DTYPE_BYTES, Regime
-from studio.core.modelinfo import LinearLayer, ModelShape
+from studio.core.modelinfo import ModelShape
 
 
 @dataclass(frozen=True)

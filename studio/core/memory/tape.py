@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from studio.core.families import LinearLayer
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime
 from studio.core.memory.states import adapter_groups
 from studio.core.methods import ATTENTION_TOKENS, REBUILT, SCALING
-from studio.core.modelinfo import LinearLayer, ModelShape
+from studio.core.modelinfo import ModelShape
 
 
 class _Storage:
