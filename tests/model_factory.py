@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "gpt_neox", "phi", "gemma")
+FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "gpt_neox", "phi", "gemma", "qwen3", "smollm3", "granite", "olmo2",
+            "gemma2", "gemma3_text", "phi3")
 
 _LLAMA_LIKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
@@ -25,6 +26,15 @@ TINY_CONFIGS: dict[str, dict] = {
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512},
     "gpt_neox": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
                  "num_attention_heads": 4, "max_position_embeddings": 512},
+    "qwen3": {**_LLAMA_LIKE, "head_dim": 16},
+    "smollm3": {**_LLAMA_LIKE, "no_rope_layer_interval": 2},  # the second layer has no rotary
+    "granite": {**_LLAMA_LIKE, "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.0625,
+                "logits_scaling": 2.0},
+    "olmo2": {**_LLAMA_LIKE},
+    # windows shorter than the test examples, so that packing must keep them
+    "gemma2": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8},
+    "gemma3_text": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2},
+    "phi3": {**_LLAMA_LIKE, "partial_rotary_factor": 0.5, "resid_pdrop": 0.1},
     "phi": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 512},
 }

@@ -159,6 +159,10 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.loss_impl == "chunked":
         notes.append("lean loss: logits are computed for at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
+    if shape.transformed_logits:
+        capped = "soft-capped" if shape.logit_softcap else "scaled"
+        notes.append(f"{capped} logits: the lean loss needs plain output-layer logits, so this model computes "
+                     "the full fp32 loss over every position (counted)")
     if regime.method.token_entry == ATTENTION_TOKENS:
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:

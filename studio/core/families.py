@@ -69,6 +69,7 @@ class Family:
     embedding_scale: bool = False  # Gemma multiplies the embeddings by sqrt(hidden)
     position_embeddings: bool = False  # GPT-2 adds learned positions instead of rotary
     eager_softmax_fp32: bool = True  # eager attention asks softmax for fp32 (GPT-2 keeps the input dtype)
+    sdpa: bool = True  # transformers runs it with sdpa (Gemma 2 does not: sdpa cannot soft-cap the scores)
 
     def weight_shape(self, layer: LinearLayer) -> tuple[int, int]:
         if self.conv1d_weights:
@@ -104,15 +105,69 @@ def _gated_linears(shape: Shape, q_bias: bool, o_bias: bool) -> tuple[LinearLaye
 
 
 def _llama_block(g, m: Shape, x):
-    """Llama, Qwen2, Mistral, Gemma: pre-norm attention and gated MLP, two residual adds."""
+    """Llama, Qwen2, Mistral, Gemma: pre-norm attention and gated MLP, two residual adds (Qwen3 also
+    RMS-norms q and k per head before rotary)."""
+    normed = g.norm(x)
+    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
+    if m.qk_layernorm:
+        q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
+    q, k = g.rope(q, k)
+    x = g.add(x, g.linear(g.attention(q, k, v), "self_attn.o_proj"))
+    return g.add(x, _gated_mlp(g, g.norm(x)))
+
+
+def _gated_mlp(g, x):
+    return g.linear(g.mul(g.activation(g.linear(x, "mlp.gate_proj")), g.linear(x, "mlp.up_proj")), "mlp.down_proj")
+
+
+def _sandwich_block(g, m: Shape, x):
+    """Gemma 2 and 3: every sublayer normed before and after (Gemma 3 also norms q and k per head)."""
+    normed = g.norm(x)
+    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
+    if m.qk_layernorm:
+        q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
+    q, k = g.rope(q, k)
+    x = g.add(x, g.norm(g.linear(g.attention(q, k, v), "self_attn.o_proj")))
+    return g.add(x, g.norm(_gated_mlp(g, g.norm(x))))
+
+
+def _olmo2_block(g, m: Shape, x):
+    """OLMo 2: norms after each sublayer only, q and k RMS-normed over all heads at once."""
+    q, k, v = (g.linear(x, f"self_attn.{n}_proj") for n in "qkv")
+    q, k = g.norm(q, size=m.q_width), g.norm(k, size=m.kv_width)
+    q, k = g.rope(q, k)
+    x = g.add(x, g.norm(g.linear(g.attention(q, k, v), "self_attn.o_proj")))
+    return g.add(x, g.norm(_gated_mlp(g, x)))
+
+
+def _granite_block(g, m: Shape, x):
+    """Granite: Llama's block with each sublayer's output scaled by residual_multiplier."""
     normed = g.norm(x)
     q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
     q, k = g.rope(q, k)
+    x = g.add(x, g.scale(g.linear(g.attention(q, k, v), "self_attn.o_proj")))
+    return g.add(x, g.scale(_gated_mlp(g, g.norm(x))))
+
+
+def _phi3_linears(shape: Shape) -> tuple[LinearLayer, ...]:
+    h, i = shape.hidden, shape.intermediate
+    return (
+        LinearLayer("self_attn.qkv_proj", h, shape.q_width + 2 * shape.kv_width, False),
+        LinearLayer("self_attn.o_proj", shape.q_width, h, False),
+        LinearLayer("mlp.gate_up_proj", h, 2 * i, False),
+        LinearLayer("mlp.down_proj", i, h, False),
+    )
+
+
+def _phi3_block(g, m: Shape, x):
+    """Phi-3 and Phi-4-mini: Llama's block with fused qkv and gate_up, dropout before each residual add."""
+    q, k, v = g.split(g.linear(g.norm(x), "self_attn.qkv_proj"), (m.q_width, m.kv_width, m.kv_width))
+    q, k = g.rope(q, k)
     attended = g.linear(g.attention(q, k, v), "self_attn.o_proj")
-    x = g.add(x, attended)
-    normed = g.norm(x)
-    gated = g.mul(g.activation(g.linear(normed, "mlp.gate_proj")), g.linear(normed, "mlp.up_proj"))
-    return g.add(x, g.linear(gated, "mlp.down_proj"))
+    x = g.add(x, g.dropout(attended, m.residual_dropout))
+    gate, up = g.split(g.linear(g.norm(x), "mlp.gate_up_proj"), 2)
+    mlp_out = g.linear(g.mul(up, g.activation(gate)), "mlp.down_proj")
+    return g.add(x, g.dropout(mlp_out, m.residual_dropout))
 
 
 def _gpt2_linears(shape: Shape) -> tuple[LinearLayer, ...]:
@@ -192,6 +247,21 @@ def _phi_norms(m: Shape) -> tuple[tuple[str, int], ...]:
     return norms
 
 
+def _norms(*names: str, per_head: tuple[str, ...] = (), all_heads: bool = False):
+    """Block norms over the hidden size, then q/k norms per head (or, ``all_heads``, over all q and kv heads)."""
+    def norms(m: Shape) -> tuple[tuple[str, int], ...]:
+        sizes = (m.q_width, m.kv_width) if all_heads else (m.head_dim, m.head_dim)
+        heads = tuple(zip(per_head, sizes)) if per_head and (all_heads or m.qk_layernorm) else ()
+        return tuple((name, m.hidden) for name in names) + heads
+    return norms
+
+
+_QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+_SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                   "post_feedforward_layernorm")
+_GEMMA_DEFAULTS = {**_LLAMA_DEFAULTS, "head_dim": 256, "tie_embeddings": True, "activation": "gelu_pytorch_tanh"}
+
+
 def _vocab(m: Shape) -> int:
     return m.vocab
 
@@ -212,8 +282,26 @@ FAMILIES: tuple[Family, ...] = (
     _llama_like("llama", q_bias=False),
     _llama_like("mistral", q_bias=False),
     _llama_like("qwen2", q_bias=True),
-    _llama_like("gemma", q_bias=False, norm="rms_gemma", embedding_scale=True,
-                defaults={**_LLAMA_DEFAULTS, "head_dim": 256, "tie_embeddings": True, "activation": "gelu_pytorch_tanh"}),
+    _llama_like("gemma", q_bias=False, norm="rms_gemma", embedding_scale=True, defaults=_GEMMA_DEFAULTS),
+    _llama_like("qwen3", q_bias=False, defaults={**_LLAMA_DEFAULTS, "head_dim": 128, "qk_layernorm": True},
+                block_norms=_norms("input_layernorm", "post_attention_layernorm", per_head=_QK_NORMS)),
+    _llama_like("smollm3", q_bias=False, defaults={**_LLAMA_DEFAULTS, "tie_embeddings": True}),
+    _llama_like("granite", q_bias=False, block=_granite_block, embedding_scale=True,
+                fields={**_LLAMA_FIELDS, "logits_scaling": ("logits_scaling",)}),
+    _llama_like("olmo2", q_bias=False, block=_olmo2_block,
+                block_norms=_norms("post_attention_layernorm", "post_feedforward_layernorm", per_head=_QK_NORMS,
+                                   all_heads=True)),
+    _llama_like("gemma2", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True, sdpa=False,
+                defaults=_GEMMA_DEFAULTS, block_norms=_norms(*_SANDWICH_NORMS),
+                fields={**_LLAMA_FIELDS, "attention_softcap": ("attn_logit_softcapping",),
+                        "logit_softcap": ("final_logit_softcapping",)}),
+    _llama_like("gemma3_text", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True,
+                defaults={**_GEMMA_DEFAULTS, "qk_layernorm": True},
+                block_norms=_norms(*_SANDWICH_NORMS, per_head=_QK_NORMS),
+                fields={**_LLAMA_FIELDS, "attention_softcap": ("attn_logit_softcapping",),
+                        "logit_softcap": ("final_logit_softcapping",)}),
+    _llama_like("phi3", q_bias=False, linears=_phi3_linears, block=_phi3_block,
+                fields={**_LLAMA_FIELDS, "residual_dropout": ("resid_pdrop",)}),
     Family(
         name="gpt2", model_types=("gpt2",),
         fields={"hidden": ("n_embd", "hidden_size"), "layers": ("n_layer", "num_hidden_layers"),

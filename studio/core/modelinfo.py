@@ -64,6 +64,14 @@ class ModelShape:
     embedding_dropout: float
     parallel_residual: bool = False
     qk_layernorm: bool = False
+    attention_softcap: float = 0.0  # Gemma 2: scores become cap * tanh(scores / cap)
+    logit_softcap: float = 0.0  # Gemma 2: the same for the logits
+    logits_scaling: float = 1.0  # Granite divides its logits by this
+
+    @property
+    def transformed_logits(self) -> bool:
+        """Logits that are not plainly the output layer's: the worker's lean loss cannot compute them."""
+        return bool(self.logit_softcap) or self.logits_scaling != 1.0
 
     @property
     def q_width(self) -> int:
@@ -197,7 +205,9 @@ def family_of(config: dict) -> Family:
 
 _SHAPE_FIELDS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "positions",
                  "tie_embeddings", "activation", "rotary_fraction", "attention_bias", "mlp_bias",
-                 "attention_dropout", "residual_dropout", "embedding_dropout", "parallel_residual", "qk_layernorm")
+                 "attention_dropout", "residual_dropout", "embedding_dropout")
+# Fields only some families have: absent, they take ModelShape's default.
+_OPTIONAL_FIELDS = ("parallel_residual", "qk_layernorm", "attention_softcap", "logit_softcap", "logits_scaling")
 
 
 def model_shape(config: dict) -> ModelShape:
@@ -207,15 +217,15 @@ def model_shape(config: dict) -> ModelShape:
     rotary = _rotary_fraction(config)
     if rotary is not None:
         resolved["rotary_fraction"] = rotary
-    for name in _SHAPE_FIELDS:
+    for name in _SHAPE_FIELDS + _OPTIONAL_FIELDS:
         if name in resolved:
             continue
         value = next((config[key] for key in family.fields.get(name, ()) if config.get(key) is not None), None)
         if value is None and name in family.defaults:
             default = family.defaults[name]
             value = default(resolved) if callable(default) else default
-        if value is None and name in ("parallel_residual", "qk_layernorm"):
-            value = False
+        if value is None and name in _OPTIONAL_FIELDS:
+            continue
         if value is None:
             keys = " or ".join(family.fields.get(name, (name,)))
             raise StudioError(f"the {family.name} config lacks {keys}", "use the model's complete config.json", kind="model")

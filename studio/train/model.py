@@ -125,6 +125,12 @@ def quantization_config(config: RunConfig):
     return None
 
 
+def attention_implementation(config: RunConfig) -> str | None:
+    """What transformers is asked for: sdpa is its own default (None), which falls back to eager for families
+    without sdpa (Gemma 2: sdpa cannot soft-cap the scores); studio.core.memory.regime.attention_for says the same."""
+    return None if config.model.attn_implementation == "sdpa" else config.model.attn_implementation
+
+
 def load_base_model(config: RunConfig, device: torch.device, quantized: bool = True, dtype: torch.dtype | None = None):
     """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
     from transformers import AutoModelForCausalLM
@@ -143,7 +149,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
         model = AutoModelForCausalLM.from_pretrained(
             config.model.name_or_path,
             dtype=dtype or weight_dtype(config),
-            attn_implementation=config.model.attn_implementation,
+            attn_implementation=attention_implementation(config),
             **kwargs,
         )
     except Exception as exc:

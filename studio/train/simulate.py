@@ -195,7 +195,7 @@ def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized:
         raise model_module._load_error(config, exc) from exc
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype or model_module.weight_dtype(config),
-                                                 attn_implementation=config.model.attn_implementation)
+                                                 attn_implementation=model_module.attention_implementation(config))
     quant = model_module.quantization_config(config) if quantized else None
     if quant is not None:
         from transformers.integrations.bitsandbytes import replace_with_bnb_linear

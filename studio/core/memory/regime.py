@@ -85,11 +85,17 @@ def weight_dtype_name(config: RunConfig) -> str:
     return "fp32" if config.method_spec.trains_every_weight else config.training.precision
 
 
+def attention_for(config: RunConfig, shape: ModelShape) -> str:
+    """The attention the worker runs: the configured one, or eager where transformers has no sdpa for the
+    family (Gemma 2: sdpa cannot soft-cap its scores)."""
+    return config.model.attn_implementation if shape.family.sdpa else "eager"
+
+
 def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str | None = None) -> Regime:
     training = config.training
     precision = training.precision  # the config's names are the estimate's dtype names
     base = weight_dtype_name(config)
-    loss_impl = loss_impl or loss_impl_for(config)
+    loss_impl = loss_impl or ("full_fp32" if shape.transformed_logits else loss_impl_for(config))
     if loss_impl not in LOSS_IMPLS:
         raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
     autocast = precision != "fp32"
@@ -102,7 +108,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         full=spec.trains_every_weight,
         adapted=shape.resolve_targets(config.lora.target_modules) if config.adapts_linears else (),
         rank=config.lora.r, lora_dropout=config.lora.dropout, dora=config.lora.use_dora and DORA in spec.settings,
-        checkpointing=training.gradient_checkpointing, attention=config.model.attn_implementation,
+        checkpointing=training.gradient_checkpointing, attention=attention_for(config, shape),
         optimizer=training.optimizer, micro_batch=training.micro_batch_size,
         accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,

@@ -147,10 +147,10 @@ class ActivationTape:
         """Multiply or shift by a Python number: nothing saved."""
         return self.unary(tensor)
 
-    def split(self, tensor: _Tensor, parts: int) -> tuple[_Tensor, ...]:
-        """Views into one storage (a fused qkv output split in three)."""
-        views = tuple(_Tensor(tensor.storage, tensor.elements // parts, tensor.dtype, tensor.requires_grad)
-                      for _ in range(parts))
+    def split(self, tensor: _Tensor, parts: int | tuple[int, ...]) -> tuple[_Tensor, ...]:
+        """Views into one storage: a fused output split in ``parts`` equal parts, or in parts of these widths."""
+        sizes = (tensor.elements // parts,) * parts if isinstance(parts, int) else [self.tokens * w for w in parts]
+        views = tuple(_Tensor(tensor.storage, size, tensor.dtype, tensor.requires_grad) for size in sizes)
         self.record(views, [tensor])
         return views
 
@@ -271,6 +271,8 @@ class ActivationTape:
             self.save(k)
         raw = self.new(scores, q.dtype, grad)
         self.record([raw], [q, k])
+        if self.shape.attention_softcap:  # cap * tanh(scores / cap): tanh keeps its output
+            raw = self.scale(self.saving_output(self.scale(raw)))
         # most families ask softmax for fp32; GPT-2 does not, but CUDA's autocast runs softmax in fp32 anyway
         raw = self.cast(raw, "fp32") if self.shape.family.eager_softmax_fp32 else self._autocast(raw, "softmax")
         probabilities = self.saving_output(raw)
@@ -540,7 +542,9 @@ def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> t
     positions = b * s
     targets = 8 * positions  # int64 labels, shifted (a copy)
     fp32_copy = 0 if width == 4 else 4 * positions * v
-    return width * positions * v + fp32_copy + 4 * positions * v + targets, 12 * positions * v + targets
+    softcap = width * positions * v if shape.logit_softcap else 0  # tanh keeps its output for backward
+    forward = width * positions * v + fp32_copy + 4 * positions * v + targets + softcap
+    return forward, 12 * positions * v + targets + softcap
 
 
 def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targets: int) -> tuple[int, int]:
