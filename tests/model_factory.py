@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "gpt_neox", "phi", "gemma", "qwen3", "smollm3", "granite", "olmo2",
-            "gemma2", "gemma3_text", "phi3")
+            "gemma2", "gemma3_text", "phi3", "qwen3_moe")
 
 _LLAMA_LIKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
@@ -35,6 +35,8 @@ TINY_CONFIGS: dict[str, dict] = {
     "gemma2": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8},
     "gemma3_text": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2},
     "phi3": {**_LLAMA_LIKE, "partial_rotary_factor": 0.5, "resid_pdrop": 0.1},
+    "qwen3_moe": {**_LLAMA_LIKE, "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4,
+                  "num_experts_per_tok": 2},
     "phi": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 512},
 }

@@ -159,6 +159,9 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.loss_impl == "chunked":
         notes.append("lean loss: logits are computed for at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
+    if any(not layer.is_module for layer in regime.adapted):
+        notes.append("LoRA adapts the router and every expert: peft folds the factors into a new copy of each "
+                     "weight at every forward, kept for backward (counted), and trains without dropout")
     if shape.transformed_logits:
         capped = "soft-capped" if shape.logit_softcap else "scaled"
         notes.append(f"{capped} logits: the lean loss needs plain output-layer logits, so this model computes "

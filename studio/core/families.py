@@ -25,14 +25,25 @@ from typing import Any, Callable
 Shape = Any
 
 
+LINEAR, ROUTER, EXPERTS = "linear", "router", "experts"  # the kinds of LinearLayer
+
+
 @dataclass(frozen=True)
 class LinearLayer:
-    """One linear layer of a decoder block, named by its path inside the block (``self_attn.q_proj``)."""
+    """One linear layer of a decoder block, named by its path inside the block (``self_attn.q_proj``).
+
+    A mixture of experts adds two kinds that are plain parameters, not ``nn.Linear`` modules (bitsandbytes and
+    torchao leave them alone; peft's LoRA wraps the parameter itself): the router, and ``experts`` stacked
+    weights of one projection (``fused`` projections in one, as gate_up), each token going through a few.
+    """
 
     path: str
     in_features: int
     out_features: int
     bias: bool
+    kind: str = LINEAR
+    experts: int = 1
+    fused: int = 1
 
     @property
     def name(self) -> str:
@@ -40,7 +51,21 @@ class LinearLayer:
 
     @property
     def weight_elements(self) -> int:
-        return self.in_features * self.out_features
+        return self.experts * self.in_features * self.out_features
+
+    @property
+    def parameter_name(self) -> str:
+        return self.path if self.kind == EXPERTS else f"{self.path}.weight"
+
+    @property
+    def is_module(self) -> bool:
+        """An ``nn.Linear``: what quantization, QAT and every adapter method but LoRA act on."""
+        return self.kind == LINEAR
+
+    def adapter_rank(self, rank: int) -> int:
+        """The rank of the LoRA factors peft gives it: experts share one factor pair of rank experts x rank
+        (doubled for gate_up, whose two projections were fused: peft keeps each one's rank)."""
+        return rank * self.experts * self.fused
 
 
 
@@ -71,7 +96,9 @@ class Family:
     eager_softmax_fp32: bool = True  # eager attention asks softmax for fp32 (GPT-2 keeps the input dtype)
     sdpa: bool = True  # transformers runs it with sdpa (Gemma 2 does not: sdpa cannot soft-cap the scores)
 
-    def weight_shape(self, layer: LinearLayer) -> tuple[int, int]:
+    def weight_shape(self, layer: LinearLayer) -> tuple[int, ...]:
+        if layer.kind == EXPERTS:
+            return (layer.experts, layer.out_features, layer.in_features)
         if self.conv1d_weights:
             return (layer.in_features, layer.out_features)
         return (layer.out_features, layer.in_features)
@@ -168,6 +195,31 @@ def _phi3_block(g, m: Shape, x):
     gate, up = g.split(g.linear(g.norm(x), "mlp.gate_up_proj"), 2)
     mlp_out = g.linear(g.mul(up, g.activation(gate)), "mlp.down_proj")
     return g.add(x, g.dropout(mlp_out, m.residual_dropout))
+
+
+def _moe_linears(shape: Shape) -> tuple[LinearLayer, ...]:
+    h, i, e = shape.hidden, shape.expert_intermediate, shape.experts
+    return _gated_linears(shape, shape.attention_bias, shape.attention_bias)[:4] + (
+        LinearLayer("mlp.gate", h, e, False, kind=ROUTER),
+        LinearLayer("mlp.experts.gate_up_proj", h, 2 * i, False, kind=EXPERTS, experts=e, fused=2),
+        LinearLayer("mlp.experts.down_proj", i, h, False, kind=EXPERTS, experts=e),
+    )
+
+
+def _moe_block(g, m: Shape, x):
+    """Qwen3-MoE: Qwen3's attention, then each token through the top few of many gated experts, weighted by
+    the router's probabilities (transformers' grouped experts: the routed copies sorted by expert)."""
+    normed = g.norm(x)
+    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
+    q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
+    q, k = g.rope(q, k)
+    x = g.add(x, g.linear(g.attention(q, k, v), "self_attn.o_proj"))
+    normed = g.norm(x)
+    weights = g.route(normed, "mlp.gate")  # the top experts' probabilities, one per routed copy of a token
+    routed = g.gather(normed, m.experts_per_token)
+    gate, up = g.split(g.linear(routed, "mlp.experts.gate_up_proj"), 2)
+    expert_out = g.linear(g.mul(g.activation(gate), up), "mlp.experts.down_proj")
+    return g.add(x, g.combine(g.mul(expert_out, weights), m.experts_per_token))
 
 
 def _gpt2_linears(shape: Shape) -> tuple[LinearLayer, ...]:
@@ -300,6 +352,11 @@ FAMILIES: tuple[Family, ...] = (
                 block_norms=_norms(*_SANDWICH_NORMS, per_head=_QK_NORMS),
                 fields={**_LLAMA_FIELDS, "attention_softcap": ("attn_logit_softcapping",),
                         "logit_softcap": ("final_logit_softcapping",)}),
+    _llama_like("qwen3_moe", q_bias=False, linears=_moe_linears, block=_moe_block,
+                defaults={**_LLAMA_DEFAULTS, "head_dim": 128, "qk_layernorm": True},
+                fields={**_LLAMA_FIELDS, "experts": ("num_experts", "num_local_experts"),
+                        "experts_per_token": ("num_experts_per_tok",), "expert_intermediate": ("moe_intermediate_size",)},
+                block_norms=_norms("input_layernorm", "post_attention_layernorm", per_head=_QK_NORMS)),
     _llama_like("phi3", q_bias=False, linears=_phi3_linears, block=_phi3_block,
                 fields={**_LLAMA_FIELDS, "residual_dropout": ("resid_pdrop",)}),
     Family(

@@ -33,7 +33,7 @@ class ParameterSpec:
 
     name: str
     shape: tuple[int, ...]
-    kind: str  # "embedding", "linear", "bias", "norm", "head", "head_bias"
+    kind: str  # "embedding", "linear", "router", "experts", "bias", "norm", "head", "head_bias"
 
     @property
     def elements(self) -> int:
@@ -67,6 +67,9 @@ class ModelShape:
     attention_softcap: float = 0.0  # Gemma 2: scores become cap * tanh(scores / cap)
     logit_softcap: float = 0.0  # Gemma 2: the same for the logits
     logits_scaling: float = 1.0  # Granite divides its logits by this
+    experts: int = 0  # a mixture of experts: how many per block,
+    experts_per_token: int = 0  # how many each token goes through,
+    expert_intermediate: int = 0  # and each one's MLP width
 
     @property
     def transformed_logits(self) -> bool:
@@ -97,7 +100,8 @@ class ModelShape:
         prefix = self.family.block_prefix.format(0)
         specs = []
         for layer in self.block_linears:
-            specs.append(ParameterSpec(f"{prefix}{layer.path}.weight", self.family.weight_shape(layer), "linear"))
+            kind = "linear" if layer.is_module else layer.kind
+            specs.append(ParameterSpec(f"{prefix}{layer.parameter_name}", self.family.weight_shape(layer), kind))
             if layer.bias:
                 specs.append(ParameterSpec(f"{prefix}{layer.path}.bias", (layer.out_features,), "bias"))
         for norm, size in self.family.block_norms(self):
@@ -130,21 +134,24 @@ class ModelShape:
 
     @property
     def linear_parameter_count(self) -> int:
-        """Weights of the block linears: what bitsandbytes quantizes."""
-        return self.layers * sum(layer.weight_elements for layer in self.block_linears)
+        """Weights of the block linears: what bitsandbytes quantizes (experts and routers are no nn.Linear)."""
+        return self.layers * sum(layer.weight_elements for layer in self.block_linears if layer.is_module)
 
     @property
     def head_elements(self) -> int:
         return self.vocab * self.hidden
 
-    def resolve_targets(self, targets: tuple[str, ...]) -> tuple[LinearLayer, ...]:
+    def resolve_targets(self, targets: tuple[str, ...], parameters: bool = True) -> tuple[LinearLayer, ...]:
         """The block linears a LoRA ``target_modules`` list adapts (peft matches by name suffix).
 
+        ``parameters``: the method also adapts a mixture of experts' router and expert weights, which are
+        parameters rather than modules (peft's LoRA wraps them; its other methods leave them alone).
         Raises StudioError for names that match no module of this family.
         """
+        candidates = tuple(layer for layer in self.block_linears if parameters or layer.is_module)
         if tuple(targets) == ("all-linear",):
-            return self.block_linears
-        known = {layer.path for layer in self.block_linears}
+            return candidates
+        known = {layer.path for layer in candidates}
         unknown = [t for t in targets if not any(_suffix_match(path, t) for path in known)]
         if unknown:
             names = ", ".join(sorted({layer.name for layer in self.block_linears}))
@@ -152,7 +159,7 @@ class ModelShape:
                 f"lora.target_modules names {', '.join(unknown)}, which is not a linear layer of a {self.family.name} "
                 f"block (the estimate models LoRA on these: {names})",
                 "use all-linear or the module names above", kind="config")
-        return tuple(layer for layer in self.block_linears if any(_suffix_match(layer.path, t) for t in targets))
+        return tuple(layer for layer in candidates if any(_suffix_match(layer.path, t) for t in targets))
 
 
 def _suffix_match(path: str, target: str) -> bool:
@@ -207,7 +214,8 @@ _SHAPE_FIELDS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermedi
                  "tie_embeddings", "activation", "rotary_fraction", "attention_bias", "mlp_bias",
                  "attention_dropout", "residual_dropout", "embedding_dropout")
 # Fields only some families have: absent, they take ModelShape's default.
-_OPTIONAL_FIELDS = ("parallel_residual", "qk_layernorm", "attention_softcap", "logit_softcap", "logits_scaling")
+_OPTIONAL_FIELDS = ("parallel_residual", "qk_layernorm", "attention_softcap", "logit_softcap", "logits_scaling",
+                    "experts", "experts_per_token", "expert_intermediate")
 
 
 def model_shape(config: dict) -> ModelShape:

@@ -237,11 +237,18 @@ def attach_adapter(model, config: RunConfig, total_steps: int | None = None):
 def adapted_module_names(model) -> list[str]:
     """The distinct leaf names that received an adapter (e.g. q_proj, c_attn), for the log.
 
-    Prefix and prompt tuning adapt no layer: they train ``prompt_encoder`` (the virtual tokens).
+    An adapted parameter (peft's ParamWrapper: a mixture of experts' router and experts) is named by its module
+    and, unless it is the module's weight, the parameter (``experts.gate_up_proj``). Prefix and prompt tuning
+    adapt no layer: they train ``prompt_encoder`` (the virtual tokens).
     """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            leaf = name.replace(".base_layer", "").rsplit(".", 1)[-1]  # wrapped parameters nest their wrappers
+            parameter = getattr(module, "parameter_name", "weight")
+            names.add(leaf if parameter == "weight" else f"{leaf}.{parameter}")
     if not names and getattr(model, "prompt_encoder", None) is not None:
         names = {"prompt_encoder"}
     return sorted(names)

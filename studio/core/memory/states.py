@@ -43,8 +43,8 @@ def trainable_tensors(shape: ModelShape, regime: Regime) -> tuple[TensorGroup, .
 def adapter_groups(layer: LinearLayer, regime: Regime) -> tuple[TensorGroup, ...]:
     """The trainable tensors peft adds to one linear layer (fp32), as the method's table entry shapes them."""
     feedforward = layer.in_features == regime.feedforward_width
-    shapes = regime.method.linear_tensor_shapes(layer.in_features, layer.out_features, regime.rank, feedforward,
-                                                regime.dora)
+    shapes = regime.method.linear_tensor_shapes(layer.in_features, layer.out_features, layer.adapter_rank(regime.rank),
+                                                feedforward, regime.dora)
     return tuple(TensorGroup(shape, "fp32", 1) for shape in shapes)
 
 
@@ -68,7 +68,7 @@ def block_weight_bytes(shape: ModelShape, regime: Regime) -> int:
     """One decoder block as loaded and prepared (adapters excluded)."""
     block = sum(p.elements * _block_parameter_width(p, regime) for p in shape.block_parameters)
     if regime.quantization != "none":
-        block += sum(quantized_weight_bytes(layer, regime) for layer in shape.block_linears)
+        block += sum(quantized_weight_bytes(layer, regime) for layer in shape.block_linears if layer.is_module)
     return block
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from studio.core.families import LinearLayer
+from studio.core.families import ROUTER, LinearLayer
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime
 from studio.core.memory.states import adapter_groups
 from studio.core.methods import ATTENTION_TOKENS, REBUILT, SCALING
@@ -286,6 +286,8 @@ class ActivationTape:
 
     def linear(self, x: _Tensor, path: str) -> _Tensor:
         layer = self.shape.linear(path)
+        if not layer.is_module:
+            return self._parameter_linear(x, layer)
         form = self.regime.method.linear_form if path in self._adapted else ""
         scales_input = form == SCALING and layer.in_features == self.regime.feedforward_width
         if scales_input:  # IA3 scales a feedforward layer's input in the vector's dtype (fp32), then casts it back
@@ -301,7 +303,7 @@ class ActivationTape:
 
     def _base_linear(self, x: _Tensor, layer: LinearLayer) -> _Tensor:
         regime = self.regime
-        elements = self.tokens * layer.out_features
+        elements = x.elements // layer.in_features * layer.out_features
         if regime.quantization == "4bit":  # bnb casts to its compute dtype and keeps only the packed weight
             x_in = self.cast(x, regime.compute)
             out = self.new(elements, regime.compute, x.requires_grad)
@@ -342,6 +344,61 @@ class ActivationTape:
             transient += weight_elements * 4
         self.record([out], [x_in], temporary=transient, parameter_grad=parameter)
         return out
+
+    def _parameter_linear(self, x: _Tensor, layer: LinearLayer) -> _Tensor:
+        """A router or a stack of experts: a parameter, not an nn.Linear, so never quantized.
+
+        The router is F.linear (autocast applies); the experts are grouped_mm, which autocast skips: the
+        input is cast to the weights' dtype. LoRA on them (peft's ParamWrapper) folds its factors into a new
+        weight every forward, W + B·A, which the matmul keeps; backward computes that weight's whole
+        gradient before the factors' (the same for a trained stack's own gradient).
+        """
+        regime = self.regime
+        folded = layer.path in self._adapted
+        trainable = regime.full or folded
+        dtype = regime.outer_dtype
+        x_in = self._autocast(x) if layer.kind == ROUTER else self.cast(x, dtype)
+        weight = None
+        if folded:
+            weight = self.new(layer.weight_elements, dtype, True)
+            self.record([weight], [], parameter_grad=sum(g.nbytes for g in adapter_groups(layer, regime)))
+            if x_in.dtype != dtype:  # the router's folded weight, copied by autocast at every call
+                weight = self.cast(weight, x_in.dtype)
+        elif layer.kind == ROUTER:
+            weight = self._weight_copy(layer.weight_elements, dtype, trainable)
+        if trainable:
+            self.save(x_in)
+        if x_in.requires_grad and weight is not None:
+            self.save(weight)
+        out = self.new(x.elements // layer.in_features * layer.out_features, x_in.dtype, x.requires_grad or trainable)
+        gradient = layer.weight_elements * DTYPE_BYTES[x_in.dtype] if trainable else 0
+        own = layer.weight_elements * DTYPE_BYTES[dtype] if regime.full else 0
+        self.record([out], [x_in] + ([weight] if folded else []), temporary=gradient, parameter_grad=own)
+        return out
+
+    def route(self, x: _Tensor, path: str) -> _Tensor:
+        """The router: its logits, their fp32 softmax (kept), the top experts' probabilities (their indices
+        kept), cast back and reordered with the routed copies of the tokens."""
+        logits = self.linear(x, path)
+        probabilities = self.saving_output(self.cast(logits, "fp32"))
+        copies = self.tokens * self.shape.experts_per_token
+        top = self.new(copies, "fp32", probabilities.requires_grad)
+        if top.requires_grad:
+            self.save(self.new(copies, "int64", False))
+        self.record([top], [probabilities])
+        return self.gather(self.cast(top, logits.dtype), 1)
+
+    def gather(self, x: _Tensor, copies: int) -> _Tensor:
+        """Rows picked by an index (each token ``copies`` times): a new tensor; backward needs only the index."""
+        out = self.new(x.elements * copies, x.dtype, x.requires_grad)
+        if x.requires_grad:
+            self.save(self.new(self.tokens * self.shape.experts_per_token, "int64", False))
+        self.record([out], [x])
+        return out
+
+    def combine(self, x: _Tensor, copies: int) -> _Tensor:
+        """The routed copies back in token order, each token's ``copies`` summed."""
+        return self.unary(self.gather(x, 1), elements=x.elements // copies)
 
     def _fake_quantize(self, tensor: _Tensor) -> _Tensor:
         """torchao's fake quantization (scale, round, clamp, rescale): when a gradient flows through it,
