@@ -144,6 +144,7 @@ CASES = [
     Case("llama-7M", "qlora", "bf16", 2, 256, changes={"quantization": {"load_in": "8bit"}}),
     Case("llama-7M", "qlora", "bf16", 2, 256, checkpointing=True, changes={"quantization": {"load_in": "8bit"}}),
     Case("llama-55M", "lora", "bf16", 2, 256),
+    Case("llama-55M", "lora", "fp32", 4, 256, changes={"model": {"dtype": "bfloat16"}}),  # 16-bit weights, fp32 LoRA
     Case("llama-55M", "lora", "bf16", 4, 256, checkpointing=True),
     Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit"),
     Case("llama-55M", "full", "bf16", 2, 128),

@@ -145,7 +145,7 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
     # built outside fake mode: bitsandbytes fills its quantization maps from real data; state comes at the step
     optimizer = build_optimizer(config, _trainable(model))
     started = time.perf_counter()
-    with fake_mode, _rows_are_unpadded():
+    with fake_mode, _rows_are_unpadded(), _experts_grouped_on_fake_tensors():
         with LiveTensorTracker() as tracker:
             tracker.add_module(model)
             tracker.add(batches)
@@ -167,6 +167,24 @@ def _base_model_on_meta():
         yield
     finally:
         model_module.load_base_model = original
+
+
+@contextlib.contextmanager
+def _experts_grouped_on_fake_tensors():
+    """Let fake tensors take transformers' own grouped-matmul fallback where torch's fake kernel refuses them.
+
+    torch's shape function for grouped_mm accepts bf16 only (the CUDA kernel's rule), while its CPU kernel
+    also runs fp32 experts. The fallback (transformers::grouped_mm_fallback) has a fake kernel and keeps, for
+    backward, what grouped_mm keeps: the input and the weights.
+    """
+    from transformers.integrations import moe
+
+    original = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda input, weight, offs: weight.dtype == torch.bfloat16 and original(input, weight, offs)
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
 
 
 @contextlib.contextmanager

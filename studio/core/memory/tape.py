@@ -429,7 +429,8 @@ class ActivationTape:
         if regime.dora:  # the magnitude rescaling keeps the base and the adapter results
             self.save(base_out)
             self.save(b_out)
-        return self.add(base_out, self.scale(b_out))
+        # peft adds in the wider dtype, then casts the sum back to the base layer's output dtype
+        return self.cast(self.add(base_out, self.scale(b_out)), base_out.dtype)
 
     # ----------------------------------------------------------- the model
     def embeddings(self) -> _Tensor:
@@ -565,8 +566,11 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
         held = held_bytes(later)
         kept = x.nbytes + held
         unsaved_input = 0 if any(inputs[1].storage in node.kept for node in later) else x.nbytes
-        saved = layers * kept + saved_bytes(head)
-        before_last, before_first = (layers - 1) * kept + held + unsaved_input, held + unsaved_input
+        # what the embeddings keep (GPT-2's dropout mask) stays until the very end of backward
+        embedding = saved_bytes(tape.nodes[:marks[0]])
+        saved = layers * kept + saved_bytes(head) + embedding
+        before_last = (layers - 1) * kept + held + unsaved_input + embedding
+        before_first = held + unsaved_input + embedding
         copies = saved_bytes(head, "weight_copy")
         cache = layers * saved_bytes(later, "weight_copy") if regime.full else 0
     else:
