@@ -70,6 +70,10 @@ MODELS = {
     "gemma3-15M": ("gemma3_text", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=16384,
                                        sliding_window=128, sliding_window_pattern=2)),
+    # a multimodal checkpoint: the causal-LM class loads a (small) vision tower that text training never runs
+    "gemma3mm-15M": ("gemma3", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=16384,
+                                    sliding_window=128, sliding_window_pattern=2)),
     "phi3-21M": ("phi3", dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                               num_key_value_heads=2, vocab_size=16384, partial_rotary_factor=0.75, resid_pdrop=0.1)),
     "olmo2-16M": ("olmo2", dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
@@ -182,6 +186,7 @@ CASES = [
     Case("gemma2-15M", "full", "bf16", 2, 256, checkpointing=True),
     Case("gemma3-15M", "lora", "bf16", 4, 256),
     Case("gemma3-15M", "qlora", "bf16", 2, 256, checkpointing=True),
+    Case("gemma3mm-15M", "lora", "bf16", 4, 256),
     Case("phi3-21M", "lora", "bf16", 4, 256),
     Case("phi3-21M", "full", "fp32", 2, 128),
     Case("olmo2-16M", "lora", "bf16", 4, 256),

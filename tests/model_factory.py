@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "gpt_neox", "phi", "gemma", "qwen3", "smollm3", "granite", "olmo2",
-            "gemma2", "gemma3_text", "phi3", "qwen3_moe")
+            "gemma2", "gemma3_text", "phi3", "qwen3_moe", "gemma3")
 
 _LLAMA_LIKE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
@@ -35,11 +35,19 @@ TINY_CONFIGS: dict[str, dict] = {
     "gemma2": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8},
     "gemma3_text": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2},
     "phi3": {**_LLAMA_LIKE, "partial_rotary_factor": 0.5, "resid_pdrop": 0.1},
+    # a multimodal checkpoint: the causal-LM class loads the vision tower too (text training never runs it)
+    "gemma3": {"text_config": {**_LLAMA_LIKE, "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2,
+                               "vocab_size": 512},
+               "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                 "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "vision_use_head": False},
+               "mm_tokens_per_image": 4, "image_token_index": 500, "boi_token_index": 498, "eoi_token_index": 499},
     "qwen3_moe": {**_LLAMA_LIKE, "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4,
                   "num_experts_per_tok": 2},
     "phi": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 512},
 }
+_MULTIMODAL_FIELDS = {"model_type", "text_config", "vision_config", "mm_tokens_per_image", "image_token_index",
+                      "boi_token_index", "eoi_token_index"}
 _COMMON = {"vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 
 
@@ -47,7 +55,12 @@ def tiny_config(family: str, **overrides) -> dict:
     """The config.json fields of a tiny model (plain data; no transformers needed)."""
     if family not in TINY_CONFIGS:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
-    return {"model_type": family, **_COMMON, **TINY_CONFIGS[family], **overrides}
+    fields = {"model_type": family, **_COMMON, **TINY_CONFIGS[family], **overrides}
+    if "text_config" not in fields:
+        return fields
+    # a multimodal checkpoint: the sizes (and the overrides) belong to its text model
+    top = {k: v for k, v in fields.items() if k in _MULTIMODAL_FIELDS}
+    return {**top, "text_config": {**fields["text_config"], **{k: v for k, v in fields.items() if k not in top}}}
 
 
 def make_tiny_model(family: str, folder: Path, weights: bool = True, seed: int = 0, **overrides) -> Path:

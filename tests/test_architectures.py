@@ -28,6 +28,7 @@ EXPECTED_TARGETS = {
     "gemma2": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
     "gemma3_text": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
     "phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
+    "gemma3": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},  # not the vision tower's
     # the router and the experts are parameters (peft's ParamWrapper)
     "qwen3_moe": {"q_proj", "k_proj", "v_proj", "o_proj", "gate", "experts.gate_up_proj", "experts.down_proj"},
 }

@@ -44,7 +44,7 @@ PHI_2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "
          "num_attention_heads": 32, "vocab_size": 51200, "partial_rotary_factor": 0.4, "resid_pdrop": 0.1}
 MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000}
-# Current families' published configs (Qwen/Qwen3-0.6B and -8B, Qwen/Qwen3-30B-A3B, google/gemma-2-2b, google/gemma-3-1b-pt,
+# Current families' published configs (Qwen/Qwen3-0.6B and -8B, Qwen/Qwen3-30B-A3B, google/gemma-2-2b, google/gemma-3-1b-pt and -4b-pt (its vision tower loads too),
 # microsoft/Phi-4-mini-instruct, HuggingFaceTB/SmolLM3-3B, allenai/OLMo-2-0425-1B, ibm-granite/granite-3.3-2b-base,
 # meta-llama/Llama-3.2-1B with its Llama 3 rope scaling), the fields that matter, written out.
 QWEN3_06B = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
@@ -65,6 +65,13 @@ GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_siz
              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
              "sliding_window": 512, "query_pre_attn_scalar": 256, "rope_theta": 1000000, "rope_local_base_freq": 10000,
              "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3_4B = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
+             "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                             "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+                             "head_dim": 256, "sliding_window": 1024, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+             "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                               "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896, "patch_size": 14,
+                               "vision_use_head": False}}
 PHI4_MINI = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
              "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064, "tie_word_embeddings": True,
              "partial_rotary_factor": 0.75, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
@@ -90,7 +97,7 @@ LLAMA_32_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 
 ANCHORS = [(LLAMA_31_8B, 8_030_261_248), (GPT2_SMALL, 124_439_808), (PYTHIA_160M, 162_322_944),
            (QWEN25_05B, 494_032_768), (GEMMA_2B, 2_506_172_416), (PHI_2, 2_779_683_840), (MISTRAL_7B, 7_241_732_096),
            (QWEN3_06B, 596_049_920), (QWEN3_8B, 8_190_735_360), (QWEN3_30B_A3B, 30_532_122_624), (GEMMA2_2B, 2_614_341_888),
-           (GEMMA3_1B, 999_885_952), (PHI4_MINI, 3_836_021_760), (SMOLLM3_3B, 3_075_098_624),
+           (GEMMA3_1B, 999_885_952), (GEMMA3_4B, 4_300_079_472), (PHI4_MINI, 3_836_021_760), (SMOLLM3_3B, 3_075_098_624),
            (OLMO2_1B, 1_484_916_736), (GRANITE_33_2B, 2_533_539_840), (LLAMA_32_1B, 1_235_814_400)]
 
 

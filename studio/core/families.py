@@ -95,6 +95,9 @@ class Family:
     position_embeddings: bool = False  # GPT-2 adds learned positions instead of rotary
     eager_softmax_fp32: bool = True  # eager attention asks softmax for fp32 (GPT-2 keeps the input dtype)
     sdpa: bool = True  # transformers runs it with sdpa (Gemma 2 does not: sdpa cannot soft-cap the scores)
+    text_config: bool = False  # a multimodal checkpoint: the sizes are in config["text_config"]
+    # (name, shape) of the parameters of towers the causal-LM class loads but text training never runs
+    attached: Callable[[dict], tuple[tuple[str, tuple[int, ...]], ...]] = lambda config: ()
 
     def weight_shape(self, layer: LinearLayer) -> tuple[int, ...]:
         if layer.kind == EXPERTS:
@@ -314,6 +317,41 @@ _SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforwa
 _GEMMA_DEFAULTS = {**_LLAMA_DEFAULTS, "head_dim": 256, "tie_embeddings": True, "activation": "gelu_pytorch_tanh"}
 
 
+def _siglip_with_projector(config: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Gemma 3's SigLIP vision tower and its projection into the text model (shapes as transformers builds them)."""
+    vision = config.get("vision_config") or {}
+    h, i = vision.get("hidden_size", 768), vision.get("intermediate_size", 3072)
+    channels, patch = vision.get("num_channels", 3), vision.get("patch_size", 16)
+    patches = (vision.get("image_size", 224) // patch) ** 2
+    text_hidden = (config.get("text_config") or {}).get("hidden_size", 2304)
+
+    def linear(name: str, out: int, inp: int):
+        return ((f"{name}.weight", (out, inp)), (f"{name}.bias", (out,)))
+
+    def layer_norm(name: str):
+        return ((f"{name}.weight", (h,)), (f"{name}.bias", (h,)))
+
+    def mlp(prefix: str):
+        return linear(f"{prefix}.fc1", i, h) + linear(f"{prefix}.fc2", h, i)
+
+    tower = "model.vision_tower."
+    specs = ((f"{tower}embeddings.patch_embedding.weight", (h, channels, patch, patch)),
+             (f"{tower}embeddings.patch_embedding.bias", (h,)),
+             (f"{tower}embeddings.position_embedding.weight", (patches, h)))
+    for n in range(vision.get("num_hidden_layers", 12)):
+        layer = f"{tower}encoder.layers.{n}."
+        specs += layer_norm(layer + "layer_norm1") + layer_norm(layer + "layer_norm2") + mlp(layer + "mlp")
+        specs += sum((linear(f"{layer}self_attn.{p}", h, h) for p in ("q_proj", "k_proj", "v_proj", "out_proj")), ())
+    specs += layer_norm(tower + "post_layernorm")
+    if vision.get("vision_use_head", True):
+        head = tower + "head."
+        specs += ((head + "probe", (1, 1, h)), (head + "attention.in_proj_weight", (3 * h, h)),
+                  (head + "attention.in_proj_bias", (3 * h,)))
+        specs += linear(head + "attention.out_proj", h, h) + layer_norm(head + "layernorm") + mlp(head + "mlp")
+    return specs + (("model.multi_modal_projector.mm_input_projection_weight", (h, text_hidden)),
+                    ("model.multi_modal_projector.mm_soft_emb_norm.weight", (h,)))
+
+
 def _vocab(m: Shape) -> int:
     return m.vocab
 
@@ -357,6 +395,14 @@ FAMILIES: tuple[Family, ...] = (
                 fields={**_LLAMA_FIELDS, "experts": ("num_experts", "num_local_experts"),
                         "experts_per_token": ("num_experts_per_tok",), "expert_intermediate": ("moe_intermediate_size",)},
                 block_norms=_norms("input_layernorm", "post_attention_layernorm", per_head=_QK_NORMS)),
+    _llama_like("gemma3", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True,
+                defaults={**_GEMMA_DEFAULTS, "qk_layernorm": True, "vocab": 262208},
+                block_norms=_norms(*_SANDWICH_NORMS, per_head=_QK_NORMS), text_config=True,
+                attached=_siglip_with_projector, block_prefix="model.language_model.layers.{}.",
+                embeddings=(("model.language_model.embed_tokens.weight", _vocab),),
+                final_norm="model.language_model.norm",
+                fields={**_LLAMA_FIELDS, "attention_softcap": ("attn_logit_softcapping",),
+                        "logit_softcap": ("final_logit_softcapping",)}),
     _llama_like("phi3", q_bias=False, linears=_phi3_linears, block=_phi3_block,
                 fields={**_LLAMA_FIELDS, "residual_dropout": ("resid_pdrop",)}),
     Family(

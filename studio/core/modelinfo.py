@@ -70,6 +70,9 @@ class ModelShape:
     experts: int = 0  # a mixture of experts: how many per block,
     experts_per_token: int = 0  # how many each token goes through,
     expert_intermediate: int = 0  # and each one's MLP width
+    # parameters of towers the causal-LM class loads but text training never runs (Gemma 3's vision tower):
+    # frozen weights, never quantized or trained by the estimate
+    attached: tuple[ParameterSpec, ...] = ()
 
     @property
     def transformed_logits(self) -> bool:
@@ -125,12 +128,13 @@ class ModelShape:
         first = self.family.block_prefix.format(0)
         blocks = [ParameterSpec(self.family.block_prefix.format(index) + spec.name[len(first):], spec.shape, spec.kind)
                   for index in range(self.layers) for spec in self.block_parameters]
-        return list(self.outer_parameters) + blocks
+        return list(self.outer_parameters) + list(self.attached) + blocks
 
     @cached_property
     def parameter_count(self) -> int:
         block = sum(spec.elements for spec in self.block_parameters)
-        return sum(spec.elements for spec in self.outer_parameters) + self.layers * block
+        outer = sum(spec.elements for spec in self.outer_parameters + self.attached)
+        return outer + self.layers * block
 
     @property
     def linear_parameter_count(self) -> int:
@@ -221,6 +225,9 @@ _OPTIONAL_FIELDS = ("parallel_residual", "qk_layernorm", "attention_softcap", "l
 def model_shape(config: dict) -> ModelShape:
     """Resolve a config.json mapping into a ModelShape; unknown families and missing sizes raise StudioError."""
     family = family_of(config)
+    attached = tuple(ParameterSpec(name, shape, "attached") for name, shape in family.attached(config))
+    if family.text_config:
+        config = {**(config.get("text_config") or {}), "model_type": config["model_type"]}
     resolved: dict[str, Any] = {}
     rotary = _rotary_fraction(config)
     if rotary is not None:
@@ -240,7 +247,7 @@ def model_shape(config: dict) -> ModelShape:
         resolved[name] = value
     if resolved["activation"] == "gelu" and family.name == "gemma":
         resolved["activation"] = "gelu_pytorch_tanh"  # transformers' own correction for Gemma configs
-    return ModelShape(family=family, model_type=config["model_type"], **resolved)
+    return ModelShape(family=family, model_type=config["model_type"], attached=attached, **resolved)
 
 
 # ---------------------------------------------------------------- reading config.json

@@ -189,7 +189,15 @@ def peft_config(config: RunConfig, total_steps: int | None = None, model=None):
                                                          task_type="CAUSAL_LM")
     if model is not None and isinstance(settings, peft.LoraConfig):
         _without_dropout_on_parameters(settings, model)
+    if model is not None and any(name.endswith(_UNUSED_TOWERS) for name, _ in model.named_modules()):
+        settings.exclude_modules = _UNUSED_TOWERS_PATTERN
     return settings
+
+
+# Towers a multimodal checkpoint's causal-LM class loads (Gemma 3's vision tower and its projector) that text
+# training never runs: no adapter goes there (peft's all-linear would put one on each of their linears).
+_UNUSED_TOWERS = ("vision_tower", "multi_modal_projector")
+_UNUSED_TOWERS_PATTERN = r".*\.(vision_tower|multi_modal_projector)\..*"
 
 
 def _without_dropout_on_parameters(settings, model) -> None:
