@@ -138,12 +138,18 @@ def _llama_block(g, m: Shape, x):
     """Llama, Qwen2, Mistral, Gemma: pre-norm attention and gated MLP, two residual adds (Qwen3 also
     RMS-norms q and k per head before rotary)."""
     normed = g.norm(x)
+    q, k, v = _attention_inputs(g, m, normed)
+    x = g.add(x, g.linear(g.attention(q, k, v), "self_attn.o_proj"))
+    return g.add(x, _gated_mlp(g, g.norm(x)))
+
+
+def _attention_inputs(g, m: Shape, normed):
+    """q, k and v projected from the normed input, q and k normed per head (where the family does) and rotated."""
     q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
     if m.qk_layernorm:
         q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
     q, k = g.rope(q, k)
-    x = g.add(x, g.linear(g.attention(q, k, v), "self_attn.o_proj"))
-    return g.add(x, _gated_mlp(g, g.norm(x)))
+    return q, k, v
 
 
 def _gated_mlp(g, x):
@@ -153,10 +159,7 @@ def _gated_mlp(g, x):
 def _sandwich_block(g, m: Shape, x):
     """Gemma 2 and 3: every sublayer normed before and after (Gemma 3 also norms q and k per head)."""
     normed = g.norm(x)
-    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
-    if m.qk_layernorm:
-        q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
-    q, k = g.rope(q, k)
+    q, k, v = _attention_inputs(g, m, normed)
     x = g.add(x, g.norm(g.linear(g.attention(q, k, v), "self_attn.o_proj")))
     return g.add(x, g.norm(_gated_mlp(g, g.norm(x))))
 
@@ -173,8 +176,7 @@ def _olmo2_block(g, m: Shape, x):
 def _granite_block(g, m: Shape, x):
     """Granite: Llama's block with each sublayer's output scaled by residual_multiplier."""
     normed = g.norm(x)
-    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
-    q, k = g.rope(q, k)
+    q, k, v = _attention_inputs(g, m, normed)
     x = g.add(x, g.scale(g.linear(g.attention(q, k, v), "self_attn.o_proj")))
     return g.add(x, g.scale(_gated_mlp(g, g.norm(x))))
 
@@ -213,9 +215,7 @@ def _moe_block(g, m: Shape, x):
     """Qwen3-MoE: Qwen3's attention, then each token through the top few of many gated experts, weighted by
     the router's probabilities (transformers' grouped experts: the routed copies sorted by expert)."""
     normed = g.norm(x)
-    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
-    q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
-    q, k = g.rope(q, k)
+    q, k, v = _attention_inputs(g, m, normed)
     x = g.add(x, g.linear(g.attention(q, k, v), "self_attn.o_proj"))
     normed = g.norm(x)
     weights = g.route(normed, "mlp.gate")  # the top experts' probabilities, one per routed copy of a token
@@ -282,10 +282,7 @@ def _phi_linears(shape: Shape) -> tuple[LinearLayer, ...]:
 def _phi_block(g, m: Shape, x):
     """Phi: one LayerNorm feeding attention and MLP in parallel, partial rotary."""
     normed = g.norm(x)
-    q, k, v = (g.linear(normed, f"self_attn.{n}_proj") for n in "qkv")
-    if m.qk_layernorm:
-        q, k = g.norm(q, size=m.head_dim), g.norm(k, size=m.head_dim)
-    q, k = g.rope(q, k)
+    q, k, v = _attention_inputs(g, m, normed)
     attended = g.dropout(g.linear(g.attention(q, k, v), "self_attn.dense"), m.residual_dropout)
     mlp_out = g.dropout(g.linear(g.activation(g.linear(normed, "mlp.fc1")), "mlp.fc2"), m.residual_dropout)
     return g.add(attended, mlp_out, x)
