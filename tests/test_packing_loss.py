@@ -83,11 +83,12 @@ def test_a_sliding_window_shorter_than_an_example_still_holds_when_packed():
     assert unwindowed != pytest.approx(padded, rel=1e-3)  # the window matters here, so the test can see it
 
 
-def test_padded_batches_keep_their_mask_under_packed_attention():
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # sdpa's mask, and eager's (soft-capped) one
+def test_padded_batches_keep_their_mask_under_packed_attention(family):
     rows = examples()
     with torch.no_grad():
-        plain = per_token_losses(tiny_model("llama").eval(), collate(rows, 0))
-        switched = per_token_losses(tiny_model("llama", packed=True).eval(), collate(rows, 0))
+        plain = per_token_losses(tiny_model(family).eval(), collate(rows, 0))
+        switched = per_token_losses(tiny_model(family, packed=True).eval(), collate(rows, 0))
     torch.testing.assert_close(switched, plain, rtol=1e-5, atol=1e-5)
 
 

@@ -162,6 +162,9 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if any(not layer.is_module for layer in regime.adapted):
         notes.append("LoRA adapts the router and every expert: peft folds the factors into a new copy of each "
                      "weight at every forward, kept for backward (counted), and trains without dropout")
+    if shape.attached:
+        notes.append(f"{sum(p.elements for p in shape.attached):,} parameters of a vision tower load with the model "
+                     "(counted as weights); text training never runs, trains or adapts them")
     if shape.transformed_logits:
         capped = "soft-capped" if shape.logit_softcap else "scaled"
         notes.append(f"{capped} logits: the lean loss needs plain output-layer logits, so this model computes "
