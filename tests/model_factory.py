@@ -40,7 +40,7 @@ TINY_CONFIGS: dict[str, dict] = {
                                "vocab_size": 512},
                "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                                  "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "vision_use_head": False},
-               "mm_tokens_per_image": 4, "image_token_index": 500, "boi_token_index": 498, "eoi_token_index": 499},
+               "mm_tokens_per_image": 4},
     "qwen3_moe": {**_LLAMA_LIKE, "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4,
                   "num_experts_per_tok": 2},
     "phi": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
@@ -60,7 +60,10 @@ def tiny_config(family: str, **overrides) -> dict:
         return fields
     # a multimodal checkpoint: the sizes (and the overrides) belong to its text model
     top = {k: v for k, v in fields.items() if k in _MULTIMODAL_FIELDS}
-    return {**top, "text_config": {**fields["text_config"], **{k: v for k, v in fields.items() if k not in top}}}
+    text = {**fields["text_config"], **{k: v for k, v in fields.items() if k not in top}}
+    vocab = text["vocab_size"]  # the image tokens at the top of the vocabulary, as in real checkpoints
+    marks = {"boi_token_index": vocab - 3, "eoi_token_index": vocab - 2, "image_token_index": vocab - 1}
+    return {**marks, **top, "text_config": text}
 
 
 def make_tiny_model(family: str, folder: Path, weights: bool = True, seed: int = 0, **overrides) -> Path:

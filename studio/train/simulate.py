@@ -112,7 +112,7 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
     torch.manual_seed(config.training.seed)
     model = build_model(config, device)
     optimizer = build_optimizer(config, _trainable(model))
-    batches = full_length_batches(config, model.config.vocab_size, device)
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, device)
     started = time.perf_counter()
     with tracker_for(device) as tracker:
         tracker.add_module(model)
@@ -140,7 +140,7 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
         model = build_model(config, torch.device("meta"))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     _materialize_fake(model, fake_mode)
-    batches = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))
     targets = target_tokens(batches)
     # built outside fake mode: bitsandbytes fills its quantization maps from real data; state comes at the step
     optimizer = build_optimizer(config, _trainable(model))
