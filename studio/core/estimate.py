@@ -53,7 +53,8 @@ from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Est
                                         verdict_for)
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import ModelStates, model_states
-from studio.core.memory.tape import Activations, activations, logits_loss_bytes
+from studio.core.memory.logits import logits_loss_bytes
+from studio.core.memory.tape import Activations, activations
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.modelinfo import ModelShape, model_shape
 from studio.core.placement import split_devices

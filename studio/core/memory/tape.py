@@ -1,5 +1,6 @@
-"""Saved activations, counted by interpreting each decoder block's recipe (studio.core.modelinfo)
-with autograd's saving rules, the backward pass replayed block by block, and the logits and loss."""
+"""Saved activations, counted by interpreting each decoder block's recipe (studio.core.families)
+with autograd's saving rules, and the backward pass replayed block by block (the logits and the
+loss: studio.core.memory.logits)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from studio.core.families import ROUTER, LinearLayer
-from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime
+from studio.core.memory.regime import DTYPE_BYTES, Regime
 from studio.core.memory.states import adapter_groups
 from studio.core.methods import ATTENTION_TOKENS, REBUILT, SCALING
 from studio.core.modelinfo import ModelShape
@@ -582,45 +583,3 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
                        before_first_block=before_first, last_block=last_moment, first_block=first_moment,
                        block_grads=block_grads, head_grads=sum(node.parameter_grad for node in head),
                        logits_dtype=logits.dtype)
-
-
-# ---------------------------------------------------------------- logits and loss
-
-
-def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> tuple[int, int]:
-    """(forward, backward) peak bytes of the logits and the fp32 cross-entropy (the worker's token_loss_sum).
-
-    Forward: the logits, their fp32 copy (none for fp32 logits: the labels are
-    shifted, not the logits) and the log-softmax output. Backward (log-softmax
-    backward): the saved log-softmax, the incoming gradient and the outgoing one,
-    all fp32, for every position.
-    """
-    b, s, v = regime.micro_batch, regime.sequence, shape.vocab
-    width = DTYPE_BYTES[logits_dtype]
-    if regime.loss_impl == "chunked":
-        positions = b * (s - 1)  # the last position of a row predicts nothing
-        return _chunked_loss_bytes(shape, regime, positions, 8 * positions)
-    positions = b * s
-    targets = 8 * positions  # int64 labels, shifted (a copy)
-    fp32_copy = 0 if width == 4 else 4 * positions * v
-    softcap = width * positions * v if shape.logit_softcap else 0  # tanh keeps its output for backward
-    forward = width * positions * v + fp32_copy + 4 * positions * v + targets + softcap
-    return forward, 12 * positions * v + targets + softcap
-
-
-def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targets: int) -> tuple[int, int]:
-    """The chunked loss: at worst every position a target; the logits of one chunk at a time.
-
-    Forward (each chunk's gradients are computed there): the gathered hidden
-    states, their fp32 gradient being filled, a trainable output layer's fp32
-    gradient, and one chunk's fp32 log-softmax with the gradients of its backward.
-    Backward: the kept fp32 gradient, its scaled copy and that copy cast back.
-    """
-    v, h = shape.vocab, shape.hidden
-    chunk = min(positions, max(1, CHUNKED_LOSS_BYTES // (4 * v)))
-    outer = DTYPE_BYTES[regime.outer_dtype]
-    kept = 4 * positions * h + (4 * v * h if regime.full else 0)
-    forward = positions * h * outer + kept + 12 * chunk * v
-    backward = 2 * kept + outer * positions * h
-    return forward + targets, backward + targets
-
