@@ -152,6 +152,11 @@ def test_soft_capped_gemma2_runs_eager_attention_and_the_full_loss():
     assert result.peak_bytes > uncapped.peak_bytes  # tanh keeps the capped scores and logits for backward
 
 
+def test_dense_blocks_between_experts_are_reported_not_guessed():
+    with pytest.raises(StudioError, match="mlp_only_layers"):
+        model_shape({**QWEN3_30B_A3B, "mlp_only_layers": [0, 1]})
+
+
 def test_unknown_architecture_is_reported_not_guessed():
     with pytest.raises(UnknownArchitectureError, match="falcon"):
         estimate({"model_type": "falcon", "hidden_size": 4544}, run())

@@ -245,6 +245,10 @@ def model_shape(config: dict) -> ModelShape:
             keys = " or ".join(family.fields.get(name, (name,)))
             raise StudioError(f"the {family.name} config lacks {keys}", "use the model's complete config.json", kind="model")
         resolved[name] = value
+    if resolved.get("experts") and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
+        raise StudioError(f"the {family.name} config has dense MLP blocks between its experts (mlp_only_layers, "
+                          "decoder_sparse_step), which the estimate does not model",
+                          "the estimate describes checkpoints with experts in every block", kind="model")
     if resolved["activation"] == "gelu" and family.name == "gemma":
         resolved["activation"] = "gelu_pytorch_tanh"  # transformers' own correction for Gemma configs
     return ModelShape(family=family, model_type=config["model_type"], attached=attached, **resolved)
