@@ -150,6 +150,25 @@ def test_soft_capped_gemma2_runs_eager_attention_and_the_full_loss():
     assert any("soft-capped logits" in note for note in result.notes)
     uncapped = estimate({**GEMMA2_2B, "attn_logit_softcapping": None, "final_logit_softcapping": None}, config)
     assert result.peak_bytes > uncapped.peak_bytes  # tanh keeps the capped scores and logits for backward
+    unwritten = {k: v for k, v in GEMMA2_2B.items() if not k.endswith("softcapping")}
+    assert estimate(unwritten, config).peak_bytes == result.peak_bytes  # transformers' defaults: capped
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "smollm3",
+                                    "granite"])
+def test_fields_a_config_omits_take_transformers_defaults(family):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from studio.train.loss import lean_output_layer
+
+    sizes = {"model_type": family, "vocab_size": 200_000, "hidden_size": 256, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "intermediate_size": 512}  # everything else left to transformers
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**sizes))
+    shape = model_shape(sizes)
+    assert shape.parameter_count == sum(p.numel() for p in model.parameters())
+    assert shape.transformed_logits == (lean_output_layer(model) is None)
 
 
 def test_dense_blocks_between_experts_are_reported_not_guessed():

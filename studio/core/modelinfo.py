@@ -235,15 +235,17 @@ def model_shape(config: dict) -> ModelShape:
     for name in _SHAPE_FIELDS + _OPTIONAL_FIELDS:
         if name in resolved:
             continue
-        value = next((config[key] for key in family.fields.get(name, ()) if config.get(key) is not None), None)
+        keys = family.fields.get(name, ())
+        value = next((config[key] for key in keys if config.get(key) is not None), None)
+        if value is None and name in _OPTIONAL_FIELDS and any(key in config for key in keys):
+            continue  # switched off (Gemma 2's soft-capping set to null)
         if value is None and name in family.defaults:
             default = family.defaults[name]
             value = default(resolved) if callable(default) else default
         if value is None and name in _OPTIONAL_FIELDS:
             continue
         if value is None:
-            keys = " or ".join(family.fields.get(name, (name,)))
-            raise StudioError(f"the {family.name} config lacks {keys}", "use the model's complete config.json", kind="model")
+            raise StudioError(f"the {family.name} config lacks {' or '.join(keys or (name,))}", "use the model's complete config.json", kind="model")
         resolved[name] = value
     if resolved.get("experts") and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
         raise StudioError(f"the {family.name} config has dense MLP blocks between its experts (mlp_only_layers, "
