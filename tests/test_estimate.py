@@ -44,7 +44,8 @@ PHI_2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "
          "num_attention_heads": 32, "vocab_size": 51200, "partial_rotary_factor": 0.4, "resid_pdrop": 0.1}
 MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000}
-# Current families' published configs (Qwen/Qwen3-0.6B and -8B, Qwen/Qwen3-30B-A3B, google/gemma-2-2b, google/gemma-3-1b-pt and -4b-pt (its vision tower loads too),
+# Current families' published configs (Qwen/Qwen3-0.6B and -8B, Qwen/Qwen3-30B-A3B, google/gemma-2-2b,
+# google/gemma-3-1b-pt and -4b-pt (its vision tower loads too),
 # microsoft/Phi-4-mini-instruct, HuggingFaceTB/SmolLM3-3B, allenai/OLMo-2-0425-1B, ibm-granite/granite-3.3-2b-base,
 # meta-llama/Llama-3.2-1B with its Llama 3 rope scaling), the fields that matter, written out.
 QWEN3_06B = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
@@ -53,7 +54,8 @@ QWEN3_06B = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 30
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
             "tie_word_embeddings": False, "max_position_embeddings": 40960}
-QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                 "moe_intermediate_size": 768,
                  "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
                  "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
@@ -68,7 +70,8 @@ GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_siz
 GEMMA3_4B = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
              "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
                              "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
-                             "head_dim": 256, "sliding_window": 1024, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+                             "head_dim": 256, "sliding_window": 1024,
+                             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
                                "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896, "patch_size": 14,
                                "vision_use_head": False}}
@@ -96,7 +99,8 @@ LLAMA_32_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 
 # models built on the meta device).
 ANCHORS = [(LLAMA_31_8B, 8_030_261_248), (GPT2_SMALL, 124_439_808), (PYTHIA_160M, 162_322_944),
            (QWEN25_05B, 494_032_768), (GEMMA_2B, 2_506_172_416), (PHI_2, 2_779_683_840), (MISTRAL_7B, 7_241_732_096),
-           (QWEN3_06B, 596_049_920), (QWEN3_8B, 8_190_735_360), (QWEN3_30B_A3B, 30_532_122_624), (GEMMA2_2B, 2_614_341_888),
+           (QWEN3_06B, 596_049_920), (QWEN3_8B, 8_190_735_360), (QWEN3_30B_A3B, 30_532_122_624),
+           (GEMMA2_2B, 2_614_341_888),
            (GEMMA3_1B, 999_885_952), (GEMMA3_4B, 4_300_079_472), (PHI4_MINI, 3_836_021_760), (SMOLLM3_3B, 3_075_098_624),
            (OLMO2_1B, 1_484_916_736), (GRANITE_33_2B, 2_533_539_840), (LLAMA_32_1B, 1_235_814_400)]
 

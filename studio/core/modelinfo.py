@@ -245,7 +245,8 @@ def model_shape(config: dict) -> ModelShape:
         if value is None and name in _OPTIONAL_FIELDS:
             continue
         if value is None:
-            raise StudioError(f"the {family.name} config lacks {' or '.join(keys or (name,))}", "use the model's complete config.json", kind="model")
+            raise StudioError(f"the {family.name} config lacks {' or '.join(keys or (name,))}",
+                              "use the model's complete config.json", kind="model")
         resolved[name] = value
     if resolved.get("experts") and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
         raise StudioError(f"the {family.name} config has dense MLP blocks between its experts (mlp_only_layers, "

@@ -180,7 +180,8 @@ def _experts_grouped_on_fake_tensors():
     from transformers.integrations import moe
 
     original = moe._can_use_grouped_mm
-    moe._can_use_grouped_mm = lambda input, weight, offs: weight.dtype == torch.bfloat16 and original(input, weight, offs)
+    moe._can_use_grouped_mm = lambda input, weight, offs: (weight.dtype == torch.bfloat16
+                                                           and original(input, weight, offs))
     try:
         yield
     finally:
