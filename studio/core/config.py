@@ -99,7 +99,7 @@ class DataConfig:
     packing: Packing = _field(
         "padding_free",
         "How a micro-batch's examples are laid out. padding_free: end to end in one row, each attending "
-        "only to itself (same examples and losses as none, no compute on padding; needs sdpa attention; "
+        "only to itself (same examples and losses as none, no compute on padding; needs sdpa or eager attention; "
         "see docs/performance.md). length_grouped: padded, but micro-batches of similar lengths (changes "
         "which examples share a micro-batch). none: padded to the longest of the micro-batch.",
     )

@@ -53,7 +53,8 @@ from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Est
                                         verdict_for)
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import ModelStates, model_states
-from studio.core.memory.tape import Activations, activations, logits_loss_bytes
+from studio.core.memory.logits import logits_loss_bytes
+from studio.core.memory.tape import Activations, activations
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.modelinfo import ModelShape, model_shape
 from studio.core.placement import split_devices
@@ -163,6 +164,16 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
         notes.append(f"no lean loss with {config.distributed.sharding}: its sharded output layer is gathered only "
                      "inside the model's forward, so the whole logits and their loss are counted; zero2 or no "
                      "sharding computes them a chunk at a time")
+    if any(not layer.is_module for layer in regime.adapted):
+        notes.append("LoRA adapts the router and every expert: peft folds the factors into a new copy of each "
+                     "weight at every forward, kept for backward (counted), and trains without dropout")
+    if shape.attached:
+        notes.append(f"{sum(p.elements for p in shape.attached):,} parameters of a vision tower load with the model "
+                     "(counted as weights); text training never runs, trains or adapts them")
+    if shape.transformed_logits:
+        capped = "soft-capped" if shape.logit_softcap else "scaled"
+        notes.append(f"{capped} logits: the lean loss needs plain output-layer logits, so this model computes "
+                     "the full fp32 loss over every position (counted)")
     if regime.method.token_entry == ATTENTION_TOKENS:
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:

@@ -112,7 +112,7 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
     torch.manual_seed(config.training.seed)
     model = build_model(config, device)
     optimizer = build_optimizer(config, _trainable(model))
-    batches = full_length_batches(config, model.config.vocab_size, device)
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, device)
     started = time.perf_counter()
     with tracker_for(device) as tracker:
         tracker.add_module(model)
@@ -140,12 +140,12 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
         model = build_model(config, torch.device("meta"))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     _materialize_fake(model, fake_mode)
-    batches = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))
     targets = target_tokens(batches)
     # built outside fake mode: bitsandbytes fills its quantization maps from real data; state comes at the step
     optimizer = build_optimizer(config, _trainable(model))
     started = time.perf_counter()
-    with fake_mode, _rows_are_unpadded():
+    with fake_mode, _rows_are_unpadded(), _experts_grouped_on_fake_tensors():
         with LiveTensorTracker() as tracker:
             tracker.add_module(model)
             tracker.add(batches)
@@ -167,6 +167,25 @@ def _base_model_on_meta():
         yield
     finally:
         model_module.load_base_model = original
+
+
+@contextlib.contextmanager
+def _experts_grouped_on_fake_tensors():
+    """Let fake tensors take transformers' own grouped-matmul fallback where torch's fake kernel refuses them.
+
+    torch's shape function for grouped_mm accepts bf16 only (the CUDA kernel's rule), while its CPU kernel
+    also runs fp32 experts. The fallback (transformers::grouped_mm_fallback) has a fake kernel and keeps, for
+    backward, what grouped_mm keeps: the input and the weights.
+    """
+    from transformers.integrations import moe
+
+    original = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda input, weight, offs: (weight.dtype == torch.bfloat16
+                                                           and original(input, weight, offs))
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
 
 
 @contextlib.contextmanager
@@ -195,7 +214,7 @@ def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized:
         raise model_module._load_error(config, exc) from exc
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype or model_module.weight_dtype(config),
-                                                 attn_implementation=config.model.attn_implementation)
+                                                 attn_implementation=model_module.attention_implementation(config))
     quant = model_module.quantization_config(config) if quantized else None
     if quant is not None:
         from transformers.integrations.bitsandbytes import replace_with_bnb_linear
