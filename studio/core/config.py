@@ -265,6 +265,11 @@ class DistributedConfig:
         """The ZeRO stage, or None when DeepSpeed is not used."""
         return int(self.sharding[-1]) if self.sharding.startswith("zero") else None
 
+    @property
+    def shards_weights(self) -> bool:
+        """ZeRO-3 and FSDP split the weights themselves over the processes."""
+        return self.sharding in ("zero3", "fsdp")
+
 
 @dataclass(frozen=True)
 class RunConfig:

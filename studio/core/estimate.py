@@ -160,7 +160,7 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
     if regime.loss_impl == "chunked":
         notes.append("lean loss: logits are computed for at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
-    elif config.training.chunked_loss and regime.loss_impl == "full_fp32" and config.distributed.sharding in ("zero3", "fsdp"):
+    elif config.training.chunked_loss and config.distributed.shards_weights:
         notes.append(f"no lean loss with {config.distributed.sharding}: its sharded output layer is gathered only "
                      "inside the model's forward, so the whole logits and their loss are counted; zero2 or no "
                      "sharding computes them a chunk at a time")

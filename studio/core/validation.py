@@ -227,7 +227,7 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
     if ADALORA_BUDGET in config.method_spec.settings and d.sharding != "none":
         problems.append(Problem("distributed.sharding", "AdaLoRA reallocates its ranks from whole gradients, which "
                                 f"{d.sharding} splits across processes", "use sharding none (DDP) with adalora"))
-    if config.effective_load_in == "4bit" and d.sharding in ("zero3", "fsdp"):
+    if config.effective_load_in == "4bit" and d.shards_weights:
         problems.append(Problem("distributed.sharding", f"{d.sharding} cannot shard bitsandbytes 4-bit weights",
                                 "use zero2 (or DDP) with a 4-bit base, or zero3 with a 16-bit base (method lora)"))
     if d.layer_split:

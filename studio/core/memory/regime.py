@@ -75,7 +75,7 @@ CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss 
 def loss_impl_for(config: RunConfig) -> str:
     """The loss the worker computes: chunked unless switched off, or the weights are sharded (then they are
     only gathered inside the model's own forward, not for a separate output layer)."""
-    chunked = config.training.chunked_loss and config.distributed.sharding not in ("zero3", "fsdp")
+    chunked = config.training.chunked_loss and not config.distributed.shards_weights
     return "chunked" if chunked else "full_fp32"
 
 
