@@ -21,6 +21,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (1280, 800)
+SIMULATED_GPU_ENV = "STUDIO_SIMULATE_GPU_MEMORY"  # studio.train.oom's (importing it here would load torch)
 
 
 def wait_until(app, condition, timeout: float, what: str) -> None:
@@ -73,7 +74,7 @@ def training_states(app, window, shot) -> tuple[Path, Path]:
     from studio.core.presets import demo_config
     from studio.gui.job_state import State
 
-    window.estimate_panel.picker.combo.setCurrentIndex(window.estimate_panel.picker.combo.findText("GeForce RTX 4090 (24 GB)"))
+    window.estimate_panel.picker.combo.setCurrentIndex(window.estimate_panel.picker.combo.findText("GeForce RTX 4090 (24 GiB)"))
     window.store.set(demo_config().replace(training={"max_steps": 80, "micro_batch_size": 8},
                                            data={"eval_fraction": 0.05}, schedule={"log_every": 1, "eval_every": 20}))
     window.setup_tabs.setCurrentWidget(window.model_panel)
@@ -127,8 +128,8 @@ def run_tabs(app, window, shot, first: Path, second: Path) -> None:
     shot("try-it")
 
 
-def failure_state(app, window, shot, scratch: Path) -> None:
-    from studio.core.presets import DEMO_MODEL
+def failure_states(app, window, shot, scratch: Path) -> None:
+    from studio.core.presets import DEMO_MODEL, demo_config
     from studio.gui.job_state import State
 
     broken = scratch / "model-without-weights"
@@ -137,9 +138,16 @@ def failure_state(app, window, shot, scratch: Path) -> None:
         if source.suffix != ".safetensors":
             shutil.copy(source, broken / source.name)
     window.model_panel.use_model(str(broken))
+    window.setup_tabs.setCurrentWidget(window.model_panel)
+    shot("setup-model-cannot-load")  # Start is off, with the reason beside it
+
+    # A run that does not fit: the worker behaves as on a GPU of 12 MiB (studio.train.oom) and runs out.
+    window.store.set(demo_config().replace(training={"max_steps": 20, "micro_batch_size": 8}))
+    os.environ[SIMULATED_GPU_ENV] = "12MiB"
     window.run_tabs.setCurrentWidget(window.charts)
     window.start_action.trigger()
     wait_until(app, lambda: window.controller.job.state is State.FAILED, 300, "the failure")
+    del os.environ[SIMULATED_GPU_ENV]
     shot("run-failed")
 
 
@@ -164,7 +172,7 @@ def main() -> None:
         setup_states(app, window, shot)
         first, second = training_states(app, window, shot)
         run_tabs(app, window, shot, first, second)
-        failure_state(app, window, shot, scratch)
+        failure_states(app, window, shot, scratch)
         window.close()
 
 

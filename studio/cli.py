@@ -35,6 +35,9 @@ def _add_export(commands) -> None:
     kind.add_argument("--merged", action="store_const", const="merged", dest="kind", help="a full model with the adapter merged in")
     p.add_argument("--out", type=Path, help="destination folder (default: RUN_DIR/exports/KIND)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype of a merged export")
+    p.add_argument("--push-to-hub", metavar="OWNER/NAME", help="then publish the export to this Hugging Face Hub "
+                   "repository (created if needed), with your saved Hub login or HF_TOKEN")
+    p.add_argument("--private", action="store_true", help="create the Hub repository private")
     p.set_defaults(handler=_export)
 
 
@@ -89,12 +92,19 @@ def _demo(args) -> int:
 def _export(args) -> int:
     from studio.core.commands import read_export_record
     from studio.train.export import export_run
+    from studio.train.hub_push import check_can_push, publish
 
+    if args.private and not args.push_to_hub:
+        raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
+    if args.push_to_hub:
+        check_can_push(args.push_to_hub)  # before minutes of export work
     out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)
     print(f"exported {args.kind} to {out}")
     print(f"form: {read_export_record(out).get('form')}")
     print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
           f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
+    if args.push_to_hub:
+        print(f"published: {publish(args.run_dir, out, args.push_to_hub, args.private)}")
     return 0
 
 
@@ -142,10 +152,12 @@ def _config(args) -> int:
         print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
         return 0
     from studio.core.dataset import inspect_files
+    from studio.train.hub_datasets import load_hub_datasets
     from studio.train.preflight import check_model
 
     config = load_config(args.file)
     raise_if_invalid(config, str(args.file), lines=key_lines(args.file))
+    load_hub_datasets(config)
     report = inspect_files(config.data.train_files, config.data.format, keep=0)
     check_model(config)  # imports transformers only for an architecture the estimator does not know
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")

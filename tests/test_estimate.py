@@ -45,10 +45,65 @@ PHI_2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "
          "num_attention_heads": 32, "vocab_size": 51200, "partial_rotary_factor": 0.4, "resid_pdrop": 0.1}
 MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000}
+# Current families' published configs (Qwen/Qwen3-0.6B and -8B, Qwen/Qwen3-30B-A3B, google/gemma-2-2b,
+# google/gemma-3-1b-pt and -4b-pt (its vision tower loads too),
+# microsoft/Phi-4-mini-instruct, HuggingFaceTB/SmolLM3-3B, allenai/OLMo-2-0425-1B, ibm-granite/granite-3.3-2b-base,
+# meta-llama/Llama-3.2-1B with its Llama 3 rope scaling), the fields that matter, written out.
+QWEN3_06B = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+             "tie_word_embeddings": True, "max_position_embeddings": 40960, "rope_theta": 1000000}
+QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+            "tie_word_embeddings": False, "max_position_embeddings": 40960}
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                 "moe_intermediate_size": 768,
+                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
+                 "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
+GEMMA2_2B = {"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+             "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 4096,
+             "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+             "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+             "sliding_window": 512, "query_pre_attn_scalar": 256, "rope_theta": 1000000, "rope_local_base_freq": 10000,
+             "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3_4B = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
+             "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                             "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+                             "head_dim": 256, "sliding_window": 1024,
+                             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+             "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                               "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896, "patch_size": 14,
+                               "vision_use_head": False}}
+PHI4_MINI = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+             "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064, "tie_word_embeddings": True,
+             "partial_rotary_factor": 0.75, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+             "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+SMOLLM3_3B = {"model_type": "smollm3", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 128256, "tie_word_embeddings": True,
+              "max_position_embeddings": 65536, "no_rope_layer_interval": 4}
+OLMO2_1B = {"model_type": "olmo2", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 100352, "tie_word_embeddings": False,
+            "max_position_embeddings": 4096, "rope_theta": 500000}
+GRANITE_33_2B = {"model_type": "granite", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49159, "tie_word_embeddings": True,
+                 "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+                 "logits_scaling": 8.0, "max_position_embeddings": 131072}
+LLAMA_32_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+               "tie_word_embeddings": True, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+               "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
 
-# Published parameter counts, from the configs alone.
+# Published parameter counts, from the configs alone (the newer ones also checked against transformers' own
+# models built on the meta device).
 ANCHORS = [(LLAMA_31_8B, 8_030_261_248), (GPT2_SMALL, 124_439_808), (PYTHIA_160M, 162_322_944),
-           (QWEN25_05B, 494_032_768), (GEMMA_2B, 2_506_172_416), (PHI_2, 2_779_683_840), (MISTRAL_7B, 7_241_732_096)]
+           (QWEN25_05B, 494_032_768), (GEMMA_2B, 2_506_172_416), (PHI_2, 2_779_683_840), (MISTRAL_7B, 7_241_732_096),
+           (QWEN3_06B, 596_049_920), (QWEN3_8B, 8_190_735_360), (QWEN3_30B_A3B, 30_532_122_624),
+           (GEMMA2_2B, 2_614_341_888),
+           (GEMMA3_1B, 999_885_952), (GEMMA3_4B, 4_300_079_472), (PHI4_MINI, 3_836_021_760), (SMOLLM3_3B, 3_075_098_624),
+           (OLMO2_1B, 1_484_916_736), (GRANITE_33_2B, 2_533_539_840), (LLAMA_32_1B, 1_235_814_400)]
 
 
 def run(**sections) -> RunConfig:
@@ -77,6 +132,53 @@ def test_parameter_names_follow_transformers():
     assert "lm_head.weight" not in names  # tied to wte
     neox = {p.name for p in model_shape(PYTHIA_160M).parameters()}
     assert {"gpt_neox.embed_in.weight", "gpt_neox.layers.3.attention.query_key_value.weight", "lm_head.weight"} <= neox
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_parameter_is_named_and_shaped_as_transformers_builds_it(family):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = tiny_config(family)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
+    built = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert {p.name: p.shape for p in model_shape(fields).parameters()} == built
+
+
+def test_soft_capped_gemma2_runs_eager_attention_and_the_full_loss():
+    shape = model_shape(GEMMA2_2B)
+    config = run(training={"chunked_loss": True})
+    regime = regime_for(config, shape)
+    assert (regime.attention, regime.loss_impl) == ("eager", "full_fp32")
+    result = estimate(GEMMA2_2B, config)
+    assert any("soft-capped logits" in note for note in result.notes)
+    uncapped = estimate({**GEMMA2_2B, "attn_logit_softcapping": None, "final_logit_softcapping": None}, config)
+    assert result.peak_bytes > uncapped.peak_bytes  # tanh keeps the capped scores and logits for backward
+    unwritten = {k: v for k, v in GEMMA2_2B.items() if not k.endswith("softcapping")}
+    assert estimate(unwritten, config).peak_bytes == result.peak_bytes  # transformers' defaults: capped
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "smollm3",
+                                    "granite"])
+def test_fields_a_config_omits_take_transformers_defaults(family):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from studio.train.loss import lean_output_layer
+
+    sizes = {"model_type": family, "vocab_size": 200_000, "hidden_size": 256, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "intermediate_size": 512}  # everything else left to transformers
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**sizes))
+    shape = model_shape(sizes)
+    assert shape.parameter_count == sum(p.numel() for p in model.parameters())
+    assert shape.transformed_logits == (lean_output_layer(model) is None)
+
+
+def test_dense_blocks_between_experts_are_reported_not_guessed():
+    with pytest.raises(StudioError, match="mlp_only_layers"):
+        model_shape({**QWEN3_30B_A3B, "mlp_only_layers": [0, 1]})
 
 
 def test_unknown_architecture_is_traced_not_guessed(tmp_path, monkeypatch):

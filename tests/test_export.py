@@ -1,12 +1,14 @@
 """Exports load with the plain libraries and reproduce the trained model; failed exports leave nothing."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.commands import EXIT_OK
+from studio.core.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
 from studio.core.rundir import COMPLETE_MARKER
 from studio.train import export as export_module
@@ -81,6 +83,9 @@ def test_merged_bf16_agrees_on_next_tokens(lora_run, tmp_path):
     out, verification = export_run(run_dir.path, "merged", tmp_path / "merged16", dtype="bfloat16")
     assert not verification.exact and verification.top1_agreement >= 0.9 and verification.passed
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert read_export_record(out)["form"] == "merged model in bfloat16"  # not "full-precision"
+    modes = {path.name: path.stat().st_mode & 0o777 for path in out.iterdir() if path.is_file()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the rest (were 0600 among 0644)
 
 
 def test_qlora_merges_into_a_16bit_base(tmp_path_factory, small_data, tmp_path):
@@ -121,3 +126,14 @@ def test_export_before_any_checkpoint_says_what_to_do(tmp_path, small_data):
     save_config(quick_config(small_data), run_dir.config)
     with pytest.raises(StudioError, match="no complete checkpoint"):
         export_run(run_dir.path, "adapter")
+
+
+def test_the_console_of_an_export_holds_only_what_is_about_it(lora_run, tmp_path):
+    """No import-time library warnings, deprecation notices or one progress bar per model loaded."""
+    _, run_dir = lora_run
+    done = subprocess.run([sys.executable, "-m", "studio", "export", str(run_dir.path), "--merged", "--dtype",
+                           "bfloat16", "--out", str(tmp_path / "quiet")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert done.stderr == "", done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["exported merged to " + str(tmp_path / "quiet"),
+                                                                         "form", "verified"]

@@ -2,6 +2,7 @@
 history, persistence, and how a crashed worker is reported. The real-worker runs are in test_gui_runs.py."""
 
 import json
+import shutil
 from html import escape as html_escape
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from helpers import parse_command
 from PySide6.QtWidgets import QMessageBox
 
-from studio.core.config import choice_values
+from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.gui import errors
@@ -216,14 +217,50 @@ def test_a_model_no_family_describes_is_measured_in_the_background_then_estimate
 
 # ---------------------------------------------------------------- model and data
 
+def test_what_config_check_finds_disables_start_with_the_reason(window, monkeypatch, tmp_path):
+    broken = tmp_path / "no-weights"
+    broken.mkdir()
+    (broken / "config.json").write_text((DEMO_MODEL / "config.json").read_text())
+    window.model_panel.use_model(str(broken))
+    assert not window.start_action.isEnabled() and window.start_reason_action.isVisible()
+    assert "model cannot be loaded" in window.start_reason.text() and "no weights" in window.problems.text()
+    assert "no weights" in run_config_check(window, tmp_path)
+    for name in ("model.safetensors", "tokenizer.json"):  # the user copies the missing files in, picks it again
+        shutil.copy(DEMO_MODEL / name, broken / name)
+    window.model_panel.use_model(str(broken))
+    assert window.start_action.isEnabled() and not window.start_reason_action.isVisible()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    window.model_panel.use_model("someone/not-downloaded")
+    assert not window.start_action.isEnabled() and "HF_HUB_OFFLINE" in window.problems.text()
+    assert "not in the Hugging Face cache" in run_config_check(window, tmp_path)
+    window.model_panel.demo_button.click()
+    assert window.start_action.isEnabled() and not window.start_reason_action.isVisible() and not window.problems.isVisible()
+
+
+def run_config_check(window, tmp_path) -> str:
+    """What `studio config check` says about the window's config (its stderr)."""
+    path = tmp_path / "checked.yaml"
+    save_config(window.store.config, path)
+    done = subprocess.run([sys.executable, "-m", "studio", "config", "check", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    return done.stderr
+
+
 def test_model_picker_hub_id_offline_then_demo(window, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     panel = window.model_panel
     panel.hub_id.setText("someone/not-downloaded")
     panel.hub_id.returnPressed.emit()
     assert window.store.config.model.name_or_path == "someone/not-downloaded"
     assert panel.banner.isVisible() and "not on this machine yet" in panel.banner.text.text()
     assert "No estimate" in window.estimate_panel.verdict.text()
+    assert window.start_action.isEnabled()  # the worker downloads it at Start
+    estimate = window.estimate_panel  # nothing left of the previous model's estimate, nothing to check it with
+    assert not any(label.isVisibleTo(estimate) for label in estimate.legend_labels)
+    assert not estimate.fit_button.isEnabled() and not estimate.simulate_button.isEnabled()
     panel.demo_button.click()
     assert not panel.banner.isVisible()
     assert panel.facts["Parameters"].text() == human_count(summarize_model(str(DEMO_MODEL)).parameters)
@@ -310,6 +347,7 @@ def test_history_rebuilds_charts_from_events_and_overlays_two_runs(window, app_d
     history = window.history
     history.refresh_now()
     assert history.table.topLevelItemCount() == 2
+    assert "Select a run" in history.charts.loss.placeholder.text()  # not "open one in History": this is History
     history.select(first)
     assert [r.name for r in history.charts.runs] == ["first"] and history.charts.loss.showing_plot
     assert list(history.charts.loss.curves["0.raw"].yData) == [3.0, 2.0, 1.0]

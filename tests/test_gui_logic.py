@@ -40,7 +40,7 @@ def test_job_goes_through_its_states_and_only_completed_is_success():
     for n in range(1, 4):
         job.apply(step(n, t=1000.0 + 2 * n))
     assert job.eta_seconds() == pytest.approx(14.0)  # 7 steps left at 2 s each
-    assert "step 3/10" in status_text(job) and "ETA 0:14" in status_text(job) and "100 tokens/s" in status_text(job)
+    assert "step 3/10" in status_text(job) and "14 s left" in status_text(job) and "100 tokens/s" in status_text(job)
     job.apply({"type": "finished", "status": "completed", "step": 10})
     assert job.state is State.FINISHED and job.headline() == "Completed"
 
@@ -340,3 +340,20 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_window_lives(qtbot):
     del kept
     collector.stop()
     assert gc.isenabled()
+
+
+def test_a_time_left_never_reads_as_a_clock_time():
+    from studio.gui.job_state import format_duration
+
+    assert [format_duration(s) for s in (45, 22 * 60 + 13, 3600 + 5 * 60 + 20)] == ["45 s", "22 min 13 s", "1 h 05 min"]
+
+
+def test_throughput_has_a_smoothed_line_that_restarts_with_a_resumed_run():
+    from studio.gui.series import RunSeries
+
+    events = [{"type": "run_started", "start_step": 0}]
+    events += [{"type": "step", "step": n, "tokens_per_s": 1000.0 + 400 * (n % 2)} for n in range(1, 41)]
+    run = RunSeries.from_events(events)
+    assert len(run.tokens_per_s_smoothed) == 40 and run.tokens_per_s_smoothed.y[-10:].std() < run.tokens_per_s.y[-10:].std() / 4
+    run.add({"type": "run_started", "start_step": 20})
+    assert len(run.tokens_per_s) == len(run.tokens_per_s_smoothed) == 20

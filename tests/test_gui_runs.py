@@ -155,7 +155,7 @@ def test_a_killed_window_leaves_the_run_going_and_the_next_one_shows_its_whole_h
     assert chart_steps(again) == list(range(1, 26))  # the steps made while no window was open included
 
 
-def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs):
+def test_a_model_folder_that_cannot_load_never_reaches_the_worker(qtbot, app_dirs):
     broken = app_dirs / "broken-model"
     broken.mkdir()
     for source in DEMO_MODEL.iterdir():
@@ -164,9 +164,17 @@ def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs):
     window = open_window(qtbot)
     window.model_panel.use_model(str(broken))
     assert "missing" in window.model_panel.facts["Weights"].text()
-    set_short_run(window, steps=2)
+    assert not window.start_action.isEnabled() and "model cannot be loaded" in window.start_reason.text()
+    window.start_action.trigger()
+    assert window.controller.run_dir is None  # what studio config check finds stops Start, not the worker later
+
+
+def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs, monkeypatch):
+    monkeypatch.setenv("STUDIO_SIMULATE_GPU_MEMORY", "12MiB")  # the worker runs as on a GPU this small
+    window = open_window(qtbot)
+    set_short_run(window, steps=2, micro_batch=8)
     window.start_action.trigger()
     qtbot.waitUntil(lambda: window.controller.job.state is State.FAILED, timeout=WORKER_TIMEOUT_MS)
     banner = window.run_banner.text.text()
-    assert "Training failed" in banner and "broken-model: no weights" in banner and "model.safetensors" in banner
-    assert window.status.text().startswith("Failed")
+    assert "Training failed" in banner and "out of memory in the forward pass" in banner and "What to do" in banner
+    assert window.status.text().startswith("Failed") and window.apply_fix_button.isVisibleTo(window)

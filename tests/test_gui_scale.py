@@ -57,3 +57,11 @@ def test_export_cluster_bundle_writes_a_loadable_config(window, tmp_path):
     assert (bundle.folder / "hostfile").read_text() == "node-a slots=2\nnode-b slots=2\n"
     assert "--node-rank=1" in (bundle.folder / "launch-node-1.sh").read_text()
     assert load_config(bundle.folder / "config.yaml").distributed.sharding == "zero1"
+
+
+def test_zero3_says_why_the_estimate_counts_the_whole_logits(window):
+    window.store.update(method="full", distributed={"num_processes": 2, "sharding": "zero2"})
+    assert "lean loss: logits are computed for at most" in window.estimate_panel.phase.text()
+    window.store.update(distributed={"sharding": "zero3"})
+    note = window.estimate_panel.phase.text()
+    assert "no lean loss with zero3" in note and "zero2 or no sharding" in note

@@ -27,6 +27,7 @@ def tiny_model(family: str, packed: bool = False, **overrides):
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config(family, **overrides)))
     model.config.use_cache = False
     if packed:
+        assert packing_refusal(model) is None
         attend_packed(model)
     return model
 
@@ -82,11 +83,12 @@ def test_a_sliding_window_shorter_than_an_example_still_holds_when_packed():
     assert unwindowed != pytest.approx(padded, rel=1e-3)  # the window matters here, so the test can see it
 
 
-def test_padded_batches_keep_their_mask_under_packed_attention():
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # sdpa's mask, and eager's (soft-capped) one
+def test_padded_batches_keep_their_mask_under_packed_attention(family):
     rows = examples()
     with torch.no_grad():
-        plain = per_token_losses(tiny_model("llama").eval(), collate(rows, 0))
-        switched = per_token_losses(tiny_model("llama", packed=True).eval(), collate(rows, 0))
+        plain = per_token_losses(tiny_model(family).eval(), collate(rows, 0))
+        switched = per_token_losses(tiny_model(family, packed=True).eval(), collate(rows, 0))
     torch.testing.assert_close(switched, plain, rtol=1e-5, atol=1e-5)
 
 
@@ -174,8 +176,13 @@ def test_packed_chunked_training_follows_the_padded_full_loss_curve(tmp_path, sm
     assert curves["grouped"][-1] < curves["grouped"][0]
 
 
-def test_only_architectures_that_keep_packed_examples_apart_are_packed():
+def test_only_models_that_keep_packed_examples_apart_are_packed():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     assert packing_refusal(tiny_model("llama")) is None and packing_refusal(tiny_model("gpt2")) is None
-    opt = SimpleNamespace(config=SimpleNamespace(model_type="opt", _attn_implementation="sdpa"))
-    assert "opt models" in packing_refusal(opt)  # OPT ignores position ids in its attention
-    assert "sdpa" in packing_refusal(tiny_model("llama", attn_implementation="eager"))
+    falcon = AutoModelForCausalLM.from_config(AutoConfig.for_model("falcon", vocab_size=64, hidden_size=32,
+                                                                   num_hidden_layers=1, num_attention_heads=2))
+    assert "falcon models" in packing_refusal(falcon)  # its attention never sees the position ids
+    assert falcon.config._attn_implementation == "sdpa"  # and the model is handed back as it was
+    assert packing_refusal(tiny_model("llama", attn_implementation="eager")) is None
+    assert "sdpa or eager" in packing_refusal(tiny_model("llama", attn_implementation="flex_attention"))

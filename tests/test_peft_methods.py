@@ -100,7 +100,7 @@ def test_merged_export_where_peft_can_merge(method_run, tmp_path):
         return
     out, verification = export_run(run_dir.path, "merged", tmp_path / "merged", dtype="float32")
     assert verification.passed and verification.max_abs_diff < 1e-3
-    assert json.loads((out / "studio_export.json").read_text())["form"] == "full-precision model"
+    assert json.loads((out / "studio_export.json").read_text())["form"] == "merged model in float32 (full precision)"
     AutoModelForCausalLM.from_pretrained(out)  # plain transformers, no peft
 
 

@@ -82,6 +82,10 @@ def test_run_directory_and_events(tmp_path, small_data):
     predicted = next(e for e in events if e["type"] == "estimate")
     measured = next(e for e in events if e["type"] == "memory_measured")
     assert measured["step"] == 2 and measured["predicted_bytes"] == predicted["peak_bytes"]
+    # the phase is the measured step's own: the one whose tracked peak is the step's peak
+    assert set(measured["phase_bytes"]) >= {"forward", "backward", "optimizer"}
+    assert measured["phase_bytes"][measured["peak_phase"]] == measured["peak_bytes"] == max(
+        measured["phase_bytes"].values())
     # The estimate assumes every row is max_length tokens long; these rows are shorter.
     assert 0.4 * predicted["peak_bytes"] < measured["peak_bytes"] <= 1.05 * predicted["peak_bytes"]
 

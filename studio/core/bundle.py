@@ -18,6 +18,7 @@ from pathlib import Path
 from studio.core.commands import DEFAULT_PORT, Cluster, torchrun_command, worker_args
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
+from studio.core.hub_data import is_hub_spec
 from studio.core.validation import raise_if_invalid
 
 CONFIG_NAME = "config.yaml"
@@ -79,6 +80,8 @@ def _portable(config: RunConfig, out: Path) -> tuple[RunConfig, list[str]]:
     data = out / "data"
 
     def copied(path: str) -> str:
+        if is_hub_spec(path):  # every machine loads it from the Hub (or its own datasets cache)
+            return path
         data.mkdir(exist_ok=True)
         target = data / Path(path).name
         if target.exists():  # two files of the same name from different folders

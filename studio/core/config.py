@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from studio.core.errors import Problem, ProblemsError
+from studio.core.hub_data import is_hub_spec
 from studio.core.methods import METHOD_SPECS, MethodSpec
 
 SCHEMA_VERSION = 1
@@ -72,7 +73,9 @@ class DataConfig:
 
     train_files: tuple[str, ...] = _field(
         (), "Training data files: .jsonl, .json, .csv, .parquet or .txt. Relative paths are read "
-        "from the config file's folder."
+        "from the config file's folder. A Hub dataset: hub:OWNER/NAME, with an optional configuration "
+        "and split, hub:OWNER/NAME@CONFIG:SPLIT (default split train), loaded through the datasets "
+        "library and its cache."
     )
     format: DataFormat = _field(
         "auto",
@@ -96,7 +99,7 @@ class DataConfig:
     packing: Packing = _field(
         "padding_free",
         "How a micro-batch's examples are laid out. padding_free: end to end in one row, each attending "
-        "only to itself (same examples and losses as none, no compute on padding; needs sdpa attention; "
+        "only to itself (same examples and losses as none, no compute on padding; needs sdpa or eager attention; "
         "see docs/performance.md). length_grouped: padded, but micro-batches of similar lengths (changes "
         "which examples share a micro-batch). none: padded to the longest of the micro-batch.",
     )
@@ -261,6 +264,11 @@ class DistributedConfig:
     def deepspeed_stage(self) -> int | None:
         """The ZeRO stage, or None when DeepSpeed is not used."""
         return int(self.sharding[-1]) if self.sharding.startswith("zero") else None
+
+    @property
+    def shards_weights(self) -> bool:
+        """ZeRO-3 and FSDP split the weights themselves over the processes."""
+        return self.sharding in ("zero3", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -513,7 +521,7 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
     """Make data and DeepSpeed paths (and a local model path) absolute, relative to the config's folder."""
 
     def absolute(p: str) -> str:
-        return str((base / p).resolve()) if p and not Path(p).is_absolute() else p
+        return str((base / p).resolve()) if p and not Path(p).is_absolute() and not is_hub_spec(p) else p
 
     model_path = config.model.name_or_path
     if model_path and (base / model_path).exists():

@@ -13,7 +13,7 @@ row of column names), ``.parquet`` and ``.txt`` (one example a non-blank line).
 Locations name the row the way an editor finds it: ``data.jsonl:12`` (1-based
 line; for CSV the line a row starts on, the header being line 1),
 ``data.json[3] (line 12)`` (0-based list index and the line it starts on),
-``data.parquet row 7`` (1-based) and ``notes.txt:3``.
+``data.parquet row 7`` (1-based), ``hub:OWNER/NAME row 7`` (the entry as written) and ``notes.txt:3``.
 
 The row formats and their validation are in ``studio.core.row_formats``.
 """
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import Problem, ProblemsError
+from studio.core.hub_data import is_hub_spec, parse_hub_spec, rows_file
 from studio.core.row_formats import FORMATS, DataError, Example, describe_value, detect_format, to_messages
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
@@ -71,6 +72,9 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, dict]]:
 
 def _read_file(path: Path) -> Iterator[Row]:
     """Dispatch on the suffix; turn OS errors and empty files into Problems."""
+    if is_hub_spec(path.as_posix()):
+        yield from _read_hub(path.as_posix())
+        return
     name = path.name
     reader = _READERS.get(path.suffix.lower())
     if reader is None:
@@ -83,6 +87,20 @@ def _read_file(path: Path) -> Iterator[Row]:
         yield from reader(path, name)
     except OSError as exc:
         yield name, Problem(name, f"cannot read the file: {exc.strerror or exc}", "check the path and its permissions")
+
+
+def _read_hub(name: str) -> Iterator[Row]:
+    """The rows of a Hub dataset split, from the Parquet file the worker wrote when it loaded it."""
+    try:
+        local = rows_file(parse_hub_spec(name))
+    except DataError as exc:
+        yield name, exc.problem
+        return
+    if not local.is_file():
+        yield name, Problem(name, f"the Hub dataset {name} has not been loaded on this machine yet",
+                            "`studio config check CONFIG` or starting the training loads it (needs the network once)")
+        return
+    yield from _read_parquet(local, name)
 
 
 def _text_lines(path: Path, name: str) -> Iterator[tuple[int, str | Problem]]:

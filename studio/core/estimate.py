@@ -53,7 +53,8 @@ from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Est
                                         verdict_for)
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import ModelStates, model_states
-from studio.core.memory.tape import Activations, activations, logits_loss_bytes
+from studio.core.memory.logits import logits_loss_bytes
+from studio.core.memory.tape import Activations, activations
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.memory.derived import TraceNeededError, cached_trace, derived_estimate, trace_path
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, family_of, model_shape
@@ -146,7 +147,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
     if host is not None:
         devices.append(host)
-    notes = _notes(shape, regime)
+    notes = _notes(shape, regime, config)
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
@@ -173,7 +174,7 @@ def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out:
     return derived_estimate(trace, config, device_type, scale_out, overheads)
 
 
-def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
+def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:
     notes = []
     known = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "gelu_fast", "quick_gelu"}
     if shape.activation not in known:
@@ -183,6 +184,20 @@ def _notes(shape: ModelShape, regime: Regime) -> tuple[str, ...]:
     if regime.loss_impl == "chunked":
         notes.append("lean loss: logits are computed for at most "
                      f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
+    elif config.training.chunked_loss and config.distributed.shards_weights:
+        notes.append(f"no lean loss with {config.distributed.sharding}: its sharded output layer is gathered only "
+                     "inside the model's forward, so the whole logits and their loss are counted; zero2 or no "
+                     "sharding computes them a chunk at a time")
+    if any(not layer.is_module for layer in regime.adapted):
+        notes.append("LoRA adapts the router and every expert: peft folds the factors into a new copy of each "
+                     "weight at every forward, kept for backward (counted), and trains without dropout")
+    if shape.attached:
+        notes.append(f"{sum(p.elements for p in shape.attached):,} parameters of a vision tower load with the model "
+                     "(counted as weights); text training never runs, trains or adapts them")
+    if shape.transformed_logits:
+        capped = "soft-capped" if shape.logit_softcap else "scaled"
+        notes.append(f"{capped} logits: the lean loss needs plain output-layer logits, so this model computes "
+                     "the full fp32 loss over every position (counted)")
     if regime.method.token_entry == ATTENTION_TOKENS:
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:

@@ -10,7 +10,8 @@ from it. Types and their main fields:
   placement (a layer split: device_map, summary, layers and weight bytes per device; null without one),
   world_size (training processes)
 - ``estimate``: the predicted peak memory (studio.core.estimate: devices with parts, peak_phase)
-- ``memory_measured``: step, device, peak_bytes and peak_phase of one tracked steady-state step,
+- ``memory_measured``: step, device, peak_bytes and peak_phase (forward, backward or optimizer) of one
+  tracked steady-state step, phase_bytes (the peak of each phase),
   predicted_bytes (also appended per machine to memory-calibration.jsonl beside the runs folder);
   with several processes one per rank, its device "cuda:N" or "cpu rank N"
 - ``step``: step, epoch, loss, lr, grad_norm, tokens_per_s, samples_per_s, memory (list per device;

@@ -4,6 +4,8 @@
 ``studio config check``, the app's model panel and the worker (before loading)
 all name the broken file at once: a config.json that is not JSON (with its line),
 no model_type, no weights, a cut-off safetensors file, a missing shard or tokenizer.
+``model_problems`` adds what can be known of a Hub id without the network: with
+the Hub switched off (HF_HUB_OFFLINE=1), one not in the cache cannot load.
 Whether transformers knows the architecture needs transformers itself, so the
 worker checks that (studio.train.preflight).
 """
@@ -11,11 +13,12 @@ worker checks that (studio.train.preflight).
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 from studio.core.errors import Problem, ProblemsError
-from studio.core.modelinfo import hub_cache_dir
+from studio.core.modelinfo import cached_config, hub_cache_dir, looks_like_path
 
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 PICKLE = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -38,12 +41,33 @@ def check_model_folder(folder: str | Path) -> list[Problem]:
     return _check_config(folder) + _check_weights(folder) + _check_tokenizer(folder)
 
 
-def raise_for_model_folder(name_or_path: str) -> None:
-    """Raise ProblemsError (kind "model") when ``name_or_path`` is a local folder with problems."""
+def model_problems(name_or_path: str, revision: str = "") -> list[Problem]:
+    """Every problem that would stop the model loading, found offline in a second; [] when none.
+
+    A local folder is checked file by file. A Hub id is a problem only with the Hub
+    switched off and its config or weights not in the cache: otherwise the worker downloads it.
+    """
     if is_local_model(name_or_path):
-        problems = check_model_folder(name_or_path)
-        if problems:
-            raise ProblemsError(problems, "model", name_or_path)
+        return check_model_folder(name_or_path)
+    if not name_or_path or looks_like_path(name_or_path) or os.environ.get("HF_HUB_OFFLINE") != "1":
+        return []
+    hint = (f"download it once on a connected machine (huggingface-cli download {name_or_path}), "
+            "or choose a local model folder")
+    config = cached_config(name_or_path, revision)
+    if config is None:
+        return [Problem(name_or_path, "not in the Hugging Face cache, and the Hub is switched off (HF_HUB_OFFLINE=1)",
+                        hint)]
+    if weight_format(config.parent) is None:
+        return [Problem(str(config.parent), "the cache has its config.json but no weights, and the Hub is switched "
+                        "off (HF_HUB_OFFLINE=1)", hint)]
+    return []
+
+
+def raise_for_model(name_or_path: str, revision: str = "") -> None:
+    """Raise ProblemsError (kind "model") with every ``model_problems``."""
+    problems = model_problems(name_or_path, revision)
+    if problems:
+        raise ProblemsError(problems, "model", name_or_path)
 
 
 def weight_format(folder: str | Path) -> str | None:

@@ -5,6 +5,9 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
 - chat: ``messages`` (OpenAI role/content) or ``conversations`` (ShareGPT
   from/value with system/human/gpt); after an optional system turn, user and
   assistant turns alternate, starting with user and ending with assistant.
+  TRL's conversational prompt/completion rows (``prompt`` and ``completion``
+  each a list of messages) are chat rows too: the prompt's turns, then the
+  completion's.
 - instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
   optional ``system``); becomes a user and an assistant message.
 - prompt_completion: ``prompt`` (may be empty) and ``completion``.
@@ -64,8 +67,13 @@ def detect_format(record: dict) -> str | None:
     """The row format the record's fields point to, or None when they fit none."""
     for fmt, alternatives in _FORMAT_FIELDS.items():
         if any(all(key in record for key in keys) for keys in alternatives):
-            return fmt
+            return "chat" if fmt == "prompt_completion" and _conversational(record) else fmt
     return None
+
+
+def _conversational(record: dict) -> bool:
+    """A TRL conversational prompt/completion row: the completion is a list of messages."""
+    return isinstance(record.get("completion"), list)
 
 
 def _guess_format(record: dict) -> str | None:
@@ -101,6 +109,8 @@ def _instruction(record: dict, location: str) -> Example:
 
 
 def _chat(record: dict, location: str) -> Example:
+    if "messages" not in record and "conversations" not in record and _conversational(record):
+        return _conversational_prompt_completion(record, location)
     key = "messages" if "messages" in record else "conversations"
     turns = record.get(key, _MISSING)
     if isinstance(turns, str):  # a CSV cell holding the conversation as JSON
@@ -116,6 +126,17 @@ def _chat(record: dict, location: str) -> Example:
         raise DataError(location, f"field '{key}' has no turns")
     messages = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(turns))
     _check_turn_order(messages, key, location)
+    return Example("chat", messages=messages, location=location)
+
+
+def _conversational_prompt_completion(record: dict, location: str) -> Example:
+    prompt = record.get("prompt") or []
+    if not isinstance(prompt, list):
+        raise DataError(location, f"field 'prompt' must be a list of messages like the completion, got {describe_value(prompt)}")
+    turns = [(turn, f"prompt[{index}]") for index, turn in enumerate(prompt)]
+    turns += [(turn, f"completion[{index}]") for index, turn in enumerate(record["completion"])]
+    messages = tuple(_turn(turn, path, location) for turn, path in turns)
+    _check_turn_order(messages, "prompt+completion", location)
     return Example("chat", messages=messages, location=location)
 
 
@@ -155,6 +176,9 @@ def _check_turn_order(messages: tuple[dict[str, str], ...], key: str, location: 
 
 
 def _prompt_completion(record: dict, location: str) -> Example:
+    if _conversational(record):
+        raise DataError(location, "the completion is a list of messages: a conversational row, not plain text",
+                        "set data.format to chat (or auto)")
     prompt = _text(record, "prompt", location, blank_ok=True)
     completion = _text(record, "completion", location)
     return Example("prompt_completion", prompt=prompt, completion=completion, location=location)

@@ -91,6 +91,25 @@ def _alpaca(messages: Sequence[Message], eos_token: str) -> list[Segment]:
     return [(prompt, False), (turns[1]["content"] + eos_token, True)]
 
 
+# The built-in templates in the Jinja form tokenizers carry (``tokenizer.chat_template``), so that an
+# export renders conversations exactly as training did. Newlines are written as expressions because
+# transformers renders with trim_blocks, which would eat a literal newline after a tag.
+BUILTIN_JINJA = {
+    "chatml": (
+        "{% for m in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '\\n<|im_start|>assistant\\n' }}{% endif %}"
+    ),
+    "alpaca": (
+        "{% set has_system = messages and messages[0]['role'] == 'system' %}"
+        "{% set turns = messages[1:] if has_system else messages %}"
+        "{% if has_system and messages[0]['content'].strip() %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+        "{{ '### Instruction:\\n' + turns[0]['content'] + '\\n\\n### Response:\\n' }}"
+        "{% if turns | length > 1 %}{{ turns[1]['content'] + eos_token }}{% endif %}"
+    ),
+}
+
+
 TEMPLATE_HINT = "set data.template to chatml (or alpaca for single-turn rows)"
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
+from studio.core.hub_data import is_hub_spec, parse_hub_spec
+from studio.core.row_formats import DataError
 from studio.core.methods import ADALORA_BUDGET, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.modelcheck import is_local_model
 from studio.core.modelinfo import looks_like_path
@@ -68,7 +70,9 @@ def _check_data(config: RunConfig, check_files: bool) -> list[Problem]:
     for key, files in (("data.train_files", data.train_files), ("data.eval_files", data.eval_files)):
         for index, name in enumerate(files):
             where = f"{key}[{index}]"
-            if Path(name).suffix.lower() not in SUFFIXES:
+            if is_hub_spec(name):
+                problems += _hub_problems(name, where)
+            elif Path(name).suffix.lower() not in SUFFIXES:
                 problems.append(Problem(where, f"{name}: unsupported file type", "use " + ", ".join(SUFFIXES)))
             elif check_files and not Path(name).is_file():
                 problems.append(Problem(where, f"{name}: no such file", "check the path (relative paths start at the config's folder)"))
@@ -79,6 +83,15 @@ def _check_data(config: RunConfig, check_files: bool) -> list[Problem]:
     if data.max_length < 8:
         problems.append(Problem("data.max_length", f"must be at least 8 tokens, got {data.max_length}"))
     return problems
+
+
+def _hub_problems(name: str, where: str) -> list[Problem]:
+    """A Hub dataset is no file to look for: only its name is checked here (the worker loads it)."""
+    try:
+        parse_hub_spec(name, where)
+    except DataError as exc:
+        return [exc.problem]
+    return []
 
 
 def _check_method(config: RunConfig) -> list[Problem]:
@@ -214,7 +227,7 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
     if ADALORA_BUDGET in config.method_spec.settings and d.sharding != "none":
         problems.append(Problem("distributed.sharding", "AdaLoRA reallocates its ranks from whole gradients, which "
                                 f"{d.sharding} splits across processes", "use sharding none (DDP) with adalora"))
-    if config.effective_load_in == "4bit" and d.sharding in ("zero3", "fsdp"):
+    if config.effective_load_in == "4bit" and d.shards_weights:
         problems.append(Problem("distributed.sharding", f"{d.sharding} cannot shard bitsandbytes 4-bit weights",
                                 "use zero2 (or DDP) with a 4-bit base, or zero3 with a 16-bit base (method lora)"))
     if d.layer_split:

@@ -73,7 +73,9 @@ class ChartCard(QWidget):
             item = self._plot.getPlotItem()
             item.setDownsampling(auto=True, mode="peak")
             item.setClipToView(True)
-            self.legend = item.addLegend(offset=(-8, 8), labelTextSize="8pt", brush=pg().mkBrush(255, 255, 255, 210))
+            # An opaque, framed legend: curves pass behind it, not through its labels.
+            self.legend = item.addLegend(offset=(-8, 8), labelTextSize="8pt", brush=pg().mkBrush(255, 255, 255, 245),
+                                         pen=pg().mkPen("#d0d7de"))
             self.stack.addWidget(self._plot)
         return self._plot
 
@@ -102,12 +104,15 @@ class ChartCard(QWidget):
             self.curves[key] = curve
         return self.curves[key]
 
-    def horizontal_line(self, key: str, value: float, label: str, color: str, style=Qt.PenStyle.SolidLine) -> None:
+    def horizontal_line(self, key: str, value: float, label: str, color: str, style=Qt.PenStyle.SolidLine,
+                        label_below: bool = False) -> None:
+        """A labelled level; a label below its line stays inside the plot when the line is its top."""
         line = self.lines.get(key)
         if line is None:
+            anchor = (0, 0) if label_below else (0, 1)
             line = self.lines[key] = pg().InfiniteLine(
                 angle=0, pen=pg().mkPen(color, width=1, style=style), label=label,
-                labelOpts={"position": 0.08, "color": color, "anchors": [(0, 1), (0, 1)]})
+                labelOpts={"position": 0.08, "color": color, "anchors": [anchor, anchor]})
             self.plot.addItem(line)
         line.setValue(value)
         line.label.setFormat(label)
@@ -122,12 +127,13 @@ class ChartCard(QWidget):
 
 
 class ChartsPanel(QWidget):
-    def __init__(self, parent: QWidget | None = None, redraw_ms: int = REDRAW_MS):
+    def __init__(self, parent: QWidget | None = None, redraw_ms: int = REDRAW_MS, no_run_text: str = NO_RUN):
         super().__init__(parent)
+        self.no_run_text = no_run_text  # what the charts say before any run is shown
         self.loss = ChartCard("Training loss", "loss")
         self.lr = ChartCard("Learning rate", "lr")
         self.throughput = ChartCard("Throughput", "tokens/s")
-        self.memory = ChartCard("Memory", "GB")
+        self.memory = ChartCard("Memory", "GiB")
         grid = QGridLayout(self)
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setSpacing(6)
@@ -165,7 +171,7 @@ class ChartsPanel(QWidget):
     def redraw(self) -> None:
         if not any(run.step_count for run in self.runs):
             # The loss chart says why there is nothing yet; the others say what they will show.
-            self.loss.show_placeholder(self.waiting_text if self.runs else NO_RUN)
+            self.loss.show_placeholder(self.waiting_text if self.runs else self.no_run_text)
             for card, what in ((self.lr, "The learning rate schedule"), (self.throughput, "Tokens per second"),
                                (self.memory, "Memory per device")):
                 card.show_placeholder(f"{what} appears with the first step.")
@@ -188,8 +194,10 @@ class ChartsPanel(QWidget):
             self._update(index, "eval", run.eval_loss,
                          self.loss.curve(f"{index}.eval", f"{prefix}eval loss", palette.eval, symbol="o"))
         self._update(index, "lr", run.lr, self.lr.curve(f"{index}.lr", f"{prefix}learning rate", palette.main))
-        self._update(index, "tps", run.tokens_per_s,
-                     self.throughput.curve(f"{index}.tps", f"{prefix}tokens/s", palette.main))
+        self._update(index, "tps", run.tokens_per_s, self.throughput.curve(f"{index}.tps", None if prefix else "tokens/s",
+                                                                      palette.raw))
+        self._update(index, "tps_smooth", run.tokens_per_s_smoothed,
+                     self.throughput.curve(f"{index}.tps_smooth", f"{prefix}tokens/s (smoothed)", palette.main, 2))
         self._draw_memory(index, run, palette, prefix)
 
     def _draw_memory(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
@@ -205,12 +213,22 @@ class ChartsPanel(QWidget):
                 curve = self.memory.curve(f"{index}.{trace.device}.{name}", f"{prefix}{device}{label}", color,
                                           style=MEMORY_STYLES.get(name, Qt.PenStyle.SolidLine))
                 self._update(index, f"mem.{trace.device}.{name}", series, curve)
-            if trace.capacity_bytes and index == 0:
-                self.memory.horizontal_line(f"cap.{trace.device}", trace.capacity_bytes / GIB,
-                                            f"{device}capacity {trace.capacity_bytes / GIB:.0f} GB", "#111827")
+        if index == 0:
+            self._draw_capacities(run, several_gpus=gpu and len(run.memory) > 1)
         if gpu and run.estimate_bytes and index == 0:
-            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GB",
+            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GiB",
                                         BAD, Qt.PenStyle.DashLine)
+
+    def _draw_capacities(self, run: RunSeries, several_gpus: bool) -> None:
+        """One line per capacity: GPUs of the same size share it (their labels would print over each other)."""
+        devices: dict[int, list[str]] = {}
+        for trace in run.memory.values():
+            if trace.capacity_bytes:
+                devices.setdefault(trace.capacity_bytes, []).append(trace.label)
+        for capacity, labels in devices.items():
+            owner = ("each GPU " if len(labels) > 1 else f"{labels[0]} ") if several_gpus else ""
+            self.memory.horizontal_line(f"cap.{capacity}", capacity / GIB, f"{owner}capacity {capacity / GIB:.0f} GiB",
+                                        "#111827", label_below=True)
 
     def _update(self, index: int, key: str, series: Series, curve) -> None:
         if self._drawn.get((index, key)) == series.version:

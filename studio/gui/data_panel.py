@@ -17,7 +17,7 @@ from studio.gui.data_preview import Preview, TokenizerInfo, build_preview
 from studio.gui.histogram import LengthHistogram
 from studio.gui.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
-from studio.gui.widgets import BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation
+from studio.gui.widgets import BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation, VerticalScroll
 
 FORMATS = {
     "auto": ("auto", "Detected from the columns of the first row."),
@@ -36,9 +36,9 @@ TEMPLATES = {
 _PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
 
 
-class DataPanel(QWidget):
+class DataPanel(VerticalScroll):
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
-        super().__init__(parent)
+        super().__init__(parent=parent)
         self.store = store
         self.tokenizer = TokenizerInfo()
         self.preview: Preview | None = None
@@ -111,10 +111,12 @@ class DataPanel(QWidget):
         splitter.addWidget(histogram)
         splitter.setSizes([260, 170])
 
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.addWidget(files)
         layout.addWidget(self.banner)
         layout.addWidget(splitter, 1)
+        self.setWidget(content)
 
     # ------------------------------------------------------------ choosing files
     def set_files(self, paths: list[str]) -> None:
@@ -163,6 +165,7 @@ class DataPanel(QWidget):
     def _start_preview(self, config: RunConfig) -> None:
         data = config.data
         if not data.train_files:
+            self.task.cancel()  # a preview of the files just removed must not arrive after this message
             self._show_error(StudioError("no training data", "add a data file or use the demo dataset"))
             return
         tokenizer = self.tokenizer

@@ -13,14 +13,14 @@ from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar,
                                QPushButton, QVBoxLayout, QWidget)
 
-from studio.core.config import save_config
+from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.estimate import Estimate
 from studio.core.memory.derived import TraceNeededError, kind_text
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 from studio.gui import memory
 from studio.gui.console import console_error
-from studio.gui.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus
+from studio.gui.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus, gib
 from studio.gui.process import LineProcess
 from studio.gui.widgets import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
 
@@ -31,10 +31,7 @@ PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
 }
 VERDICT_COLORS = {"fits": GOOD, "tight": WARN, "does not fit": BAD}
 CUSTOM = "custom"
-
-
-def gib(value: float) -> str:
-    return f"{value / GIB:.2f} GB" if value < 10 * GIB else f"{value / GIB:.1f} GB"
+LEGEND_COLUMNS = 3  # the widest labels ("optimizer state 12.3 GiB") side by side in the setup column
 
 
 class StackedBar(QWidget):
@@ -82,6 +79,8 @@ class GpuPicker(QWidget):
         super().__init__()
         self.detected = detected
         self.combo = QComboBox()
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.combo.setMinimumContentsLength(22)  # long card names are elided, not widening the window
         for gpu in detected:
             self.combo.addItem(gpu.title, gpu)
         for gpu in COMMON_CARDS:
@@ -89,7 +88,7 @@ class GpuPicker(QWidget):
         self.combo.addItem("Custom size…", CUSTOM)
         self.custom = QDoubleSpinBox()
         self.custom.setRange(1, 4096)
-        self.custom.setSuffix(" GB")
+        self.custom.setSuffix(" GiB")
         self.custom.setValue(custom_gib or 24)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -150,6 +149,7 @@ class EstimatePanel(QGroupBox):
         self.bar_area = QVBoxLayout()
         self.verdict = QLabel()
         self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.verdict.setWordWrap(True)  # "No estimate: ..." says why in a sentence
         self.phase = explanation("")
         self.legend_labels: list[QLabel] = []
         self.legend = QGridLayout()
@@ -175,6 +175,7 @@ class EstimatePanel(QGroupBox):
         self._simulation.done.connect(self._simulation_done)
         self._simulation_started = 0.0
         self._simulation_dir: tempfile.TemporaryDirectory | None = None
+        self._simulated: tuple[RunConfig, Estimate | None] | None = None  # what the running simulation was asked for
         self._applying_fit = False
         self._clock = QTimer(self)
         self._clock.timeout.connect(self._tick)
@@ -200,7 +201,9 @@ class EstimatePanel(QGroupBox):
 
     # ------------------------------------------------------------ the estimate
     def recompute(self, *_args) -> None:
-        if not self._applying_fit and not self.simulating:
+        if self.simulating and self.store.config != self._simulated[0]:
+            self._simulation.stop()  # its result would describe the config before this change: dropped when it ends
+        elif not self._applying_fit and not self.simulating:
             self.result.setText("")  # a fit or simulation result describes the config before this change
         try:
             self.estimate, self.error = memory.estimate_run(self.store.config, gpu_bytes=self.picker.capacity_bytes,
@@ -217,11 +220,13 @@ class EstimatePanel(QGroupBox):
     def _show(self) -> None:
         capacity = self.picker.capacity_bytes
         estimate = self.estimate
+        self.fit_button.setEnabled(estimate is not None)
+        self._update_simulate_button()
         if estimate is None:
             self._set_bars([])
-            self.verdict.setText(f"<span style='color:{MUTED}'>No estimate: {self.error}</span>")
+            self._set_legend({})
+            self.verdict.setText(f"<span style='color:{MUTED}'>No estimate: {html.escape(self.error)}</span>")
             self.phase.setText("")
-            self.fit_button.setEnabled(False)
             return
         gpus = [d for d in estimate.devices if d.device != "host"]
         self._set_bars([(d.device, d.parts) for d in gpus])  # one per GPU the run uses (titled when several)
@@ -236,9 +241,13 @@ class EstimatePanel(QGroupBox):
                            f"{gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
                            + _scale_out_text(estimate)
-                           + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes))
+                           + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes) + ".")
                            + f" Estimate: {kind_text(estimate)}.")
-        self.fit_button.setEnabled(True)
+
+    def _update_simulate_button(self) -> None:
+        """Simulate needs what the estimate needs (a known model); while it runs, the button cancels it."""
+        self.simulate_button.setEnabled(self.simulating or self.estimate is not None)
+        self.simulate_button.setText("Cancel simulation" if self.simulating else "Simulate")
 
     @property
     def verdict_status(self) -> str:
@@ -265,7 +274,7 @@ class EstimatePanel(QGroupBox):
             label = QLabel()
             label.setProperty("role", "explain")
             index = len(self.legend_labels)
-            self.legend.addWidget(label, index // 4, index % 4)
+            self.legend.addWidget(label, index // LEGEND_COLUMNS, index % LEGEND_COLUMNS)
             self.legend_labels.append(label)
         for index, label in enumerate(self.legend_labels):
             label.setVisible(index < len(shown))
@@ -306,9 +315,10 @@ class EstimatePanel(QGroupBox):
         self._simulation_dir = tempfile.TemporaryDirectory(prefix="studio-simulate-")
         path = Path(self._simulation_dir.name) / "config.yaml"
         save_config(self.store.config, path)
+        self._simulated = (self.store.config, self.estimate)
         self._simulation.start(self.simulate_command(path))
         self._simulation_started = time.monotonic()
-        self.simulate_button.setText("Cancel simulation")
+        self._update_simulate_button()
         self.progress.show()
         self._clock.start(500)
         self._tick()
@@ -325,7 +335,12 @@ class EstimatePanel(QGroupBox):
         self._simulation_dir.cleanup()
         self._clock.stop()
         self.progress.hide()
-        self.simulate_button.setText("Simulate")
+        self._update_simulate_button()
+        asked_config, asked_estimate = self._simulated
+        if asked_config != self.store.config:
+            self.result.setText(f"<span style='color:{MUTED}'>Simulation dropped: the setup changed while it ran. "
+                                "Simulate again to check this one.</span>")
+            return
         result = memory.parse_simulation("\n".join(self._simulation.stdout_lines))
         if result.peak_bytes is None:
             printed = console_error("\n".join(self._simulation.all_lines))
@@ -334,8 +349,8 @@ class EstimatePanel(QGroupBox):
                                 + (f"<br>{html.escape(hint)}" if hint else ""))
             return
         analytic = ""
-        if self.estimate is not None:
-            tensors = self.estimate.peak_bytes - sum(self.estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
+        if asked_estimate is not None:  # the estimate of the config simulated, for the GPU picked then
+            tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
             analytic = f"; the estimate's tensors: {gib(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)
         self.result.setText(f"Simulated peak: <b>{gib(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")

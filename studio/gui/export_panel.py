@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
@@ -47,10 +48,11 @@ class ExportPanel(QWidget):
         self.cannot_merge = ""  # why the run's method cannot be merged, if it cannot
         self.result_info: dict | None = None
         self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Export to")
+        self.command = partial(export_command, sys.executable)  # tests point this at a stand-in
         self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
         self.run_label.setWordWrap(True)
-        self.adapter = QRadioButton("Adapter (small; load it on top of the base model with PEFT)")
-        self.merged = QRadioButton("Merged model (the base with the adapter built in; loads with transformers alone)")
+        self.adapter = QRadioButton("Adapter: small, PEFT loads it on the base model")
+        self.merged = QRadioButton("Merged model: the adapter built in, for transformers alone")
         self.kind_group = QButtonGroup(self)
         for button in (self.adapter, self.merged):
             self.kind_group.addButton(button)
@@ -76,6 +78,7 @@ class ExportPanel(QWidget):
         self._process.done.connect(self._on_done)
         self._started = 0.0
         self._last_line = ""
+        self._asked: tuple | None = None  # (run, kind, folder, dtype) of the export running
         self._clock = QTimer(self)
         self._clock.timeout.connect(self._show_progress)
         self._build_layout(browse)
@@ -156,13 +159,16 @@ class ExportPanel(QWidget):
         text = self.destination.text().strip()
         return Path(text) if text else RunDir(self.run_dir).exports_dir / self.kind
 
+    def _request(self) -> tuple:
+        return self.run_dir, self.kind, self.output_folder(), self.dtype.currentText()
+
     def start_export(self) -> None:
         if self.run_dir is None:
             return
         self.result_info = None
+        self._asked = self._request()
         self._started, self._last_line = time.monotonic(), "starting"
-        self._process.start(export_command(sys.executable, self.run_dir, self.kind, self.output_folder(),
-                                           self.dtype.currentText()))
+        self._process.start(self.command(self.run_dir, self.kind, self.output_folder(), self.dtype.currentText()))
         self.progress.show()
         self._clock.start(500)
         self._show_progress()
@@ -181,11 +187,16 @@ class ExportPanel(QWidget):
         self._clock.stop()
         self.progress.hide()
         self._update_form()
-        folder = self.output_folder()
+        run_dir, kind, folder, _ = self._asked
+        if self._asked != self._request():
+            self.status.setText(f"<span style='color:{MUTED}'>The export of {html.escape(run_dir.name)} to "
+                                f"{html.escape(str(folder))} ended while other choices were made here: its result "
+                                "is not shown. Export again to see it verified.</span>")
+            return
         info = read_export_record(folder) if exit_code == 0 and not error else None
         if info is not None:
             self.result_info = info
-            self.status.setText(f"Exported the {self.kind} to <b>{html.escape(str(folder))}</b><br>{verification_html(info)}")
+            self.status.setText(f"Exported the {kind} to <b>{html.escape(str(folder))}</b><br>{verification_html(info)}")
             return
         found = console_error("\n".join(self._process.all_lines))
         message, hint = (found.message, found.hint) if found else (error or f"the export exited with code {exit_code}", "")

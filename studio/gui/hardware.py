@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1024**3
+GIB = 1024**3  # every size the app and the CLI show is binary, written GiB (as nvidia-smi's MiB)
+
+
+def gib(value: float) -> str:
+    """``1.84 GiB``; one decimal from 10 GiB on."""
+    return f"{value / GIB:.2f} GiB" if value < 10 * GIB else f"{value / GIB:.1f} GiB"
 
 
 @dataclass(frozen=True)
@@ -16,7 +21,7 @@ class Gpu:
     @property
     def title(self) -> str:
         where = f"GPU {self.index}: " if self.index is not None else ""
-        return f"{where}{self.name} ({self.total_bytes / GIB:.0f} GB)"
+        return f"{where}{self.name} ({self.total_bytes / GIB:.0f} GiB)"
 
 
 # Nominal memory sizes; what a run can use is a little less (the driver and display keep some).

@@ -20,6 +20,7 @@ from studio.gui.tasks import BackgroundTask
 from studio.gui.widgets import ACCENT, BAD, GOOD, MUTED, WARN, explanation
 
 COLUMNS = ("Run", "Started", "Status", "Steps", "Loss", "Eval loss", "Model", "Method")
+NO_SELECTION = "Select a run in the list above to see its charts; select two to compare them."
 STATUS_COLORS = {"completed": GOOD, "running": ACCENT, "starting": ACCENT, "stopped": WARN, "aborted": WARN,
                  "failed": BAD, "crashed": BAD, "not started": MUTED}
 
@@ -39,7 +40,7 @@ class HistoryPanel(QWidget):
         self.table.itemSelectionChanged.connect(self._show_selected)
         self.table.header().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.header().setStretchLastSection(True)
-        self.charts = ChartsPanel()
+        self.charts = ChartsPanel(no_run_text=NO_SELECTION)
         self.hint = explanation("")
         self.buttons: dict[str, QPushButton] = {}
         self._scan = BackgroundTask(self)

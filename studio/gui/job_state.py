@@ -176,10 +176,13 @@ class Job:
 
 
 def format_duration(seconds: float) -> str:
+    """``1 h 05 min``, ``22 min 13 s``, ``45 s``: a span of time, never to be read as a clock time."""
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
 def status_text(job: Job, loading_note: str = "") -> str:
@@ -193,7 +196,7 @@ def status_text(job: Job, loading_note: str = "") -> str:
         parts.append(f"epoch {job.epoch:.2f}")
     eta = job.eta_seconds() if job.state in (State.RUNNING, State.STOPPING) else None
     if eta is not None:
-        parts.append(f"ETA {format_duration(eta)}")
+        parts.append(f"{format_duration(eta)} left")
     if job.tokens_per_s is not None and job.state in (State.RUNNING, State.STOPPING):
         parts.append(f"{job.tokens_per_s:,.0f} tokens/s")
     if job.state is State.FINISHED and job.loss is not None:

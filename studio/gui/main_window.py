@@ -28,7 +28,7 @@ from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
-from studio.gui.widgets import Banner, ConfigStore, problems_html
+from studio.gui.widgets import Banner, ConfigStore, VerticalScroll, problems_html
 
 ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -96,6 +96,10 @@ class MainWindow(QMainWindow):
         self.start_action = self._action(toolbar, "▶  Start", self.start_run, "Ctrl+Return")
         self.stop_action = self._action(toolbar, "■  Stop and save", self.controller.stop)
         self.cancel_action = self._action(toolbar, "✕  Cancel", self.controller.cancel)
+        self.start_reason = QLabel()  # why Start is off, next to it; the problems are listed under the setup
+        self.start_reason.setProperty("role", "reason")
+        self.start_reason.setContentsMargins(4, 0, 8, 0)
+        self.start_reason_action = toolbar.addWidget(self.start_reason)  # a toolbar shows it through its action
         self.resume_action = self._action(toolbar, "↻  Resume", lambda: self.resume_run())
         toolbar.addSeparator()
         self.log_action = self._action(toolbar, "Log", self.show_log, "Ctrl+L")
@@ -120,6 +124,7 @@ class MainWindow(QMainWindow):
         self.setup_tabs.addTab(self.data_panel, "2  Data")
         self.setup_tabs.addTab(self.techniques_panel, "3  Techniques")
         self.setup_tabs.addTab(self.scale_panel, "4  Scale out")
+        self.setup_tabs.setMinimumHeight(240)  # a long estimate scrolls rather than squeeze the setup away
         self.problems.setWordWrap(True)
         self.problems.setProperty("role", "reason")
         left = QWidget()
@@ -127,8 +132,15 @@ class MainWindow(QMainWindow):
         left_layout.setContentsMargins(6, 6, 0, 6)
         left_layout.addWidget(self.notice)
         left_layout.addWidget(self.setup_tabs, 1)
-        left_layout.addWidget(self.problems)
-        left_layout.addWidget(self.estimate_panel)
+        under_tabs = QWidget()  # scrolls on a short screen when the estimate has much to say
+        under_layout = QVBoxLayout(under_tabs)
+        under_layout.setContentsMargins(0, 0, 0, 0)
+        under_layout.addWidget(self.problems)
+        under_layout.addWidget(self.estimate_panel)
+        self.under_tabs = VerticalScroll(under_tabs)
+        # No taller than its text: the room left over goes to the tabs.
+        self.under_tabs.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        left_layout.addWidget(self.under_tabs)
 
         self.run_tabs = QTabWidget()
         self.run_tabs.addTab(self.charts, "Training")
@@ -156,14 +168,19 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         self.store.changed.connect(self._on_config_changed)
         self.model_panel.summary_changed.connect(self.data_panel.set_model)
+        self.model_panel.summary_changed.connect(self._on_config_changed)  # its problems may have changed
         self.controller.changed.connect(self._on_run_changed)
         self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))
         self.history.resume_requested.connect(self.resume_run)
         self.history.export_requested.connect(self._export_from_history)
 
     # ------------------------------------------------------------ runs
+    def start_blockers(self) -> list[Problem]:
+        """What must be fixed before Start: the config's problems, then the model's (``studio config check``'s)."""
+        return self.store.problems() + self.model_panel.problems
+
     def start_run(self) -> None:
-        if self.controller.job.active or self.store.problems():
+        if self.controller.job.active or self.start_blockers():
             return
         app_settings.save_last_config(self.store.config)
         self.controller.start(self.store.config)
@@ -195,10 +212,12 @@ class MainWindow(QMainWindow):
         active = job.active
         self.status.setText(status_text(job, controller.loading_note))
         self.charts.set_waiting_text(self._waiting_text())
-        problems = self.store.problems()
+        problems = self.start_blockers()
         self.start_action.setEnabled(not active and not problems)
         self.start_action.setToolTip("A run is in progress" if active else
                                      ("Fix first: " + "; ".join(map(str, problems)) if problems else "Start training"))
+        self.start_reason.setText("" if active or not problems else self._start_reason(problems))
+        self.start_reason_action.setVisible(not active and bool(problems))
         self.stop_action.setEnabled(active)
         self.stop_action.setText("■  Stop now (abort)" if job.state is State.STOPPING else "■  Stop and save")
         self.cancel_action.setEnabled(active)
@@ -218,6 +237,11 @@ class MainWindow(QMainWindow):
         if state in TERMINAL:
             self.export_panel.set_run(run_dir)
             self.try_panel.set_run(run_dir)
+
+    def _start_reason(self, problems: list[Problem]) -> str:
+        if self.model_panel.problems:
+            return "⚠ Cannot start: the model cannot be loaded (see 1 Model)"
+        return f"⚠ Cannot start: {len(problems)} problem{'s' if len(problems) > 1 else ''}, listed on the left"
 
     def _waiting_text(self) -> str:
         job = self.controller.job
@@ -258,7 +282,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ config
     def _on_config_changed(self, *_args) -> None:
-        problems = self.store.problems()
+        problems = self.start_blockers()
         self.problems.setText("" if not problems else "⚠ Fix before starting: " +
                               "; ".join(html.escape(str(p)) for p in problems[:4]))
         self.problems.setVisible(bool(problems))

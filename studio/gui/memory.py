@@ -19,6 +19,7 @@ from studio.core.estimate import Estimate, ScaleOut, estimate
 from studio.core.fit import fit
 from studio.core.modelinfo import load_model_config
 
+
 def model_config_of(config: RunConfig) -> dict:
     """The model's config.json from disk or the Hugging Face cache; never the network (this runs per keystroke)."""
     path = Path(config.model.name_or_path).expanduser() / "config.json"

@@ -9,23 +9,24 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QGroupBox, Q
                                QPushButton, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
-from studio.core.errors import StudioError
-from studio.core.modelcheck import check_model_folder, is_local_model, remote_code_warning
+from studio.core.errors import Problem, StudioError
+from studio.core.modelcheck import is_local_model, model_problems, remote_code_warning
 from studio.core.presets import DEMO_MODEL
 from studio.gui.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_bytes, human_count, summarize_model
 from studio.gui.settings import AppSettings
 from studio.gui.controls import ToggleControl
-from studio.gui.widgets import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html
+from studio.gui.widgets import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html, VerticalScroll
 
 
-class ModelPanel(QWidget):
+class ModelPanel(VerticalScroll):
     summary_changed = Signal(object)  # ModelSummary or None
 
     def __init__(self, store: ConfigStore, settings: AppSettings, parent: QWidget | None = None):
-        super().__init__(parent)
+        super().__init__(parent=parent)
         self.store, self.settings = store, settings
         self.summary: ModelSummary | None = None
-        self._shown_model: str | None = None
+        self.problems: list[Problem] = []  # what stops this model loading: Start waits for them to be fixed
+        self._shown_model: tuple[str, str] | None = None  # name and revision the facts describe
         self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Choose a model folder")
 
         self.demo_button = QPushButton("Demo model")
@@ -88,16 +89,23 @@ class ModelPanel(QWidget):
             self.facts[key] = label
             form.addRow(f"{key}:", label)
 
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.addWidget(source)
         layout.addWidget(self.banner)
         layout.addWidget(info)
         layout.addStretch(1)
+        self.setWidget(content)
 
     # ------------------------------------------------------------ choosing
     def use_model(self, name_or_path: str) -> None:
         name_or_path = name_or_path.strip()
-        if name_or_path:
+        if not name_or_path:
+            return
+        if name_or_path == self.store.config.model.name_or_path:
+            self._shown_model = None  # chosen again: read its files again (weights copied in meanwhile)
+            self._on_config(self.store.config)
+        else:
             self.store.update(model={"name_or_path": name_or_path, "revision": ""})
 
     def _choose_folder(self) -> None:
@@ -119,11 +127,11 @@ class ModelPanel(QWidget):
     def _on_config(self, config: RunConfig) -> None:
         self._show_remote_code_warning(config)
         name = config.model.name_or_path
-        if name == self._shown_model:
+        if (name, config.model.revision) == self._shown_model:
             return
-        self._shown_model = name
+        self._shown_model = (name, config.model.revision)
         self.current.setText(name or "(none chosen)")
-        problems = check_model_folder(name) if is_local_model(name) else []
+        problems = self.problems = model_problems(name, config.model.revision)
         try:
             self.summary = summarize_model(name, config.model.revision)
         except StudioError as exc:
@@ -138,7 +146,8 @@ class ModelPanel(QWidget):
                 self.settings.remember_model(name)
                 self._fill_recent()
         if problems:
-            self.banner.show_message(problems_html("This model folder cannot be loaded", problems), error=True)
+            what = "This model folder" if is_local_model(name) else "This model"
+            self.banner.show_message(problems_html(f"{what} cannot be loaded", problems), error=True)
             if any(p.where.endswith(WEIGHT_SUFFIXES) or p.message.startswith("no weights") for p in problems):
                 self.facts["Weights"].setText(f"<span style='color:{BAD}'>damaged or missing</span>: see the problem above")
         self.summary_changed.emit(self.summary)

@@ -149,7 +149,7 @@ def human_count(number: int | None) -> str:
 
 
 def human_bytes(number: float) -> str:
-    for unit, size in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if number >= size:
             return f"{number / size:.1f} {unit}"
     return f"{number:.0f} bytes"

@@ -87,7 +87,9 @@ class LineProcess(QObject):
         if process is None or not self.running:
             return
         process.terminate()
-        QTimer.singleShot(TERMINATE_GRACE_MS, lambda: process.kill() if process.state() != QProcess.ProcessState.NotRunning else None)
+        # The process is the timer's context: a panel closed meanwhile takes the timer with it.
+        QTimer.singleShot(TERMINATE_GRACE_MS, process,
+                          lambda: process.kill() if process.state() != QProcess.ProcessState.NotRunning else None)
 
     def wait(self, msecs: int = 30000) -> bool:
         return self._process is None or self._process.waitForFinished(msecs)

@@ -77,6 +77,32 @@ def smooth(values: np.ndarray, weight: float = SMOOTHING) -> np.ndarray:
     return out
 
 
+class Smoothed:
+    """A series and its debiased moving average (``smooth``), kept in step point by point."""
+
+    def __init__(self):
+        self.raw, self.smoothed = Series(), Series()
+        self._ema = 0.0
+        self._count = 0
+
+    def append(self, x: float, y: float) -> None:
+        self.raw.append(x, y)
+        self._ema = SMOOTHING * self._ema + (1 - SMOOTHING) * y
+        self._count += 1
+        self.smoothed.append(x, self._ema / (1 - SMOOTHING**self._count))
+
+    def truncate_after(self, x: float) -> None:
+        """Drop the points after ``x``; the average is recomputed over what is kept."""
+        self.raw.truncate_after(x)
+        if len(self.raw) == self._count:
+            return
+        kept = smooth(self.raw.y)
+        self.smoothed.truncate_after(-np.inf)
+        self.smoothed.extend(self.raw.x.copy(), kept)
+        self._count = len(self.raw)
+        self._ema = kept[-1] * (1 - SMOOTHING**self._count) if len(kept) else 0.0
+
+
 @dataclass
 class MemoryTrace:
     """The memory series of one device, with its label (a GPU name, or CPU process memory)."""
@@ -96,16 +122,14 @@ class RunSeries:
 
     def __init__(self, name: str = ""):
         self.name = name
-        self.loss = Series()
-        self.loss_smoothed = Series()
+        self._loss, self._tokens_per_s = Smoothed(), Smoothed()  # raw steps jump: the average shows the trend
+        self.loss, self.loss_smoothed = self._loss.raw, self._loss.smoothed
+        self.tokens_per_s, self.tokens_per_s_smoothed = self._tokens_per_s.raw, self._tokens_per_s.smoothed
         self.eval_loss = Series()
         self.lr = Series()
-        self.tokens_per_s = Series()
         self.memory: dict[str, MemoryTrace] = {}
         self.estimate_bytes: int | None = None
         self.started = False  # a run_started event was seen (the model is loaded)
-        self._ema = 0.0
-        self._ema_count = 0
 
     @classmethod
     def from_events(cls, events: list[dict[str, Any]], name: str = "") -> "RunSeries":
@@ -123,7 +147,7 @@ class RunSeries:
         return sum(s.version for s in self.all_series()) + (self.estimate_bytes or 0)
 
     def all_series(self) -> list[Series]:
-        found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s]
+        found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s, self.tokens_per_s_smoothed]
         return found + [s for trace in self.memory.values() for s in trace.series.values()]
 
     def add(self, event: dict[str, Any]) -> bool:
@@ -147,20 +171,12 @@ class RunSeries:
         step = event.get("step")
         if step is None:
             return False
-        if _finite(event.get("loss")):
-            self._add_loss(step, float(event["loss"]))
-        for key, series in (("lr", self.lr), ("tokens_per_s", self.tokens_per_s)):
+        for key, series in (("loss", self._loss), ("lr", self.lr), ("tokens_per_s", self._tokens_per_s)):
             if _finite(event.get(key)):
                 series.append(step, float(event[key]))
         for entry in event.get("memory") or ():
             self._add_memory(step, entry)
         return True
-
-    def _add_loss(self, step: float, loss: float) -> None:
-        self.loss.append(step, loss)
-        self._ema = SMOOTHING * self._ema + (1 - SMOOTHING) * loss
-        self._ema_count += 1
-        self.loss_smoothed.append(step, self._ema / (1 - SMOOTHING**self._ema_count))
 
     def _add_memory(self, step: float, entry: dict[str, Any]) -> None:
         device = str(entry.get("device", "?"))
@@ -179,14 +195,10 @@ class RunSeries:
 
     def _restart_at(self, step: int) -> None:
         """A (resumed) run starts at ``step``: points after it belong to a lost attempt."""
-        for series in self.all_series():
+        for smoothed in (self._loss, self._tokens_per_s):
+            smoothed.truncate_after(step)
+        for series in (self.eval_loss, self.lr, *(s for t in self.memory.values() for s in t.series.values())):
             series.truncate_after(step)
-        if len(self.loss) != self._ema_count:  # recompute the moving average over what is kept
-            kept = smooth(self.loss.y)
-            self.loss_smoothed.truncate_after(-np.inf)
-            self.loss_smoothed.extend(self.loss.x.copy(), kept)
-            self._ema_count = len(self.loss)
-            self._ema = kept[-1] * (1 - SMOOTHING**self._ema_count) if len(kept) else 0.0
 
 
 def _finite(value: Any) -> bool:

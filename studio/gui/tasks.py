@@ -51,6 +51,11 @@ class BackgroundTask(QObject):
         self.busy = True
         QThreadPool.globalInstance().start(_Job(self._latest, function, self._relay))
 
+    def cancel(self) -> None:
+        """Drop the result of the request in flight: what it was asked for is gone."""
+        self._latest += 1
+        self.busy = False
+
     def _deliver(self, number: int, value: Any, error: Exception | None) -> None:
         if number != self._latest:
             return

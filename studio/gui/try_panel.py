@@ -50,6 +50,7 @@ class TryPanel(QWidget):
         self._process = LineProcess(self)
         self._process.done.connect(self._on_done)
         self._started = 0.0
+        self._asked: tuple | None = None  # (run, prompt, max tokens) of the generation running
         self._clock = QTimer(self)
         self._clock.timeout.connect(self._tick)
         self._build_layout()
@@ -87,6 +88,8 @@ class TryPanel(QWidget):
 
     def set_run(self, run_dir: Path | None) -> None:
         self.run_dir = Path(run_dir) if run_dir else None
+        if self._process.running and self._asked[0] != self.run_dir:
+            self._process.stop()  # answers of the run no longer shown: dropped when it ends
         name = self.run_dir.name if self.run_dir else "no run chosen"
         self.titles["tuned"].setText(f"<b>Fine-tuned</b> <span style='color:{MUTED}'>({html.escape(name)})</span>")
         self._update_button()
@@ -103,12 +106,16 @@ class TryPanel(QWidget):
             return
         for box in self.answers.values():
             box.setPlainText("")
+        self._asked = self._request()
         self._process.start(self.command(self.run_dir, prompt, self.max_tokens.value()))
         self._started = time.monotonic()
         self.progress.show()
         self._clock.start(500)
         self._tick()
         self._update_button()
+
+    def _request(self) -> tuple:
+        return self.run_dir, self.prompt.toPlainText().strip(), self.max_tokens.value()
 
     def _tick(self) -> None:
         self.status.setText(f"Loading both models and generating… {time.monotonic() - self._started:.0f} s")
@@ -125,6 +132,10 @@ class TryPanel(QWidget):
         self._clock.stop()
         self.progress.hide()
         self._update_button()
+        if self._asked != self._request():
+            self.status.setText(f"<span style='color:{MUTED}'>Answers dropped: the run or the prompt changed while "
+                                "they were generated. Press Generate again.</span>")
+            return
         self._show_answers(last_json_object("\n".join(self._process.stdout_lines)) or {})
         if exit_code == 0 and not error:
             self.status.setText("")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QGroupBox, QHBoxLayout, QLabel, QPushButton,
                                QScrollArea, QSizePolicy, QStyleFactory, QVBoxLayout, QWidget)
@@ -151,16 +151,56 @@ def group_box(title: str, *widgets: QWidget) -> QGroupBox:
     return group
 
 
-class SettingsColumn(QScrollArea):
+class VerticalScroll(QScrollArea):
+    """A frameless area that scrolls up and down when the window is too short (a laptop screen), so that
+    nothing is squeezed below the height its text needs; it is as wide as its content needs, never scrolled
+    sideways."""
+
+    def __init__(self, content: QWidget | None = None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        if content is not None:
+            self.setWidget(content)
+
+    def _with_scroll_bar(self, size: QSize) -> QSize:
+        return QSize(size.width() + self.verticalScrollBar().sizeHint().width(), size.height())
+
+    def minimumSizeHint(self) -> QSize:
+        inner = self.widget().minimumSizeHint() if self.widget() else QSize(0, 0)
+        return QSize(self._with_scroll_bar(inner).width(), super().minimumSizeHint().height())
+
+    def sizeHint(self) -> QSize:
+        """The content's size; its height at the width it has here, when its text wraps."""
+        content = self.widget()
+        if content is None:
+            return super().sizeHint()
+        hint = content.sizeHint()
+        if content.hasHeightForWidth() and self.viewport().width() > 0:
+            hint.setHeight(content.heightForWidth(self.viewport().width()))
+        return self._with_scroll_bar(hint)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()  # a new width can change the height its wrapped text needs
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()  # new text in the content: the column around it asks for the new height
+        return super().eventFilter(watched, event)
+
+
+class SettingsColumn(VerticalScroll):
     """A setup tab: groups of controls in a column that scrolls when the window is short.
 
     Subclasses add their groups to ``column``, then call ``finish`` with their refresh.
     """
 
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
-        super().__init__(parent)
+        super().__init__(parent=parent)
         self.store = store
-        self.setWidgetResizable(True)
         content = QWidget()
         self.column = QVBoxLayout(content)
         self.column.setSpacing(6)

@@ -2,3 +2,7 @@
 
 Never imports Qt. Start it as ``studio train CONFIG`` or ``python -m studio.train CONFIG``.
 """
+
+from studio.train.quiet import quiet_library_noise
+
+quiet_library_noise()  # before any submodule imports the ML stack

@@ -3,14 +3,16 @@
 The trained model is rebuilt from the run's newest complete checkpoint. The export
 is written into a staging folder, reloaded the way a user would load it (plain
 ``PeftModel.from_pretrained`` or ``AutoModelForCausalLM.from_pretrained``) and its
-logits compared with the trained model's on a few training examples. Only an
-export that passes is renamed into place; a failed or interrupted export leaves no
-folder behind and an earlier export untouched.
+logits compared with the trained model's on a few training examples. An export
+that passes gets the chat template and end of turn training used (``chat_export``)
+and a model card (``export_card``), and is renamed into place; a failed or
+interrupted export leaves no folder behind and an earlier export untouched.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import logging
 from dataclasses import asdict, dataclass
@@ -24,8 +26,11 @@ from studio.core.dataset import inspect_files
 from studio.core.errors import StudioError
 from studio.core.events import EventWriter
 from studio.core.rundir import RunDir, atomic_folder
+from studio.train.chat_export import base_generation_config, carry_chat_template, trained_template
 from studio.train.checkpoint import load_weights, read_state
 from studio.train.data import encode, render_segments
+from studio.train.export_card import write_card
+from studio.train.quiet import quiet_progress_bars
 from studio.train.model import attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
@@ -62,6 +67,7 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
                           "export the adapter (--adapter) and load it with peft's PeftModel.from_pretrained",
                           kind="export")
     out = Path(out) if out else rd.exports_dir / kind
+    quiet_progress_bars()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     tokenizer = load_tokenizer(config)
@@ -85,9 +91,15 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
             exact = export_dtype == torch.float32 and config.effective_load_in == "none" and not config.qat.enabled
         verification = _verify(reloaded, inputs, reference, base_diff, exact)
         info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
-                "base_model": config.model.name_or_path, "form": export_form(config, kind),
+                "base_model": config.model.name_or_path, "form": export_form(config, kind, export_dtype),
                 "verification": asdict(verification)}
+        if verification.passed:  # what makes it usable as trained: its template and eos, and its card
+            chat = carry_chat_template(tokenizer, trained_template(config, rd.events, tokenizer), staging,
+                                       base_generation_config(config))
+            info["chat"] = chat.to_json()
+            write_card(config, rd, info, staging)
         (staging / EXPORT_RECORD).write_text(json.dumps(info, indent=1), encoding="utf-8")
+        _usual_file_modes(staging)
         if not verification.passed:
             raise StudioError(f"the exported {kind} does not reproduce the trained model "
                               f"(max logit difference {verification.max_abs_diff:.3g}, top-1 agreement {verification.top1_agreement:.0%})",
@@ -96,10 +108,14 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
     return out, verification
 
 
-def export_form(config: RunConfig, kind: str) -> str:
-    """What the export holds, in words (the CLI prints it, the EXPORT_RECORD keeps it)."""
+def export_form(config: RunConfig, kind: str, dtype: torch.dtype = torch.float32) -> str:
+    """What the export holds, in words (the CLI prints it, the EXPORT_RECORD keeps it); ``dtype``: a merged
+    model's weights."""
     if not config.qat.enabled:
-        return "adapter" if kind == "adapter" else "full-precision model"
+        if kind == "adapter":
+            return "adapter"
+        name = str(dtype).removeprefix("torch.")
+        return f"merged model in {name}" + (" (full precision)" if dtype == torch.float32 else "")
     qat = config.qat
     scheme = f"{qat.weights} weights (groups of {qat.group_size})" + (
         f", {qat.activations} dynamic activations" if qat.activations != "none" else "")
@@ -107,6 +123,16 @@ def export_form(config: RunConfig, kind: str) -> str:
         return (f"full-precision adapter for the base quantized with torchao to {scheme} (verified on that base: "
                 "load the base with transformers' TorchAoConfig, then the adapter)")
     return f"quantized with torchao: {scheme}; the linears hold integer weights, the output head stays full precision"
+
+
+def _usual_file_modes(folder: Path) -> None:
+    """Every file of an export readable like any file the user writes (0644 with the usual umask): the
+    weight writers create theirs private (0600), so a shared export had unreadable weights only."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
 
 
 def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:

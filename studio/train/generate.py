@@ -19,6 +19,7 @@ from studio.train.checkpoint import load_weights
 from studio.train.data import encode_prompt
 from studio.train.evaluate import generate_answers
 from studio.train.model import build_model, load_base_model, load_tokenizer
+from studio.train.quiet import quiet_progress_bars
 
 
 def _prompt_example(config: RunConfig, prompt: str) -> Example:
@@ -36,6 +37,7 @@ def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[s
     if checkpoint is None:
         raise StudioError("the run has no checkpoint yet", "train (or stop-and-save) it first", kind="usage")
     config = load_config(rd.config).replace(training={"gradient_checkpointing": False})
+    quiet_progress_bars()
     tokenizer = load_tokenizer(config)
     model = build_model(config, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     load_weights(checkpoint, model)

@@ -7,6 +7,7 @@ built from a config, for training, export or generation, saves and restores what
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -14,6 +15,8 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+
+log = logging.getLogger("studio.train")
 
 
 class TrainingHooks:
@@ -182,8 +185,33 @@ def peft_config(config: RunConfig, total_steps: int | None = None, model=None):
     if training is None:
         raise StudioError(f"method {config.method} has no adapter", "use full fine-tuning without an adapter",
                           kind="config")
-    return getattr(peft, training.peft_config_class)(**training.arguments(config, total_steps, model),
-                                                      task_type="CAUSAL_LM")
+    settings = getattr(peft, training.peft_config_class)(**training.arguments(config, total_steps, model),
+                                                         task_type="CAUSAL_LM")
+    if model is not None and isinstance(settings, peft.LoraConfig):
+        _without_dropout_on_parameters(settings, model)
+    if model is not None and any(name.endswith(_UNUSED_TOWERS) for name, _ in model.named_modules()):
+        settings.exclude_modules = _UNUSED_TOWERS_PATTERN
+    return settings
+
+
+# Towers a multimodal checkpoint's causal-LM class loads (Gemma 3's vision tower and its projector) that text
+# training never runs: no adapter goes there (peft's all-linear would put one on each of their linears).
+_UNUSED_TOWERS = ("vision_tower", "multi_modal_projector")
+_UNUSED_TOWERS_PATTERN = r".*\.(vision_tower|multi_modal_projector)\..*"
+
+
+def _without_dropout_on_parameters(settings, model) -> None:
+    """LoRA on a mixture of experts: peft turns all-linear into the attention's modules plus the router's and the
+    experts' parameters, which its ParamWrapper adapts but without dropout. The experts are most of the model,
+    so they keep their adapter and the whole adapter trains without dropout (the estimate counts it so:
+    studio.core.memory.regime.lora_dropout_for)."""
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+
+    convert_peft_config_for_transformers(settings, model, None)  # what get_peft_model does first (idempotent)
+    if settings.target_parameters and settings.lora_dropout:
+        log.warning("LoRA adapts %s as parameters, which peft trains without dropout: lora.dropout %s is not applied",
+                    ", ".join(sorted(settings.target_parameters)), settings.lora_dropout)
+        settings.lora_dropout = 0.0
 
 
 def attach_hooks(peft_model, config: RunConfig) -> None:

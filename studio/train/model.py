@@ -125,6 +125,12 @@ def quantization_config(config: RunConfig):
     return None
 
 
+def attention_implementation(config: RunConfig) -> str | None:
+    """What transformers is asked for: sdpa is its own default (None), which falls back to eager for families
+    without sdpa (Gemma 2: sdpa cannot soft-cap the scores); studio.core.memory.regime.attention_for says the same."""
+    return None if config.model.attn_implementation == "sdpa" else config.model.attn_implementation
+
+
 def load_base_model(config: RunConfig, device: torch.device, quantized: bool = True, dtype: torch.dtype | None = None):
     """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
     from transformers import AutoModelForCausalLM
@@ -143,7 +149,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
         model = AutoModelForCausalLM.from_pretrained(
             config.model.name_or_path,
             dtype=dtype or weight_dtype(config),
-            attn_implementation=config.model.attn_implementation,
+            attn_implementation=attention_implementation(config),
             **kwargs,
         )
     except Exception as exc:
@@ -231,11 +237,18 @@ def attach_adapter(model, config: RunConfig, total_steps: int | None = None):
 def adapted_module_names(model) -> list[str]:
     """The distinct leaf names that received an adapter (e.g. q_proj, c_attn), for the log.
 
-    Prefix and prompt tuning adapt no layer: they train ``prompt_encoder`` (the virtual tokens).
+    An adapted parameter (peft's ParamWrapper: a mixture of experts' router and experts) is named by its module
+    and, unless it is the module's weight, the parameter (``experts.gate_up_proj``). Prefix and prompt tuning
+    adapt no layer: they train ``prompt_encoder`` (the virtual tokens).
     """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            leaf = name.replace(".base_layer", "").rsplit(".", 1)[-1]  # wrapped parameters nest their wrappers
+            parameter = getattr(module, "parameter_name", "weight")
+            names.add(leaf if parameter == "weight" else f"{leaf}.{parameter}")
     if not names and getattr(model, "prompt_encoder", None) is not None:
         names = {"prompt_encoder"}
     return sorted(names)

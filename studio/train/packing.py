@@ -10,9 +10,10 @@ the padded batch (tests prove it). The first label of each example is -100:
 nothing predicts it from the example before, so the target tokens and the loss are
 unchanged too. No position is padding, so no compute goes to it.
 
-Only architectures whose modeling code hands the position ids to the attention
-pack; others (OPT, Bloom, MPT: verified to mix examples) train padded, see
-``packing_refusal``, as does eager attention.
+Only models whose modeling code hands the position ids to the attention pack,
+which ``studio.train.attention.probe`` checks on the model itself; others (OPT,
+Bloom, MPT: verified to mix examples) train padded, see ``packing_refusal``, as do
+attention kernels other than sdpa and eager.
 
 ``length_grouped`` is the cheaper option: it keeps padding, but orders each epoch
 so a micro-batch holds examples of similar length.
@@ -25,24 +26,19 @@ from typing import Any
 
 import torch
 
-from studio.core.modelinfo import SUPPORTED_MODEL_TYPES
-from studio.train.attention import can_attend_packed
+from studio.train.attention import packed_implementation, probe
 from studio.train.data import IGNORE_INDEX, as_token_list
 
 GROUP_MICRO_BATCHES = 50  # length-grouping sorts within this many micro-batches (as transformers' sampler)
 
 
 def packing_refusal(model) -> str | None:
-    """Why this model cannot train packed examples apart, or None if it can.
-
-    The families studio.core.modelinfo knows all pass the position ids to their
-    attention (checked in their modeling code; tests cover every one).
-    """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"{model_type} models do not keep packed examples apart"
-    if not can_attend_packed(model):
-        return "padding-free packing needs sdpa attention (model.attn_implementation)"
+    """Why this model cannot train packed examples apart, or None if it can (it was probed: see the module
+    docstring; tests compare per-example losses for every family the estimator knows)."""
+    if packed_implementation(model) is None:
+        return "padding-free packing needs sdpa or eager attention (model.attn_implementation)"
+    if not probe(model):
+        return f"{model.config.model_type} models do not keep packed examples apart"
     return None
 
 

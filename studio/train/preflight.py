@@ -1,6 +1,7 @@
 """What the worker checks before it loads anything heavy, and the safe way to load weights.
 
-The data is read and validated first (seconds, no tokenizer), then a local model
+The data is read and validated first (seconds, no tokenizer; Hub datasets are
+loaded before), then a local model
 folder is checked file by file, then whether this transformers knows the
 architecture: a bad input is refused with its file and line before minutes of
 model loading. The security-relevant load options live here too: remote code
@@ -19,8 +20,9 @@ from studio.core.config import RunConfig
 from studio.core.dataset import DatasetReport, inspect_files
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.events import EventWriter
-from studio.core.modelcheck import is_local_model, raise_for_model_folder, remote_code_warning, weight_format
+from studio.core.modelcheck import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.modelinfo import SUPPORTED_MODEL_TYPES, cached_config
+from studio.train.hub_datasets import load_hub_datasets
 
 log = logging.getLogger("studio.train")
 
@@ -34,6 +36,7 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
     Raises ProblemsError (kind "data" or "model") naming the file and line.
     """
     data = config.data
+    load_hub_datasets(config)  # hub: entries become rows files that inspect_files reads
     train = inspect_files(data.train_files, data.format, keep=0)
     evaluation = inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None
     check_model(config)
@@ -44,10 +47,11 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
 
 
 def check_model(config: RunConfig) -> None:
-    """A local folder file by file, then (local or cached) whether transformers knows its architecture."""
+    """A local folder file by file (a Hub id: in the cache when offline), then whether transformers knows
+    its architecture."""
     name = config.model.name_or_path
+    raise_for_model(name, config.model.revision)
     if is_local_model(name):
-        raise_for_model_folder(name)
         config_path = Path(name).expanduser() / "config.json"
     else:
         config_path = cached_config(name, config.model.revision)

@@ -113,7 +113,7 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
     torch.manual_seed(config.training.seed)
     model = build_model(config, device)
     optimizer = build_optimizer(config, _trainable(model))
-    batches = full_length_batches(config, model.config.vocab_size, device)
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, device)
     started = time.perf_counter()
     with tracker_for(device) as tracker:
         tracker.add_module(model)
@@ -135,12 +135,12 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
     not what runs; the estimate's ``device_type="cpu"`` is the comparable one.
     """
     model, fake_mode = fake_model(config)
-    batches = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))
     targets = target_tokens(batches)
     # built outside fake mode: bitsandbytes fills its quantization maps from real data; state comes at the step
     optimizer = build_optimizer(config, _trainable(model))
     started = time.perf_counter()
-    with fake_mode, rows_are_unpadded():
+    with fake_mode, rows_are_unpadded(), experts_grouped_on_fake_tensors():
         with LiveTensorTracker() as tracker:
             tracker.add_module(model)
             tracker.add(batches)
@@ -180,6 +180,25 @@ def _base_model_on_meta(layers: int | None = None):
 
 
 @contextlib.contextmanager
+def experts_grouped_on_fake_tensors():
+    """Let fake tensors take transformers' own grouped-matmul fallback where torch's fake kernel refuses them.
+
+    torch's shape function for grouped_mm accepts bf16 only (the CUDA kernel's rule), while its CPU kernel
+    also runs fp32 experts. The fallback (transformers::grouped_mm_fallback) has a fake kernel and keeps, for
+    backward, what grouped_mm keeps: the input and the weights.
+    """
+    from transformers.integrations import moe
+
+    original = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda input, weight, offs: (weight.dtype == torch.bfloat16
+                                                           and original(input, weight, offs))
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
+
+
+@contextlib.contextmanager
 def rows_are_unpadded():
     """Let transformers drop the all-ones attention mask, as it does on real tensors.
 
@@ -207,12 +226,14 @@ def hub_config(config: RunConfig):
 
 
 def with_depth(hf_config, layers: int):
-    """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match)."""
-    hf_config.num_hidden_layers = layers
+    """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match);
+    in a multimodal checkpoint's config, its text model's."""
+    text = hf_config.get_text_config()
+    text.num_hidden_layers = layers
     for key in ("layer_types", "mlp_layer_types"):
-        value = getattr(hf_config, key, None)
+        value = getattr(text, key, None)
         if isinstance(value, list) and len(value) > layers:
-            setattr(hf_config, key, value[:layers])
+            setattr(text, key, value[:layers])
     return hf_config
 
 
@@ -225,7 +246,7 @@ def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized:
         hf_config = with_depth(hf_config, layers)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype or model_module.weight_dtype(config),
-                                                 attn_implementation=config.model.attn_implementation)
+                                                 attn_implementation=model_module.attention_implementation(config))
     quant = model_module.quantization_config(config) if quantized else None
     if quant is not None:
         from transformers.integrations.bitsandbytes import replace_with_bnb_linear

@@ -33,8 +33,8 @@ from studio.core.memory.regime import loss_impl_for
 from studio.core.modelinfo import load_model_config
 from studio.train.memtrack import LiveTensorTracker, PeakReport
 from studio.train.optim import build_optimizer
-from studio.train.simulate import (fake_model, full_length_batches, hub_config, rows_are_unpadded, run_optimizer_steps,
-                                   target_tokens)
+from studio.train.simulate import (experts_grouped_on_fake_tensors, fake_model, full_length_batches, hub_config,
+                                   rows_are_unpadded, run_optimizer_steps, target_tokens)
 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")  # the longest input
 _ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout")
@@ -43,7 +43,7 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 
 def trace_model(config: RunConfig) -> dict:
     """The trace of ``config``'s model (see the module doc), as the JSON mapping the estimate reads."""
-    hf_config = hub_config(config)
+    hf_config = hub_config(config).get_text_config()  # a multimodal checkpoint trains its text model
     positions = next((value for key in _POSITION_KEYS if isinstance(value := getattr(hf_config, key, None), int)), 0)
     chunked = loss_impl_for(config) == "chunked"
     points = trace_points(hf_config.vocab_size, chunked, positions)
@@ -83,9 +83,9 @@ def _parameter_count(param: torch.Tensor) -> int:
 
 def _step(model, fake_mode, optimizer, config: RunConfig) -> dict:
     """The peak of each moment of a steady step (the second), over the bytes live when it began."""
-    batches = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))
+    batches = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))
     targets = target_tokens(batches)
-    with fake_mode, rows_are_unpadded():
+    with fake_mode, rows_are_unpadded(), experts_grouped_on_fake_tensors():
         with LiveTensorTracker() as tracker, _marked_moments(model, tracker):
             tracker.add_module(model)
             tracker.add([batches, list(optimizer.state.values())])

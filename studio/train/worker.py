@@ -20,6 +20,7 @@ the ranks agree on a stop at the same step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -221,8 +222,10 @@ class Worker:
         with tracker:
             tracker.add_module(self.raw_model)
             tracker.add(self.engine.optimizer_state())
-            metrics = self._optimizer_step()
-        mine = {"device": self._device_name(), "peak_bytes": tracker.report.peak_bytes, "peak_phase": tracker.report.peak_phase}
+            metrics = self._optimizer_step(tracker.phase)
+        report = tracker.report
+        mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
+                "phase_bytes": dict(report.phase_peaks)}
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
             self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
         if self.predicted_peak and self.engine.is_main:
@@ -252,7 +255,9 @@ class Worker:
             batches.append({k: v.to(self.device) for k, v in batch.items()})
         return batches
 
-    def _optimizer_step(self) -> dict:
+    def _optimizer_step(self, phase=lambda name: contextlib.nullcontext()) -> dict:
+        """One optimizer step over the step's micro-batches; ``phase(name)`` marks forward, backward and
+        optimizer for a memory tracker."""
         started = time.perf_counter()
         batches = self._micro_batches()
         engine = self.engine
@@ -265,13 +270,15 @@ class Worker:
         for index, batch in enumerate(batches):
             last = index == len(batches) - 1
             with engine.micro_batch(last):
-                with engine.autocast():
+                with phase("forward"), engine.autocast():
                     token_loss = token_loss_sum(self.model, batch, self.output_layer)
                     objective = token_loss * scale + adapter_regularization(self.raw_model) / len(batches)
-                engine.backward(objective, last)
+                with phase("backward"):
+                    engine.backward(objective, last)
             loss_sum += token_loss.item() / max(target_tokens, 1)
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
+        with phase("optimizer"):
+            grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
         self.scheduler.step()
         seconds = time.perf_counter() - started
         loss_sum, tokens, samples = engine.all_sum([loss_sum, sum(real_tokens(b) for b in batches),

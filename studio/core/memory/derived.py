@@ -47,7 +47,7 @@ MOMENTS = tuple(moment for moments in PHASE_MOMENTS.values() for moment in momen
 TRACE_DEPTHS = (2, 3)  # block 1 differs (its input needs no gradient): 3 - 2 is a typical block
 DERIVED = "derived"  # Estimate.kind of these estimates
 # benchmarks/memory_accuracy.py against real steps (docs/memory-accuracy.md)
-DESCRIBED_ACCURACY = "measured: median 0.02 %, worst 4.22 %"
+DESCRIBED_ACCURACY = "measured: median 0.34 %, worst 8.40 %"
 DERIVED_ACCURACY = "measured: median 0.10 %, worst 2.89 %"
 
 

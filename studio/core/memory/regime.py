@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.families import LinearLayer
 from studio.core.methods import DORA, INPUT_TOKENS, METHOD_SPECS, MethodSpec
-from studio.core.modelinfo import LinearLayer, ModelShape
+from studio.core.modelinfo import ModelShape
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1, "int64": 8}
+# Methods whose peft adapter also wraps parameters (a mixture of experts' router and experts), not only modules.
+PARAMETER_ADAPTERS = frozenset({"lora", "qlora"})
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -72,7 +75,7 @@ CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss 
 def loss_impl_for(config: RunConfig) -> str:
     """The loss the worker computes: chunked unless switched off, or the weights are sharded (then they are
     only gathered inside the model's own forward, not for a separate output layer)."""
-    chunked = config.training.chunked_loss and config.distributed.sharding not in ("zero3", "fsdp")
+    chunked = config.training.chunked_loss and not config.distributed.shards_weights
     return "chunked" if chunked else "full_fp32"
 
 
@@ -84,24 +87,38 @@ def weight_dtype_name(config: RunConfig) -> str:
     return "fp32" if config.method_spec.trains_every_weight else config.training.precision
 
 
+def lora_dropout_for(config: RunConfig, adapted: tuple[LinearLayer, ...]) -> float:
+    """The adapter's dropout: none when it wraps parameters (peft's ParamWrapper takes no dropout), so that a
+    mixture of experts' experts and router are adapted too; studio.train.methods does the same."""
+    return 0.0 if any(not layer.is_module for layer in adapted) else config.lora.dropout
+
+
+def attention_for(config: RunConfig, shape: ModelShape) -> str:
+    """The attention the worker runs: the configured one, or eager where transformers has no sdpa for the
+    family (Gemma 2: sdpa cannot soft-cap its scores)."""
+    return config.model.attn_implementation if shape.family.sdpa else "eager"
+
+
 def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str | None = None) -> Regime:
     training = config.training
     precision = training.precision  # the config's names are the estimate's dtype names
     base = weight_dtype_name(config)
-    loss_impl = loss_impl or loss_impl_for(config)
+    loss_impl = loss_impl or ("full_fp32" if shape.transformed_logits else loss_impl_for(config))
     if loss_impl not in LOSS_IMPLS:
         raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
     autocast = precision != "fp32"
     spec = config.method_spec
+    adapted = (shape.resolve_targets(config.lora.target_modules, parameters=spec.name in PARAMETER_ADAPTERS)
+               if config.adapts_linears else ())
     virtual = config.peft.num_virtual_tokens if spec.trains_virtual_tokens else 0
     prompt = virtual if spec.token_entry == INPUT_TOKENS else 0  # the virtual tokens run through the whole model
     return Regime(
         device_type=device_type, compute=precision if autocast else base, autocast=autocast, base_dtype=base,
         quantization=config.effective_load_in, double_quant=config.quantization.double_quant,
         full=spec.trains_every_weight,
-        adapted=shape.resolve_targets(config.lora.target_modules) if config.adapts_linears else (),
-        rank=config.lora.r, lora_dropout=config.lora.dropout, dora=config.lora.use_dora and DORA in spec.settings,
-        checkpointing=training.gradient_checkpointing, attention=config.model.attn_implementation,
+        adapted=adapted, rank=config.lora.r, lora_dropout=lora_dropout_for(config, adapted),
+        dora=config.lora.use_dora and DORA in spec.settings,
+        checkpointing=training.gradient_checkpointing, attention=attention_for(config, shape),
         optimizer=training.optimizer, micro_batch=training.micro_batch_size,
         accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,

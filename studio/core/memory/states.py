@@ -6,8 +6,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from studio.core.families import LinearLayer
 from studio.core.memory.regime import DTYPE_BYTES, Regime
-from studio.core.modelinfo import LinearLayer, ModelShape
+from studio.core.modelinfo import ModelShape
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ def trainable_tensors(shape: ModelShape, regime: Regime) -> tuple[TensorGroup, .
 def adapter_groups(layer: LinearLayer, regime: Regime) -> tuple[TensorGroup, ...]:
     """The trainable tensors peft adds to one linear layer (fp32), as the method's table entry shapes them."""
     feedforward = layer.in_features == regime.feedforward_width
-    shapes = regime.method.linear_tensor_shapes(layer.in_features, layer.out_features, regime.rank, feedforward,
-                                                regime.dora)
+    shapes = regime.method.linear_tensor_shapes(layer.in_features, layer.out_features, layer.adapter_rank(regime.rank),
+                                                feedforward, regime.dora)
     return tuple(TensorGroup(shape, "fp32", 1) for shape in shapes)
 
 
@@ -67,15 +68,16 @@ def block_weight_bytes(shape: ModelShape, regime: Regime) -> int:
     """One decoder block as loaded and prepared (adapters excluded)."""
     block = sum(p.elements * _block_parameter_width(p, regime) for p in shape.block_parameters)
     if regime.quantization != "none":
-        block += sum(quantized_weight_bytes(layer, regime) for layer in shape.block_linears)
+        block += sum(quantized_weight_bytes(layer, regime) for layer in shape.block_linears if layer.is_module)
     return block
 
 
 def outer_weight_bytes(shape: ModelShape, regime: Regime) -> dict[str, int]:
-    """The weights outside the blocks by module (``model.embed_tokens``, ``model.norm``, ``lm_head``)."""
+    """The weights outside the blocks by module (``model.embed_tokens``, ``model.norm``, ``lm_head``), and
+    those of towers text training never runs (Gemma 3's vision tower)."""
     modules: dict[str, int] = {}
-    for p in shape.outer_parameters:
-        module = p.name.rsplit(".", 1)[0]
+    for p in shape.outer_parameters + shape.attached:
+        module = ".".join(p.name.split(".")[:2]) if p.kind == "attached" else p.name.rsplit(".", 1)[0]
         modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[regime.outer_dtype]
     return modules
 

@@ -1,15 +1,17 @@
-"""Saved activations, counted by interpreting each decoder block's recipe (studio.core.modelinfo)
-with autograd's saving rules, the backward pass replayed block by block, and the logits and loss."""
+"""Saved activations, counted by interpreting each decoder block's recipe (studio.core.families)
+with autograd's saving rules, and the backward pass replayed block by block (the logits and the
+loss: studio.core.memory.logits)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
-from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime
+from studio.core.families import ROUTER, LinearLayer
+from studio.core.memory.regime import DTYPE_BYTES, Regime
 from studio.core.memory.states import adapter_groups
 from studio.core.methods import ATTENTION_TOKENS, REBUILT, SCALING
-from studio.core.modelinfo import LinearLayer, ModelShape
+from studio.core.modelinfo import ModelShape
 
 
 class _Storage:
@@ -146,10 +148,10 @@ class ActivationTape:
         """Multiply or shift by a Python number: nothing saved."""
         return self.unary(tensor)
 
-    def split(self, tensor: _Tensor, parts: int) -> tuple[_Tensor, ...]:
-        """Views into one storage (a fused qkv output split in three)."""
-        views = tuple(_Tensor(tensor.storage, tensor.elements // parts, tensor.dtype, tensor.requires_grad)
-                      for _ in range(parts))
+    def split(self, tensor: _Tensor, parts: int | tuple[int, ...]) -> tuple[_Tensor, ...]:
+        """Views into one storage: a fused output split in ``parts`` equal parts, or in parts of these widths."""
+        sizes = (tensor.elements // parts,) * parts if isinstance(parts, int) else [self.tokens * w for w in parts]
+        views = tuple(_Tensor(tensor.storage, size, tensor.dtype, tensor.requires_grad) for size in sizes)
         self.record(views, [tensor])
         return views
 
@@ -270,6 +272,8 @@ class ActivationTape:
             self.save(k)
         raw = self.new(scores, q.dtype, grad)
         self.record([raw], [q, k])
+        if self.shape.attention_softcap:  # cap * tanh(scores / cap): tanh keeps its output
+            raw = self.scale(self.saving_output(self.scale(raw)))
         # most families ask softmax for fp32; GPT-2 does not, but CUDA's autocast runs softmax in fp32 anyway
         raw = self.cast(raw, "fp32") if self.shape.family.eager_softmax_fp32 else self._autocast(raw, "softmax")
         probabilities = self.saving_output(raw)
@@ -283,6 +287,8 @@ class ActivationTape:
 
     def linear(self, x: _Tensor, path: str) -> _Tensor:
         layer = self.shape.linear(path)
+        if not layer.is_module:
+            return self._parameter_linear(x, layer)
         form = self.regime.method.linear_form if path in self._adapted else ""
         scales_input = form == SCALING and layer.in_features == self.regime.feedforward_width
         if scales_input:  # IA3 scales a feedforward layer's input in the vector's dtype (fp32), then casts it back
@@ -298,7 +304,7 @@ class ActivationTape:
 
     def _base_linear(self, x: _Tensor, layer: LinearLayer) -> _Tensor:
         regime = self.regime
-        elements = self.tokens * layer.out_features
+        elements = x.elements // layer.in_features * layer.out_features
         if regime.quantization == "4bit":  # bnb casts to its compute dtype and keeps only the packed weight
             x_in = self.cast(x, regime.compute)
             out = self.new(elements, regime.compute, x.requires_grad)
@@ -340,6 +346,61 @@ class ActivationTape:
         self.record([out], [x_in], temporary=transient, parameter_grad=parameter)
         return out
 
+    def _parameter_linear(self, x: _Tensor, layer: LinearLayer) -> _Tensor:
+        """A router or a stack of experts: a parameter, not an nn.Linear, so never quantized.
+
+        The router is F.linear (autocast applies); the experts are grouped_mm, which autocast skips: the
+        input is cast to the weights' dtype. LoRA on them (peft's ParamWrapper) folds its factors into a new
+        weight every forward, W + B·A, which the matmul keeps; backward computes that weight's whole
+        gradient before the factors' (the same for a trained stack's own gradient).
+        """
+        regime = self.regime
+        folded = layer.path in self._adapted
+        trainable = regime.full or folded
+        dtype = regime.outer_dtype
+        x_in = self._autocast(x) if layer.kind == ROUTER else self.cast(x, dtype)
+        weight = None
+        if folded:
+            weight = self.new(layer.weight_elements, dtype, True)
+            self.record([weight], [], parameter_grad=sum(g.nbytes for g in adapter_groups(layer, regime)))
+            if x_in.dtype != dtype:  # the router's folded weight, copied by autocast at every call
+                weight = self.cast(weight, x_in.dtype)
+        elif layer.kind == ROUTER:
+            weight = self._weight_copy(layer.weight_elements, dtype, trainable)
+        if trainable:
+            self.save(x_in)
+        if x_in.requires_grad and weight is not None:
+            self.save(weight)
+        out = self.new(x.elements // layer.in_features * layer.out_features, x_in.dtype, x.requires_grad or trainable)
+        gradient = layer.weight_elements * DTYPE_BYTES[x_in.dtype] if trainable else 0
+        own = layer.weight_elements * DTYPE_BYTES[dtype] if regime.full else 0
+        self.record([out], [x_in] + ([weight] if folded else []), temporary=gradient, parameter_grad=own)
+        return out
+
+    def route(self, x: _Tensor, path: str) -> _Tensor:
+        """The router: its logits, their fp32 softmax (kept), the top experts' probabilities (their indices
+        kept), cast back and reordered with the routed copies of the tokens."""
+        logits = self.linear(x, path)
+        probabilities = self.saving_output(self.cast(logits, "fp32"))
+        copies = self.tokens * self.shape.experts_per_token
+        top = self.new(copies, "fp32", probabilities.requires_grad)
+        if top.requires_grad:
+            self.save(self.new(copies, "int64", False))
+        self.record([top], [probabilities])
+        return self.gather(self.cast(top, logits.dtype), 1)
+
+    def gather(self, x: _Tensor, copies: int) -> _Tensor:
+        """Rows picked by an index (each token ``copies`` times): a new tensor; backward needs only the index."""
+        out = self.new(x.elements * copies, x.dtype, x.requires_grad)
+        if x.requires_grad:
+            self.save(self.new(self.tokens * self.shape.experts_per_token, "int64", False))
+        self.record([out], [x])
+        return out
+
+    def combine(self, x: _Tensor, copies: int) -> _Tensor:
+        """The routed copies back in token order, each token's ``copies`` summed."""
+        return self.unary(self.gather(x, 1), elements=x.elements // copies)
+
     def _fake_quantize(self, tensor: _Tensor) -> _Tensor:
         """torchao's fake quantization (scale, round, clamp, rescale): when a gradient flows through it,
         its graph keeps about one fp32 copy of the tensor (measured, benchmarks/memory_accuracy.py)."""
@@ -369,7 +430,8 @@ class ActivationTape:
         if regime.dora:  # the magnitude rescaling keeps the base and the adapter results
             self.save(base_out)
             self.save(b_out)
-        return self.add(base_out, self.scale(b_out))
+        # peft adds in the wider dtype, then casts the sum back to the base layer's output dtype
+        return self.cast(self.add(base_out, self.scale(b_out)), base_out.dtype)
 
     # ----------------------------------------------------------- the model
     def embeddings(self) -> _Tensor:
@@ -505,8 +567,11 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
         held = held_bytes(later)
         kept = x.nbytes + held
         unsaved_input = 0 if any(inputs[1].storage in node.kept for node in later) else x.nbytes
-        saved = layers * kept + saved_bytes(head)
-        before_last, before_first = (layers - 1) * kept + held + unsaved_input, held + unsaved_input
+        # what the embeddings keep (GPT-2's dropout mask) stays until the very end of backward
+        embedding = saved_bytes(tape.nodes[:marks[0]])
+        saved = layers * kept + saved_bytes(head) + embedding
+        before_last = (layers - 1) * kept + held + unsaved_input + embedding
+        before_first = held + unsaved_input + embedding
         copies = saved_bytes(head, "weight_copy")
         cache = layers * saved_bytes(later, "weight_copy") if regime.full else 0
     else:
@@ -518,43 +583,3 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
                        before_first_block=before_first, last_block=last_moment, first_block=first_moment,
                        block_grads=block_grads, head_grads=sum(node.parameter_grad for node in head),
                        logits_dtype=logits.dtype)
-
-
-# ---------------------------------------------------------------- logits and loss
-
-
-def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> tuple[int, int]:
-    """(forward, backward) peak bytes of the logits and the fp32 cross-entropy (the worker's token_loss_sum).
-
-    Forward: the logits, their fp32 copy (none for fp32 logits: the labels are
-    shifted, not the logits) and the log-softmax output. Backward (log-softmax
-    backward): the saved log-softmax, the incoming gradient and the outgoing one,
-    all fp32, for every position.
-    """
-    b, s, v = regime.micro_batch, regime.sequence, shape.vocab
-    width = DTYPE_BYTES[logits_dtype]
-    if regime.loss_impl == "chunked":
-        positions = b * (s - 1)  # the last position of a row predicts nothing
-        return _chunked_loss_bytes(shape, regime, positions, 8 * positions)
-    positions = b * s
-    targets = 8 * positions  # int64 labels, shifted (a copy)
-    fp32_copy = 0 if width == 4 else 4 * positions * v
-    return width * positions * v + fp32_copy + 4 * positions * v + targets, 12 * positions * v + targets
-
-
-def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targets: int) -> tuple[int, int]:
-    """The chunked loss: at worst every position a target; the logits of one chunk at a time.
-
-    Forward (each chunk's gradients are computed there): the gathered hidden
-    states, their fp32 gradient being filled, a trainable output layer's fp32
-    gradient, and one chunk's fp32 log-softmax with the gradients of its backward.
-    Backward: the kept fp32 gradient, its scaled copy and that copy cast back.
-    """
-    v, h = shape.vocab, shape.hidden
-    chunk = min(positions, max(1, CHUNKED_LOSS_BYTES // (4 * v)))
-    outer = DTYPE_BYTES[regime.outer_dtype]
-    kept = 4 * positions * h + (4 * v * h if regime.full else 0)
-    forward = positions * h * outer + kept + 12 * chunk * v
-    backward = 2 * kept + outer * positions * h
-    return forward + targets, backward + targets
-

@@ -1,0 +1,289 @@
+"""Every state of the window that the issue tracker and docs/gui.md name, set up on an open window without
+the ML stack (scripted stand-ins for the worker, export, simulation and generation), and a check that the
+window fits a screen with no label cut off. Used by test_gui_layout.py; each state is a function of
+(window, qtbot, tmp_path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QPoint, QRect
+from PySide6.QtWidgets import QAbstractScrollArea, QLabel, QWidget
+
+from studio.core.presets import DEMO_MODEL
+from studio.gui.job_state import State
+from test_gui import OOM_WORKER
+
+# What a window manager takes from a screen around the window: a title bar and a panel or taskbar.
+FRAME_WIDTH, FRAME_HEIGHT = 16, 80
+
+# A worker that writes `steps` step events (1 or 2 GPUs), then finishes or keeps running until told to stop.
+FAKE_WORKER = r"""
+import json, os, sys, time
+run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
+steps, gpus, finish = int(os.environ["FAKE_STEPS"]), int(os.environ["FAKE_GPUS"]), os.environ["FAKE_FINISH"] == "1"
+def write(event):
+    with open(os.path.join(run_dir, "events.jsonl"), "a") as f:
+        f.write(json.dumps({**event, "time": time.time()}) + "\n")
+write({"type": "run_started", "total_steps": 400, "start_step": 0})
+write({"type": "estimate", "peak_bytes": 9 * 2**30})
+for step in range(1, steps + 1):
+    memory = [{"device": f"cuda:{i}", "label": f"GPU {i}", "allocated_bytes": (6 + step / 40) * 2**30,
+               "reserved_bytes": 8 * 2**30, "nvml_used_bytes": 8.5 * 2**30, "nvml_total_bytes": 24 * 2**30}
+              for i in range(gpus)]
+    write({"type": "step", "step": step, "epoch": step / 100, "loss": 2.5 / (1 + step / 20) + 0.05 * (step % 3),
+           "lr": 2e-4 * min(1, step / 10), "tokens_per_s": 4000 + 300 * (step % 5), "memory": memory})
+    if step % 20 == 0:
+        write({"type": "eval", "step": step, "eval_loss": 2.4 / (1 + step / 20)})
+    time.sleep(0.01)
+if finish:
+    checkpoint = os.path.join(run_dir, "checkpoints", f"step-{steps:06d}")
+    os.makedirs(checkpoint)
+    open(os.path.join(checkpoint, "COMPLETE"), "w").close()
+    write({"type": "checkpoint", "step": steps, "path": checkpoint})
+    write({"type": "finished", "status": "completed", "step": steps})
+    sys.exit(0)
+while not any(os.path.exists(os.path.join(run_dir, name)) for name in ("STOP", "ABORT")):
+    time.sleep(0.05)
+write({"type": "finished", "status": "stopped", "step": steps})
+"""
+
+
+
+# ---------------------------------------------------------------- the check
+
+
+def layout_problems(window: QWidget, width: int, height: int) -> list[str]:
+    """What does not fit on a ``width`` x ``height`` screen: the window's minimum size, and every visible
+    label whose text needs more room than it has (cut off, or overlapping its neighbours)."""
+    problems = []
+    usable = (width - FRAME_WIDTH, height - FRAME_HEIGHT)
+    minimum = window.minimumSizeHint().expandedTo(window.minimumSize())
+    if minimum.width() > usable[0] or minimum.height() > usable[1]:
+        problems.append(f"the window needs at least {minimum.width()}x{minimum.height()}, the screen leaves "
+                        f"{usable[0]}x{usable[1]}")
+    for label in window.findChildren(QLabel):
+        if label.isVisible() and label.text():
+            problem = _label_problem(window, label)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def _inside_scroll_area(widget: QWidget) -> bool:
+    """A label in a scroll area (a settings column, a list) is scrolled to: it may lie outside the window."""
+    parent = widget.parentWidget()
+    while parent is not None:
+        if isinstance(parent, QAbstractScrollArea):
+            return True
+        parent = parent.parentWidget()
+    return False
+
+
+def _label_problem(window: QWidget, label: QLabel) -> str:
+    name = f"label {label.text()[:60]!r}"
+    width, height = label.width(), label.height()
+    needed_width = label.minimumSizeHint().width()
+    if needed_width > width + 1:
+        return f"{name} is cut off: {width} px wide, needs {needed_width}"
+    if label.wordWrap():
+        needed = label.heightForWidth(width)
+        if needed > height + 1:
+            return f"{name} is cut off: {height} px high, needs {needed} at {width} px"
+    elif label.sizeHint().height() > height + 1:
+        return f"{name} is cut off: {height} px high, needs {label.sizeHint().height()}"
+    shown = QRect(label.mapTo(window, QPoint(0, 0)), label.size())
+    if not window.rect().contains(shown) and not _inside_scroll_area(label):
+        return f"{name} lies outside the window ({shown.getRect()})"
+    return ""
+
+
+# ---------------------------------------------------------------- the states
+
+
+def _fake_worker(window, tmp_path: Path, script: str, **env) -> None:
+    path = tmp_path / "worker.py"
+    path.write_text(script)
+    window.controller.worker_command = lambda config, run_dir: [sys.executable, str(path), str(config), "--run-dir",
+                                                                str(run_dir)]
+
+    os.environ.update({f"FAKE_{k.upper()}": str(v) for k, v in env.items()})
+
+
+def _train(window, qtbot, tmp_path, steps=120, gpus=1, finish=False) -> None:
+    _fake_worker(window, tmp_path, FAKE_WORKER, steps=steps, gpus=gpus, finish=int(finish))
+    window.start_action.trigger()
+    done = (lambda: window.controller.job.state is State.FINISHED) if finish else \
+        (lambda: window.controller.series.step_count >= steps)
+    qtbot.waitUntil(done, timeout=30000)
+    qtbot.wait(300)
+
+
+def preset_model(window, qtbot, tmp_path):
+    window.setup_tabs.setCurrentWidget(window.model_panel)
+
+
+def preset_data(window, qtbot, tmp_path):
+    window.setup_tabs.setCurrentWidget(window.data_panel)
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy, timeout=10000)
+
+
+def preset_techniques(window, qtbot, tmp_path):
+    window.setup_tabs.setCurrentWidget(window.techniques_panel)
+
+
+def scale_out_offload(window, qtbot, tmp_path):
+    window.setup_tabs.setCurrentWidget(window.scale_panel)
+    window.store.update(method="full", distributed={"num_processes": 2, "sharding": "zero2", "offload_optimizer": "cpu"})
+
+
+def zero3_full_logits(window, qtbot, tmp_path):
+    window.setup_tabs.setCurrentWidget(window.scale_panel)
+    window.store.update(method="full", distributed={"num_processes": 4, "sharding": "zero3"})
+
+
+def hub_id_typed(window, qtbot, tmp_path):
+
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    os.environ["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
+    window.model_panel.hub_id.setText("Qwen/Qwen2.5-0.5B-Instruct")
+    window.model_panel.hub_id.returnPressed.emit()
+
+
+def hub_id_offline(window, qtbot, tmp_path):
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
+    window.model_panel.use_model("meta-llama/Llama-3.2-1B-Instruct")
+
+
+def folder_without_weights(window, qtbot, tmp_path):
+    broken = tmp_path / "a-model-folder-copied-without-its-weights-and-tokenizer"
+    broken.mkdir()
+    shutil.copy(DEMO_MODEL / "config.json", broken / "config.json")
+    window.model_panel.use_model(str(broken))
+
+
+def remote_code_on(window, qtbot, tmp_path):
+    window.store.update(model={"trust_remote_code": True})
+
+
+def data_problems(window, qtbot, tmp_path):
+    bad = tmp_path / "mixed.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\n{"messages": [{"role": "user"}]}\nnot json\n')
+    window.setup_tabs.setCurrentWidget(window.data_panel)
+    window.data_panel.set_files([str(bad)])
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy, timeout=10000)
+
+
+def does_not_fit(window, qtbot, tmp_path):
+    window.setup_tabs.setCurrentWidget(window.techniques_panel)
+    window.store.update(training={"micro_batch_size": 64}, data={"max_length": 256})
+    panel = window.estimate_panel
+    panel.picker.select_custom(round(0.8 * panel.estimate.peak_bytes / 2**30, 2))
+
+
+def fit_to_gpu(window, qtbot, tmp_path):
+    does_not_fit(window, qtbot, tmp_path)
+    window.estimate_panel.fit_button.click()
+
+
+def simulated(window, qtbot, tmp_path):
+    panel = window.estimate_panel
+    result = json.dumps({"simulated": {"peak_bytes": 240_000_000, "peak_phase": "backward"}})
+    panel.simulate_command = lambda path: [sys.executable, "-c", f"print({result!r})"]
+    panel.simulate_button.click()
+    qtbot.waitUntil(lambda: not panel.simulating, timeout=20000)
+
+
+def simulation_dropped(window, qtbot, tmp_path):
+    panel = window.estimate_panel
+    panel.simulate_command = lambda path: [sys.executable, "-c", "import time; time.sleep(5)"]
+    panel.simulate_button.click()
+    window.store.update(training={"micro_batch_size": 4})
+    qtbot.waitUntil(lambda: not panel.simulating, timeout=20000)
+
+
+def unreadable_last_choices(window, qtbot, tmp_path):
+    from studio.core.errors import StudioError
+    window.unreadable_choices = StudioError("last-choices.yaml:3: training.micro_batch_size must be a number",
+                                            "the file was written by a newer version")
+    window._show_unreadable_choices()
+
+
+def loading_model(window, qtbot, tmp_path):
+    _fake_worker(window, tmp_path, "import time; print('Loading weights 12/38', flush=True); time.sleep(20)",
+                 steps=0, gpus=0, finish=0)
+    window.start_action.trigger()
+    qtbot.wait(1500)
+
+
+def training(window, qtbot, tmp_path):
+    _train(window, qtbot, tmp_path)
+
+
+def training_two_gpus(window, qtbot, tmp_path):
+    _train(window, qtbot, tmp_path, gpus=2)
+
+
+def completed(window, qtbot, tmp_path):
+    _train(window, qtbot, tmp_path, finish=True)
+
+
+def run_failed(window, qtbot, tmp_path):
+    _fake_worker(window, tmp_path, OOM_WORKER)
+    window.start_action.trigger()
+    qtbot.waitUntil(lambda: window.controller.job.state is State.FAILED, timeout=30000)
+
+
+def history_compare(window, qtbot, tmp_path):
+    _train(window, qtbot, tmp_path, steps=60, finish=True)
+    first = window.controller.run_dir.path
+    window.store.update(name="slower-lr")
+    _train(window, qtbot, tmp_path, steps=40, finish=True)
+    window.run_tabs.setCurrentWidget(window.history)
+    window.history.refresh_now()
+    window.history.select(first, window.controller.run_dir.path)
+
+
+def history_empty(window, qtbot, tmp_path):
+    window.run_tabs.setCurrentWidget(window.history)
+    window.history.refresh_now()
+
+
+def export_verified(window, qtbot, tmp_path):
+    _train(window, qtbot, tmp_path, steps=20, finish=True)
+    run = window.controller.run_dir.path
+    record = json.dumps({"form": "merged model in bfloat16", "verification": {
+        "passed": True, "samples": 8, "max_abs_diff": 0.0312, "top1_agreement": 1.0, "base_max_abs_diff": 4.1}})
+    panel = window.export_panel
+    panel.command = lambda run_dir, kind, out, dtype: [sys.executable, "-c", (
+        f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
+        f"(out / 'studio_export.json').write_text({record!r})")]
+    panel.set_run(run)
+    window.run_tabs.setCurrentWidget(panel)
+    panel.export_button.click()
+    qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+
+
+def try_it(window, qtbot, tmp_path):
+    _train(window, qtbot, tmp_path, steps=20, finish=True)
+    panel = window.try_panel
+    answers = json.dumps({"base": "drink . drink . drink .", "tuned": "A plum is a kind of fruit: a drupe.",
+                          "checkpoint": "step-000020"})
+    panel.command = lambda run_dir, prompt, tokens: [sys.executable, "-c", f"print({answers!r})"]
+    window.run_tabs.setCurrentWidget(panel)
+    panel.prompt.setPlainText("What kind of thing is a plum?")
+    panel.generate_button.click()
+    qtbot.waitUntil(panel.generate_button.isEnabled, timeout=20000)
+
+
+STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
+          hub_id_offline, folder_without_weights, remote_code_on, data_problems, does_not_fit, fit_to_gpu, simulated,
+          simulation_dropped, unreadable_last_choices, loading_model, training, training_two_gpus, completed,
+          run_failed, history_compare, history_empty, export_verified, try_it)
+TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus)
