@@ -6,8 +6,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Runs started without a run directory, and per-machine records, stay out of the user's data folder.
+# Runs started without a run directory, per-machine records and memory traces stay out of the user's folders.
 os.environ["STUDIO_RUNS_DIR"] = tempfile.mkdtemp(prefix="studio-test-runs-")
+os.environ["STUDIO_TRACE_CACHE"] = tempfile.mkdtemp(prefix="studio-test-traces-")
 
 from pathlib import Path  # noqa: E402
 
