@@ -43,9 +43,10 @@ def test_each_command_starts_its_module_and_its_arguments_read_back(tmp_path):
     module, args = parse_command(export_command("py", run_dir, "merged", out, "bfloat16"))
     assert (module, args.command, args.run_dir, args.kind, args.out, args.dtype) == (
         "studio", "export", run_dir, "merged", out, "bfloat16")
-    module, args = parse_command(generate_command("py", run_dir, 'a "quoted" prompt;\nwith lines', 7))
-    assert (module, args.command, args.run_dir, args.prompt, args.max_new_tokens, args.json) == (
-        "studio", "generate", run_dir, 'a "quoted" prompt;\nwith lines', 7, True)
+    for prompt in ('a "quoted" prompt;\nwith lines', "--looks-like-an-option", "-"):
+        module, args = parse_command(generate_command("py", run_dir, prompt, 7))
+        assert (module, args.command, args.run_dir, args.prompt, args.max_new_tokens, args.json) == (
+            "studio", "generate", run_dir, prompt, 7, True)
     module, args = parse_command(estimate_simulation_command("py", config))
     assert (module, args.command, args.config, args.simulate, args.json) == ("studio", "estimate", config, True, True)
     assert simulation_command("py", config) == ["py", "-m", SIMULATION_MODULE, str(config)]  # its parser imports torch

@@ -100,8 +100,10 @@ def export_command(python: str, run_dir: Path, kind: str, out: Path, dtype: str)
 
 
 def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: int) -> list[str]:
-    """``studio generate --json``: prints one JSON object ``{"base", "tuned", "checkpoint"}``."""
-    return _studio(python, "generate", str(run_dir), "--prompt", prompt, "--max-new-tokens", str(max_new_tokens), "--json")
+    """``studio generate --json``: prints one JSON object ``{"base", "tuned", "checkpoint"}``.
+
+    The prompt is joined to its option, so a prompt that starts with "-" is not read as an option."""
+    return _studio(python, "generate", str(run_dir), f"--prompt={prompt}", "--max-new-tokens", str(max_new_tokens), "--json")
 
 
 def estimate_simulation_command(python: str, config_path: Path) -> list[str]:
