@@ -1,7 +1,6 @@
 """Padding-free packing and the chunked loss change the cost of a step, never its numbers."""
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch
