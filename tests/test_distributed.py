@@ -107,7 +107,7 @@ def test_two_processes_equal_doubled_accumulation_and_stop_on_the_stop_file(smal
     assert resume_cli(run_dir) == EXIT_FAILED
     assert events_of(run_dir, "finished")[-1]["status"] == "failed"
     errors = events_of(run_dir, "error")
-    assert len(errors) == 1 and errors[0]["message"].startswith("rank 1: ")
+    assert len(errors) == 1 and errors[0]["message"].startswith(f"rank 1 on {errors[0]['host']}: ")
 
 
 # Stage x processes x offload, each value twice and each pair of values at least once.

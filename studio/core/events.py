@@ -20,7 +20,8 @@ from it. Types and their main fields:
 - ``checkpoint``: step, path
 - ``export``: kind (adapter | merged), path, verification (max logit difference, passed)
 - ``warning``: message
-- ``error``: kind, message, hint
+- ``error``: kind, message, hint; with several processes also rank and host (the message starts
+  "rank N on HOST: "), and an out of memory its part and fix
 - ``finished``: status (completed | stopped | aborted | failed), step
 """
 

@@ -52,13 +52,15 @@ from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
 from studio.train.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.distributed import leave_process_group, make_engine, process_rank
-from studio.train.launcher import launch, launched_by_studio, record_failure
+from studio.train.failure import FailureReporter, SilentEvents
+from studio.train.launcher import launch, launched_by_studio
 from studio.train.methods import adapter_regularization, after_optimizer_step
 from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
 from studio.train.preflight import check_inputs
+from studio.train.rankwatch import is_lost_contact
 from studio.train.trace import write_trace
 
 log = logging.getLogger("studio.train")
@@ -398,7 +400,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     if needs_launcher(config.distributed.num_processes):
         return launch(rd, config.distributed.num_processes, resume, watch_stdin), rd
     events = EventWriter(rd.events) if not rank else SilentEvents()
-    reporter = FailureReporter(events, rd, rank)
+    reporter = FailureReporter(events, rd, rank, int(os.environ.get("WORLD_SIZE", "1")))  # ranks: watches the others
     control = StopController(rd, watch_stdin=watch_stdin and rank is None)
     log.info("run directory %s", rd.path)
     if resume and checkpoint is None:
@@ -423,9 +425,13 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         return EXIT_FAILED, rd
     except Exception as exc:  # report anything else readably; the traceback goes to the log
         log.error("%s", traceback.format_exc())
-        reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
+        if rank is not None and is_lost_contact(exc):  # another rank went away: report its cause
+            reporter.lost_contact(exc, worker.step)
+        else:
+            reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
         return EXIT_FAILED, rd
     finally:
+        reporter.close()
         control.close()
         events.close()
         if rank is not None:  # a rank started by torchrun: its process ends next
@@ -454,36 +460,3 @@ def use_expandable_segments() -> None:
     packed rows of varying width); read when CUDA allocates first. A user's own setting wins."""
     if torch.cuda.is_available() and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
-
-
-class FailureReporter:
-    """Where a failure or an abort is reported: the events, or for a rank under a studio parent,
-    a file the parent reads (it writes the run's single error and finished events)."""
-
-    def __init__(self, events: EventWriter, run_dir: RunDir, rank: int | None):
-        self.events, self.run_dir, self.rank = events, run_dir, rank
-        self.to_parent = rank is not None and launched_by_studio()
-
-    def failed(self, kind: str, message: str, hint: str, step: int | None = None, **details) -> None:
-        """``details`` (e.g. an out-of-memory fix) go into the error event."""
-        log.error("%s\n  hint: %s", message, hint)
-        if self.to_parent:
-            record_failure(self.run_dir, self.rank, kind, message, hint)
-            return
-        self.events.emit("error", kind=kind, message=message, hint=hint, **details)
-        self.events.emit("finished", status="failed", **({} if step is None else {"step": step}))
-
-    def aborted(self, step: int) -> None:
-        if not self.to_parent:
-            self.events.emit("finished", status="aborted", step=step)
-
-
-class SilentEvents:
-    """The event writer of ranks other than 0: rank 0 writes the run's events (other ranks'
-    memory reaches it through a gather), so one process appends to events.jsonl."""
-
-    def emit(self, type_: str, **fields) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass
