@@ -146,3 +146,45 @@ def test_fsdp_is_refused_on_the_cpu_with_a_reason(small_data, tmp_path):
     code, run_dir = run(config_for(small_data, 1, sharding="fsdp"), tmp_path / "run", watch_stdin=False)
     assert code == EXIT_FAILED
     assert "FSDP sharding needs GPUs" in events_of(run_dir, "error")[0]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="runs the bundle's .sh scripts")
+def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_data, tmp_path):
+    """The bundle's node scripts as two "machines" on this one: two node ranks on localhost, one process
+    each, sharing the bundle's run folder, against one process with doubled accumulation (the layout
+    test_two_processes_... shows two processes on one machine match)."""
+    from studio.core.bundle import write_bundle
+    from studio.train.distributed import free_port
+
+    steps = 12
+    code, reference_dir = run(config_for(small_data, 1).replace(training={"max_steps": steps}), tmp_path / "reference",
+                              watch_stdin=False)
+    assert code == EXIT_OK
+    reference_losses = losses(reference_dir)
+    bundle = write_bundle(config_for(small_data, 2).replace(training={"max_steps": steps}), ("127.0.0.1", "localhost"),
+                          1, tmp_path / "bundle", port=free_port(), python=sys.executable)
+    run_dir = RunDir(bundle.folder / "run")
+
+    def start_nodes(script: str) -> list[subprocess.Popen]:
+        return [subprocess.Popen(["sh", str(bundle.folder / f"{script}-node-{rank}.sh")], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for rank in (0, 1)]
+
+    nodes = start_nodes("launch")
+    while not any(e["step"] >= 2 for e in events_of(run_dir, "step")):
+        assert all(node.poll() is None for node in nodes), "a node ended before the stop"
+        time.sleep(0.1)
+    run_dir.request_stop()  # what the app does for a run it watches
+    assert [node.wait(timeout=300) for node in nodes] == [EXIT_OK, EXIT_OK]
+    stopped = events_of(run_dir, "finished")[-1]
+    assert stopped["status"] == "stopped" and 2 <= stopped["step"] < steps
+    assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
+    assert events_of(run_dir, "run_started")[0]["world_size"] == 2
+
+    assert [node.wait(timeout=300) for node in start_nodes("resume")] == [EXIT_OK, EXIT_OK]
+    assert [e["status"] for e in events_of(run_dir, "finished")] == ["stopped", "completed"]
+    assert events_of(run_dir, "run_started")[-1]["start_step"] == stopped["step"]
+    assert losses(run_dir) == pytest.approx(reference_losses, **CLOSE)  # steps 1..12, across the stop
+
+    _, verification = export_run(run_dir.path, "adapter")
+    assert verification.passed

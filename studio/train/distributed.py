@@ -287,7 +287,7 @@ def _init_deepspeed_process_group() -> torch.device:
     if _dist() is None and "RANK" not in os.environ:
         # One process without torchrun: a one-member group on a free port, made here so that
         # RANK/WORLD_SIZE stay unset (they would make later runs in this process "launched").
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         os.environ.setdefault("LOCAL_RANK", "0")  # read by DeepSpeed (its offload too); without WORLD_SIZE, not "launched"
     deepspeed.init_distributed(dist_backend=backend)  # adopts torch's group, or makes it from torchrun's env
     if not cuda:
@@ -297,7 +297,7 @@ def _init_deepspeed_process_group() -> torch.device:
     return torch.device("cuda", local)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

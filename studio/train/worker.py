@@ -391,9 +391,10 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
     use_expandable_segments()
     rank = process_rank() if inside_launcher() else None
-    if not rank and not launched_by_studio():  # the process the user (or the GUI) started
-        rd.clear_control_files()
-        rd.write_worker_info(sys.argv)
+    if not launched_by_studio():  # the process the user (or the GUI) started, or a rank of a cluster bundle
+        rd.clear_control_files()  # every rank: a stale STOP must not reach one before rank 0 clears it
+        if not rank:
+            rd.write_worker_info(sys.argv)
     _setup_logging(rd, rank)
     if resume and not rank and (torn := rd.remove_torn_checkpoints()):
         log.info("removed torn checkpoint folders left by an interrupted save: %s", ", ".join(torn))
