@@ -98,6 +98,11 @@ def test_two_processes_equal_doubled_accumulation_and_stop_on_the_stop_file(smal
     assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
     assert losses(run_dir)[:STEPS] == pytest.approx(reference, **CLOSE)
 
+    # The data is tokenized once on this machine: rank 1 waits for rank 0 and reads what it saved.
+    log = run_dir.log.read_text()
+    assert log.count("rank 0 INFO data: tokenized") == 1
+    assert log.count("rank 1 INFO data: read what this machine's first process tokenized") == 1
+
     # Every rank's memory is drawn: one curve per process.
     assert {e["device"] for e in events_of(run_dir, "memory_measured")} == {"cpu rank 0", "cpu rank 1"}
     assert set(RunSeries.from_events(read_events(run_dir.events)).memory) == {"cpu rank 0", "cpu rank 1"}

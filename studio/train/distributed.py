@@ -87,6 +87,21 @@ class AccelerateEngine:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def is_local_main(self) -> bool:
+        """The first process of this machine."""
+        return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+    @contextlib.contextmanager
+    def local_main_first(self) -> Iterator[None]:
+        """The first process of each machine runs the block while the others wait; then they run it,
+        finding its results (downloads in the Hub cache, prepared data on disk)."""
+        if not self.is_local_main:
+            self.barrier()
+        yield
+        if self.is_local_main:
+            self.barrier()
+
     # ------------------------------------------------------------ the model
     def build_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return build_optimizer(self.config, params)

@@ -46,7 +46,7 @@ from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.attention import attend_packed
 from studio.train.control import StopController
-from studio.train.data import collate, prepare_data
+from studio.train.data import PreparedData, collate, load_prepared, prepare_data, save_prepared
 from studio.train.layersplit import placement_of, run_scale_out
 from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
@@ -114,8 +114,7 @@ class Worker:
         self.engine = make_engine(config, self.run_dir.path)
         self.device = self.engine.device
 
-        self.tokenizer = load_tokenizer(config)
-        data = prepare_data(config, self.tokenizer, reports)
+        data = self._prepare_data(reports)
         self.train_rows, self.eval_rows = data.train, data.eval
         grouped = config.data.packing == "length_grouped"
         lengths = [len(ids) for ids in self.train_rows["input_ids"]] if grouped else None
@@ -151,6 +150,24 @@ class Worker:
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
+
+    def _prepare_data(self, reports) -> PreparedData:
+        """The tokenizer and the tokenized data, made once per machine: its first process downloads and
+        tokenizes, the others wait, then read the Hub cache and what it saved in ``prepared/``."""
+        engine = self.engine
+        prepared = self.run_dir.path / "prepared" / f"machine-{os.environ.get('GROUP_RANK', '0')}"
+        with engine.local_main_first():
+            started = time.perf_counter()
+            self.tokenizer = load_tokenizer(self.config)
+            if engine.is_local_main:
+                data = prepare_data(self.config, self.tokenizer, reports)
+                if engine.world_size > 1:
+                    save_prepared(data, prepared)
+            else:
+                data = load_prepared(prepared)
+        how = "tokenized" if engine.is_local_main else "read what this machine's first process tokenized"
+        log.info("data: %s in %.2f s (%d training rows)", how, time.perf_counter() - started, len(data.train))
+        return data
 
     def _packs(self, model) -> bool:
         """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
