@@ -132,6 +132,14 @@ def test_deepspeed_trains_resumes_and_exports_like_plain_training(small_data, tm
     assert code == EXIT_OK, events_of(run_dir, "error")
     assert losses(run_dir) == pytest.approx(reference, **CLOSE)
     assert json.loads((run_dir.path / "deepspeed.json").read_text())["zero_optimization"]["stage"] == int(distributed["sharding"][-1])
+    loading = events_of(run_dir, "run_started")[0]["loading_memory"]
+    assert [entry["rank"] for entry in loading] == list(range(processes))
+    assert all(entry["sharded"] == (distributed["sharding"] == "zero3") for entry in loading)
+    if distributed["sharding"] == "zero3" and processes == 2:  # built under zero.Init: each rank holds about half
+        held = [int(line.rsplit("holds ", 1)[1].split(" ")[0].replace(",", "")) for line in run_dir.log.read_text().splitlines()
+                if "loaded sharded" in line]
+        total = events_of(run_dir, "run_started")[0]["total_params"]
+        assert len(held) == 2 and all(h < 0.6 * total for h in held)
 
     resumed = resumed_copy(run_dir, tmp_path / "resumed")
     assert resume_cli(resumed) == EXIT_OK

@@ -51,7 +51,7 @@ from studio.core.config import RunConfig
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, format_bytes, parse_size,
                                         verdict_for)
-from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
+from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import ModelStates, model_states
 from studio.core.memory.logits import logits_loss_bytes
 from studio.core.memory.tape import Activations, activations
@@ -151,9 +151,10 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
+    loading = loading_per_process(states, scale_out, config.distributed.sharding == "zero3")
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
-                    notes=notes, placement=placement)
+                    notes=notes, placement=placement, loading=loading)
 
 
 def _described(model_config: dict) -> bool:

@@ -110,6 +110,14 @@ class AccelerateEngine:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         return self.model, self.optimizer
 
+    def loading(self):
+        """Around building the model: how each process loads it (here: whole)."""
+        return contextlib.nullcontext()
+
+    @property
+    def loads_sharded(self) -> bool:
+        return False
+
     def autocast(self):
         return self.accelerator.autocast()
 
@@ -243,6 +251,15 @@ class DeepSpeedEngine(AccelerateEngine):
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
         return self.model, self.optimizer
 
+    @property
+    def loads_sharded(self) -> bool:
+        return self.ds_config["zero_optimization"]["stage"] == 3
+
+    def loading(self):
+        """ZeRO-3: each process builds only its shard of every weight (transformers' zero.Init integration) and
+        rank 0 alone reads the checkpoint, so no process holds the whole model."""
+        return _zero3_loading(self.ds_config) if self.loads_sharded else contextlib.nullcontext()
+
     def autocast(self):
         return contextlib.nullcontext()  # DeepSpeed casts the weights to its bf16/fp16 itself
 
@@ -290,6 +307,18 @@ class DeepSpeedEngine(AccelerateEngine):
                                                load_lr_scheduler_states=False)
         if loaded is None:
             raise StudioError(f"DeepSpeed could not load {folder}", "resume with the same number of processes", kind="checkpoint")
+
+
+@contextlib.contextmanager
+def _zero3_loading(ds_config: dict) -> Iterator[None]:
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    active = HfDeepSpeedConfig(ds_config)  # transformers holds it weakly: it must live while the model loads
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()  # later runs in this process (and peft) see no ZeRO-3
+        del active
 
 
 def _init_deepspeed_process_group() -> torch.device:

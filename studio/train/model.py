@@ -9,6 +9,7 @@ quantization-aware training through torchao's ``QATConfig``, checkpointing throu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -258,7 +259,7 @@ def count_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts; 4-bit weights count as their element count."""
     trainable = total = 0
     for param in model.parameters():
-        n = param.numel()
+        n = getattr(param, "ds_numel", param.numel())  # a ZeRO-3 shard counts as the whole parameter
         if getattr(param, "quant_state", None) is not None or param.dtype == torch.uint8:
             n *= 2  # bitsandbytes packs two 4-bit values per byte
         total += n
@@ -281,4 +282,15 @@ def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
                           "it was written by a different config; start a new run", kind="checkpoint")
     with torch.no_grad():
         for name, value in hooks_of(model).restore_checkpoint_state(model, tensors).items():
-            params[name].copy_(value.to(params[name].device, params[name].dtype))
+            with whole(params[name]):  # a collective under ZeRO-3: every rank loads the same tensors in order
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+def whole(param: torch.nn.Parameter):
+    """Around a write to a parameter that ZeRO-3 may hold in shards (built under zero.Init): gathered, and
+    rank 0's value shared out again afterwards; nothing for any other parameter."""
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)

@@ -50,7 +50,7 @@ from studio.train.data import PreparedData, collate, load_prepared, prepare_data
 from studio.train.layersplit import placement_of, run_scale_out
 from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
-from studio.train.metrics import describe_devices, library_versions, memory_snapshot
+from studio.train.metrics import LoadingMemory, describe_devices, library_versions, memory_snapshot
 from studio.train.distributed import leave_process_group, make_engine, process_rank
 from studio.train.failure import FailureReporter, SilentEvents
 from studio.train.launcher import launch, launched_by_studio
@@ -121,20 +121,28 @@ class Worker:
         self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
         self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
-        model = build_model(config, self.device, self.total_steps)
-        if resume_from is not None:
-            ckpt.load_weights(resume_from, model)  # whole, before any sharding
+        with LoadingMemory(self.device) as loading, self.engine.loading():
+            model = build_model(config, self.device, self.total_steps)
+            if resume_from is not None:
+                ckpt.load_weights(resume_from, model)  # before the engine wraps it (under ZeRO-3: one tensor at a time)
         optimizer = self.engine.build_optimizer([p for p in model.parameters() if p.requires_grad])
         # The scheduler stays unprepared: accelerate would step it once per process.
         self.scheduler = build_scheduler(config, optimizer, self.total_steps)
         self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
         self.output_layer = self._lean_output_layer()
-        self.packed = self._packs(model)
-        trainable, total = count_parameters(model)  # before ZeRO-3 or FSDP shard the weights
+        if not self.engine.loads_sharded:  # sharded weights cannot run the packing probe's forward before the engine
+            self.packed = self._packs(model)
+        trainable, total = count_parameters(model)  # whole parameters, also of ZeRO-3's shards
+        if self.engine.loads_sharded:
+            held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())
+            log.info("loaded sharded (ZeRO-3): this process holds %s of the %s weights", f"{held:,}", f"{total:,}")
         adapted = adapted_module_names(model) if config.uses_adapter else []
         if config.training.torch_compile:
             model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
         self.model, self.optimizer = self.engine.prepare(model, optimizer)
+        if self.engine.loads_sharded:
+            self.packed = self._packs(self.raw_model)  # every rank probes: the engine gathers each layer's shards
+        loading_memory = self.engine.gather(loading.figures(self.engine.rank, self.engine.loads_sharded))
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
             self.step = self.start_step = state["step"]
@@ -146,7 +154,7 @@ class Worker:
             run_dir=str(self.run_dir.path), pid=os.getpid(), total_steps=self.total_steps,
             start_step=self.step, resumed_from=str(resume_from) if resume_from else None,
             trainable_params=trainable, total_params=total, data=data.stats, world_size=self.engine.world_size,
-            adapted_modules=adapted, placement=placement_of(self.raw_model),
+            adapted_modules=adapted, placement=placement_of(self.raw_model), loading_memory=loading_memory,
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
