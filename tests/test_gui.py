@@ -330,6 +330,33 @@ def test_charts_wait_for_the_first_step_then_stay_fast_with_100k_points(qtbot):
     assert first < 3.0 and again < 1.0, (first, again)
 
 
+def test_memory_chart_draws_each_gpus_own_estimate_beside_its_curve(qtbot):
+    """Two ranks (ZeRO: equal shares) share one estimate line; a layer split's devices each get their own."""
+    charts = ChartsPanel(redraw_ms=10_000)
+    qtbot.addWidget(charts)
+    charts.show()
+
+    def gpu_run(estimates: dict[str, float]) -> RunSeries:
+        gib = 2**30
+        step = {"type": "step", "step": 1, "loss": 1.0, "memory": [
+            {"device": device, "kind": "cuda", "label": "H100", "allocated_bytes": gib, "nvml_total_bytes": 80 * gib}
+            for device in estimates]}
+        estimate = {"type": "estimate", "peak_bytes": int(max(estimates.values()) * gib), "devices": [
+            {"device": device, "total_bytes": int(total * gib)} for device, total in estimates.items()]
+            + [{"device": "host", "total_bytes": 64 * gib}]}
+        return RunSeries.from_events([estimate, step])
+
+    def estimate_labels() -> list[str]:
+        return sorted(line.label.format for key, line in charts.memory.lines.items() if key.startswith("estimate"))
+
+    charts.show_runs([gpu_run({"cuda:0": 20.0, "cuda:1": 20.0})])
+    charts.redraw()
+    assert estimate_labels() == ["each GPU estimate 20.0 GiB"]
+    charts.show_runs([gpu_run({"cuda:0": 30.0, "cuda:1": 12.5})])
+    charts.redraw()
+    assert estimate_labels() == ["cuda:0 estimate 30.0 GiB", "cuda:1 estimate 12.5 GiB"]
+
+
 def write_run(root: Path, name: str, losses: list[float]) -> Path:
     folder = root / name
     folder.mkdir(parents=True)

@@ -127,10 +127,25 @@ class GpuPicker(QWidget):
 
 
 def _scale_out_text(estimate: Estimate) -> str:
-    """Where a layer split puts the layers, and the CPU RAM that offload takes."""
+    """Where a layer split puts the layers, the CPU RAM that offload takes, and what each process holds while loading."""
     text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
     host = next((d for d in estimate.devices if d.device == "host"), None)
-    return text + (f" CPU RAM for offloaded state: {gib(host.total_bytes)}." if host else "")
+    return text + (f" CPU RAM for offloaded state: {gib(host.total_bytes)}." if host else "") + _loading_text(estimate)
+
+
+def _loading_text(estimate: Estimate) -> str:
+    if not estimate.loading:
+        return ""
+    each = [f"{entry.processes}: {gib(entry.weights_bytes)} of weights"
+            + (f", and the {gib(entry.checkpoint_bytes)} checkpoint read into CPU RAM" if entry.checkpoint_bytes else "")
+            for entry in estimate.loading]
+    return " While the model loads: " + "; ".join(each) + "."
+
+
+def _bar_title(device: str, total_bytes: int, layer_split: bool) -> str:
+    """A bar's title when there are several: the device of a layer split, or the rank of the process on it."""
+    who = device if layer_split else f"rank {device.rsplit(':', 1)[-1]} ({device})"
+    return f"{who}: {gib(total_bytes)}"
 
 
 class EstimatePanel(QGroupBox):
@@ -229,7 +244,8 @@ class EstimatePanel(QGroupBox):
             self.phase.setText("")
             return
         gpus = [d for d in estimate.devices if d.device != "host"]
-        self._set_bars([(d.device, d.parts) for d in gpus])  # one per GPU the run uses (titled when several)
+        split = estimate.placement is not None
+        self._set_bars([(_bar_title(d.device, d.total_bytes, split), d.parts) for d in gpus])  # titled when several
         self._set_legend(gpus[0].parts)
         verdict = estimate.verdict(capacity)
         color = VERDICT_COLORS[verdict.status]
