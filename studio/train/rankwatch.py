@@ -104,6 +104,7 @@ class RankWatch:
     def __init__(self, run_dir: Path, rank: int, world_size: int, on_failure: Callable[[dict], None]):
         self.run_dir, self.rank, self.world_size = Path(run_dir), rank, world_size
         self.host, self.pid = socket.gethostname(), os.getpid()
+        self.boot = psutil.boot_time()  # with the host name, tells machines apart (cloned ones share a name)
         self.started = psutil.Process().create_time()
         self._on_failure = on_failure
         self._beat = 0
@@ -175,8 +176,8 @@ class RankWatch:
                 return
 
     def _write_presence(self, ended: bool) -> None:
-        entry = {"rank": self.rank, "host": self.host, "pid": self.pid, "started": self.started, "beat": self._beat,
-                 "ended": ended}
+        entry = {"rank": self.rank, "host": self.host, "boot": self.boot, "pid": self.pid, "started": self.started,
+                 "beat": self._beat, "ended": ended}
         path = ranks_folder(self.run_dir) / f"rank-{self.rank}.json"
         staging = path.with_suffix(f".{self.pid}.tmp")
         try:
@@ -193,7 +194,7 @@ class RankWatch:
         return entry
 
     def _vanished(self, peer: int, presence: dict) -> bool:
-        if presence["host"] == self.host:
+        if presence["host"] == self.host and abs(presence.get("boot", 0) - self.boot) < 2:  # this machine: its pid?
             try:
                 process = psutil.Process(presence["pid"])
                 reused = abs(process.create_time() - presence["started"]) > 1.0
@@ -202,7 +203,7 @@ class RankWatch:
                 return True
             except psutil.Error:
                 return False
-        beat, since = self._seen.get(peer, (-1, time.monotonic()))
+        beat, since = self._seen.get(peer, (-1, time.monotonic()))  # another machine: does its heartbeat go on?
         if presence["beat"] != beat:
             self._seen[peer] = (presence["beat"], time.monotonic())
             return False
