@@ -23,6 +23,7 @@ from studio.gui.job_state import TERMINAL, State, status_text
 from studio.gui.log_dialog import LogDialog
 from studio.gui.model_panel import ModelPanel
 from studio.gui.run_history import live_runs
+from studio.gui.runtime_dialog import open_runtime_dialog
 from studio.gui.runs import RunController
 from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
@@ -109,6 +110,8 @@ class MainWindow(QMainWindow):
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         toolbar.addWidget(spacer)
         toolbar.addWidget(self.run_name)
+        runtime_menu = self.menuBar().addMenu("&Runtime")
+        self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
 
     def _action(self, toolbar: QToolBar, text: str, slot, shortcut: str = "") -> QAction:
         action = QAction(text, self)
