@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -18,8 +17,9 @@ from packaging.utils import canonicalize_name
 
 from studio.core.errors import StudioError
 from studio.core.runtime import (BUILD_TOOLS, PYPI_INDEX, RUNTIME_PINS, Machine, RuntimePlan, State, begin_setup,
-                                 cuda_version_of, find_uv, looks_offline, offline_message, record_ready, requirements_text,
-                                 runtime_environment, runtime_invocation, runtime_state, torch_build)
+                                 cuda_version_of, find_uv, looks_offline, must_rebuild, offline_message, record_ready,
+                                 requirements_text, runtime_environment, runtime_invocation, runtime_state,
+                                 torch_build)
 from studio.core.runtime_progress import SetupProgress
 from studio.core.runtime_report import diagnose
 from wheelhouse import build_wheelhouse
@@ -59,6 +59,7 @@ def test_nvml_driver_version_reads_as_major_minor():
 
 def test_pins_are_the_pip_route_without_the_window_and_inside_its_ranges():
     """The runtime holds what `pip install finetune-studio` holds, minus the GUI, at versions its ranges admit."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     declared = {canonicalize_name(Requirement(text).name): Requirement(text)
                 for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
     pinned = {canonicalize_name(Requirement(text).name): Requirement(text) for text in RUNTIME_PINS}
@@ -77,9 +78,9 @@ def test_steps_install_torch_from_its_index_then_the_pins(tmp_path):
     assert list(steps) == ["environment", "torch", "packages", "check"]
     torch = steps["torch"]
     assert torch[torch.index("--index-url") + 1] == "https://download.pytorch.org/whl/cu128"
-    assert str(plan.cache) in torch and "torch==2.13.0" in torch
+    assert str(plan.cache) in torch and "torch==2.13.0+cu128" in torch  # a runtime with another build changes
     packages = steps["packages"]
-    assert "torch==2.13.0" in packages  # keeps the CUDA build: uv does not swap it for PyPI's
+    assert "torch==2.13.0" in packages  # any build: keeps the CUDA build, uv does not swap it for PyPI's
     assert set(RUNTIME_PINS) <= set(packages) and "--index-url" not in packages
     assert steps["check"] == (str(plan.python), "-m", "studio.train.runtime_check")
 
@@ -100,7 +101,8 @@ def test_the_hash_changes_with_the_requirements_only(tmp_path):
 
 def test_requirements_text_lists_everything_for_pip_download(tmp_path):
     text = requirements_text(RuntimePlan(tmp_path, torch_build(NO_GPU)))
-    assert text.splitlines() == ["torch==2.13.0", *BUILD_TOOLS, *RUNTIME_PINS]
+    assert text.splitlines() == ["torch==2.13.0+cpu", *BUILD_TOOLS, *RUNTIME_PINS]
+    assert requirements_text(RuntimePlan(tmp_path, torch_build(Machine("Darwin")))).startswith("torch==2.13.0\n")
 
 
 # ---------------------------------------------------------------- the runtime on disk
@@ -128,16 +130,18 @@ def test_states_from_absent_to_ready_to_broken(tmp_path):
 
     plan.python.unlink()
     broken = runtime_state(plan)
-    assert (broken.state, broken.action) == (State.BROKEN, "Repair")
+    assert (broken.state, broken.action) == (State.BROKEN, "Repair") and must_rebuild(plan, broken)
 
 
 def test_new_pins_make_a_ready_runtime_outdated_and_a_new_setup_unmarks_it(tmp_path):
     plan = RuntimePlan(tmp_path, torch_build(NO_GPU))
     fake_python(plan)
-    record_ready(plan, {"torch": "2.13.0+cpu"})
+    record_ready(plan, {"torch": "2.13.0+cpu", "python": "3.11.7"})
     assert runtime_state(plan).state is State.READY
     newer = replace(plan, pins=plan.pins + ("rich==14.0.0",))
     assert (runtime_state(newer).state, runtime_state(newer).action) == (State.OUTDATED, "Update")
+    assert not must_rebuild(newer, runtime_state(newer))  # updated in place: only the changes download
+    assert must_rebuild(replace(newer, python_request="3.12"), runtime_state(newer))  # another Python: made again
     begin_setup(newer)  # an update that is then cancelled leaves a runtime nobody uses
     assert runtime_state(newer).state is State.INCOMPLETE
 
@@ -231,7 +235,7 @@ def pinned_versions_installed_here(plan: RuntimePlan) -> list[str]:
         requirement = Requirement(text)
         if requirement.marker is None or requirement.marker.evaluate():
             installed = metadata.version(requirement.name)
-            if not requirement.specifier.contains(installed.split("+")[0]):
+            if not requirement.specifier.contains(installed):
                 wrong.append(f"{requirement.name} {installed} (pinned {requirement.specifier})")
     return wrong
 

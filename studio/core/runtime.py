@@ -74,13 +74,19 @@ class TorchBuild:
     index_url: str | None  # None: PyPI's build
     note: str = ""  # why this build, when it is not the obvious one
 
+    @property
+    def torch_requirement(self) -> str:
+        """torch at TORCH_VERSION with the build's local tag (``+cu128``), so that a new build replaces the old."""
+        local = self.index_url.rsplit("/", 1)[-1] if self.index_url else ""
+        return f"torch=={TORCH_VERSION}+{local}" if local else f"torch=={TORCH_VERSION}"
+
 
 def torch_build(machine: Machine) -> TorchBuild:
     """The PyTorch build for ``machine``: the newest CUDA build its driver supports, else CPU-only."""
     if machine.system == "Darwin":
         return TorchBuild("mac", "macOS (Apple GPU through MPS)", None)
     if machine.cuda_driver is None:
-        return TorchBuild("cpu", "CPU only", f"{PYTORCH_INDEX}/cpu", "no NVIDIA GPU was found: training runs on the CPU")
+        return TorchBuild("cpu", "CPU only", f"{PYTORCH_INDEX}/cpu")
     fitting = [build for build in TORCH_CUDA_BUILDS if build <= machine.cuda_driver]
     if not fitting:
         oldest = "%d.%d" % TORCH_CUDA_BUILDS[0]
@@ -159,7 +165,7 @@ class RuntimePlan:
 
     @property
     def torch_requirement(self) -> str:
-        return f"torch=={TORCH_VERSION}"
+        return self.build.torch_requirement
 
     @property
     def requirements_hash(self) -> str:
@@ -194,7 +200,7 @@ class RuntimePlan:
                  (uv, "pip", "install", *common, *torch_from, self.torch_requirement, *BUILD_TOOLS)),
             Step("packages", "Installing transformers, peft, bitsandbytes and the rest",
                  (uv, "pip", "install", *common, *main_from, "--no-build-isolation-package", "deepspeed",
-                  self.torch_requirement, *self.pins)),
+                  f"torch=={TORCH_VERSION}", *self.pins)),  # any local tag: keeps the build installed above
             Step("check", "Checking the runtime", (str(self.python), "-m", CHECK_MODULE)),
         ]
 
@@ -263,9 +269,14 @@ def runtime_state(plan: RuntimePlan) -> RuntimeState:
                                      f"{marker.get('build', plan.build.label)}).", "", marker)
 
 
-def must_rebuild(state: State) -> bool:
-    """A broken runtime's environment is deleted before the steps run; any other is completed in place."""
-    return state is State.BROKEN
+def must_rebuild(plan: RuntimePlan, state: RuntimeState) -> bool:
+    """Whether the environment is deleted before the steps run: when it is broken, or made with another
+    Python than this version asks for; any other runtime is completed or updated in place."""
+    if state.state is State.BROKEN:
+        return True
+    recorded = str(state.recorded.get("python") or "")
+    return state.state is State.OUTDATED and plan.python_request[:1].isdigit() and \
+        not recorded.startswith(plan.python_request + ".")
 
 
 def begin_setup(plan: RuntimePlan) -> None:
@@ -301,8 +312,8 @@ def studio_source_root() -> Path:
 
 def runtime_environment(base: dict[str, str]) -> dict[str, str]:
     """The environment of a process in the runtime: studio importable, nothing of the bundle's own libraries."""
-    env = {key: value for key, value in base.items() if key not in ("PYTHONHOME", "LD_LIBRARY_PATH")}
-    if "LD_LIBRARY_PATH_ORIG" in base:  # PyInstaller kept the user's own value here
+    env = {key: value for key, value in base.items() if key != "PYTHONHOME"}
+    if "LD_LIBRARY_PATH_ORIG" in base:  # PyInstaller changed it for the bundle and kept the user's own value here
         env["LD_LIBRARY_PATH"] = env.pop("LD_LIBRARY_PATH_ORIG")
     env["PYTHONPATH"] = str(studio_source_root())
     env["PYTHONUNBUFFERED"] = "1"

@@ -53,7 +53,7 @@ class RuntimeSetup(QObject):
 
     def start(self) -> None:
         """Set up whatever the runtime lacks: all of it, the rest of it, or the changed packages."""
-        if must_rebuild(runtime_state(self.plan).state):
+        if must_rebuild(self.plan, runtime_state(self.plan)):
             shutil.rmtree(self.plan.env, ignore_errors=True)
         begin_setup(self.plan)
         self._run(self.plan.steps(self.uv))
