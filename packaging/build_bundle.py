@@ -37,18 +37,37 @@ def program() -> Path:
     return DIST / NAME / (f"{NAME}.exe" if sys.platform == "win32" else NAME)
 
 
-def smoke() -> str:
-    """Start the built app offscreen with throwaway settings; its report line, or SystemExit."""
-    with tempfile.TemporaryDirectory(prefix="studio-smoke-") as home:
-        env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_RUNTIME_DIR": str(Path(home) / "runtime"),
-               "XDG_CONFIG_HOME": str(Path(home) / "config"), "XDG_DATA_HOME": str(Path(home) / "data"),
-               "STUDIO_RUNS_DIR": str(Path(home) / "runs")}
-        env.pop("PYTHONPATH", None)  # the bundle must stand alone
-        started = time.monotonic()
-        done = subprocess.run([str(program()), "--smoke"], env=env, capture_output=True, text=True, timeout=300)
+def run_app(args: list[str], home: Path, runtime: Path | None = None, timeout: int = 300):
+    """The built app with throwaway settings and runs, offscreen, standing alone (no PYTHONPATH)."""
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_RUNTIME_DIR": str(runtime or home / "runtime"),
+           "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data"),
+           "STUDIO_RUNS_DIR": str(home / "runs")}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([str(program()), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def smoke(home: Path) -> str:
+    """The window opens and quits; a training command without a runtime refuses with the fix. Else SystemExit."""
+    started = time.monotonic()
+    done = run_app(["--smoke"], home)
     if done.returncode != 0 or "window shown" not in done.stdout:
         raise SystemExit(f"the built app did not start (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}")
-    return f"{done.stdout.strip()} (started and quit in {time.monotonic() - started:.1f} s)"
+    seconds = time.monotonic() - started
+    refused = run_app(["-m", "studio.train.runtime_check"], home)
+    if refused.returncode == 0 or "Training runtime" not in refused.stderr:
+        raise SystemExit(f"without a runtime, `-m` should refuse with the fix; it said:\n{refused.stderr[-2000:]}")
+    return f"{done.stdout.strip()} (started and quit in {seconds:.1f} s); without a runtime `-m` refuses: " \
+           f"{refused.stderr.splitlines()[0]}"
+
+
+def demo_through(runtime: Path, home: Path) -> str:
+    """``finetune-studio -m studio demo`` through a ready runtime: the bundle's way of training."""
+    started = time.monotonic()
+    done = run_app(["-m", "studio", "demo", "--run-dir", str(home / "demo")], home, runtime, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"the demo through {runtime} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    after = next(line for line in done.stdout.splitlines() if "after training" in line)
+    return f"demo through the runtime: {after.strip()} ({time.monotonic() - started:.0f} s)"
 
 
 def folder_size(folder: Path) -> int:
@@ -64,6 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-build", action="store_true", help="only start the app built before")
     parser.add_argument("--archive", action="store_true", help="also write the compressed archive for a release")
+    parser.add_argument("--demo-runtime", type=Path, metavar="DIR",
+                        help="also train the demo through the built app with this ready runtime folder")
     args = parser.parse_args()
     seconds = 0.0 if args.skip_build else build()
     if not args.skip_build:
@@ -74,7 +95,10 @@ def main() -> None:
     if args.archive:
         made = archive(DIST / NAME)
         print(f"archive: {made.stat().st_size / 1e6:.0f} MB in {made}")
-    print(smoke())
+    with tempfile.TemporaryDirectory(prefix="studio-smoke-") as home:
+        print(smoke(Path(home)))
+        if args.demo_runtime:
+            print(demo_through(args.demo_runtime, Path(home)))
 
 
 if __name__ == "__main__":

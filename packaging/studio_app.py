@@ -56,14 +56,14 @@ def smoke() -> int:
 
 
 def menu_entry(remove: bool) -> int:
-    from pathlib import Path
-
     from install_desktop_entry import data_home, install, uninstall  # packaging/, bundled beside this file
+
+    from studio.core.presets import RESOURCES
 
     if remove:
         uninstall(data_home())
     else:
-        install(data_home(), f'"{sys.executable}"', Path(getattr(sys, "_MEIPASS")) / "resources" / "icons")
+        install(data_home(), f'"{sys.executable}"', RESOURCES / "icons")
     return 0
 
 

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QS
                                QVBoxLayout, QWidget)
 
 from studio.core.errors import Problem
+from studio.core.presets import RESOURCES
 from studio.core.rundir import default_runs_root
 from studio.gui import settings as app_settings
 from studio.gui.charts import WAITING, ChartsPanel
@@ -31,7 +32,7 @@ from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
 from studio.gui.widgets import Banner, ConfigStore, VerticalScroll, problems_html
 
-ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
+ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
 
 

@@ -48,7 +48,8 @@ class RuntimeDialog(QDialog):
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(2000)
         self.log.setPlaceholderText("What the installer prints appears here.")
-        self.log.setMaximumHeight(130)
+        self.log.setMinimumHeight(90)
+        self.log.setMaximumHeight(160)
 
         self.action_button = QPushButton()
         self.action_button.setDefault(True)
@@ -79,7 +80,9 @@ class RuntimeDialog(QDialog):
     def refresh(self) -> None:
         state = runtime_state(self.plan)
         busy = self.setup is not None and self.setup.running
-        self.state_label.setText(html.escape(state.message))
+        self.state_label.setText(html.escape(
+            f"Setting up the training runtime (PyTorch {self.plan.build.label}, about "
+            f"{self.plan.disk_bytes / 1e9:.1f} GB on disk)…" if busy else state.message))
         note = f" Note: {self.plan.build.note}." if self.plan.build.note else ""
         self.machine_label.setText(machine_words(self.machine, self.plan) + note)
         source = f" Installing from {self.plan.wheels}." if self.plan.wheels else ""
@@ -142,6 +145,7 @@ class RuntimeDialog(QDialog):
         """The outcome of a setup or a check, each finding on its line with its fix."""
         self.result.show_message("<br>".join(html.escape(line) for line in message.splitlines()), error=not ok)
         self.refresh()
+        self.adjustSize()  # room for every finding
 
     def reject(self) -> None:
         """Closing while a setup runs cancels it (a later start resumes it)."""
