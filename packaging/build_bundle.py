@@ -3,10 +3,11 @@
     pip install -e ".[packaging]"        # PyInstaller, uv, Pillow (icon conversion on Windows and macOS)
     python packaging/build_bundle.py     # -> dist/finetune-studio/ (dist/Finetune Studio.app on macOS)
 
-It runs packaging/finetune-studio.spec, starts the result with ``--smoke`` (offscreen: QT_QPA_PLATFORM
-is set, and the user's settings and runtime folders are temporary ones), and prints the build time, the
-size of the folder and of a compressed archive, as docs/packaging.md records them. ``--archive`` also
-writes that archive next to the folder (.tar.gz on Linux and macOS, .zip on Windows) for a release.
+It runs packaging/finetune-studio.spec, starts the result with ``--smoke`` (offscreen, with temporary
+settings, runs and runtime folders), checks that a training command refuses with the fix when there is
+no runtime, and prints the build time and the folder's size, as docs/packaging.md records them.
+``--archive`` also writes the compressed archive for a release (.tar.gz; .zip on Windows);
+``--demo-runtime DIR`` trains the demo through the built app and the ready runtime in DIR.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with the PyTorch build that fits the machine and the rest of the ML stack at pinned versions.
 
 The download is the window alone (no torch, see packaging/). The worker, export and generate run in this
-runtime's Python instead (``training_python``). Everything here decides, nothing here downloads:
+runtime's Python instead (``runtime_invocation``). Everything here decides, nothing here downloads:
 
 - which PyTorch build fits (``torch_build``: the CUDA build the NVIDIA driver supports, read through NVML;
   CPU-only without an NVIDIA GPU; PyPI's build on a Mac, which uses the Apple GPU);
