@@ -241,6 +241,7 @@ def pinned_versions_installed_here(plan: RuntimePlan) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 2 minutes on two idle cores; ten when they are busy with other work
 def test_setup_offline_from_local_wheels_cancel_resume_and_train_the_demo(tmp_path, qtbot):
     from studio.gui.runtime_setup import RuntimeSetup
 
