@@ -51,6 +51,7 @@ RUNTIME_PINS: tuple[str, ...] = (
 )
 BUILD_TOOLS = ("setuptools",)  # deepspeed ships only a source archive; it builds against the installed torch
 MARKER = "studio-runtime.json"
+CHECK_MODULE = "studio.train.runtime_check"  # run inside the runtime as its last step
 GB = 1000**3
 # About how much a runtime takes on disk, by PyTorch build (measured: CPU-only on Linux 1.3 GB; CUDA on Linux
 # 6.3 GB, the issue's measurement of the pip install). The download is about half of it.
@@ -182,7 +183,7 @@ class RuntimePlan:
         """Where the packages come from, for the message that says what an offline setup needs."""
         if self.wheels is not None:
             return [str(self.wheels)]
-        return [self.build.index_url or PYPI_INDEX, PYPI_INDEX] if self.build.index_url else [PYPI_INDEX]
+        return [self.build.index_url, PYPI_INDEX] if self.build.index_url else [PYPI_INDEX]
 
     def steps(self, uv: str) -> list[Step]:
         """The commands that make (or complete, or update) the runtime, in order; each may run again."""
@@ -203,9 +204,6 @@ class RuntimePlan:
                   f"torch=={TORCH_VERSION}", *self.pins)),  # any local tag: keeps the build installed above
             Step("check", "Checking the runtime", (str(self.python), "-m", CHECK_MODULE)),
         ]
-
-
-CHECK_MODULE = "studio.train.runtime_check"
 
 
 def python_in(env: Path) -> Path:
