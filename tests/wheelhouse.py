@@ -69,7 +69,7 @@ def _compressed_tag(tags: list[str]) -> str:
 
 
 def _repack(dist: metadata.Distribution, target: Path) -> Path:
-    info = Path(dist._path)  # noqa: SLF001 (the .dist-info folder; importlib.metadata has no public name for it)
+    info = Path(dist.locate_file(next(file for file in dist.files if file.name == "RECORD"))).parent  # .dist-info
     tags = [line.split(":", 1)[1].strip() for line in (info / "WHEEL").read_text().splitlines() if line.startswith("Tag:")]
     name = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
     wheel = target / f"{name}-{dist.version}-{_compressed_tag(tags)}.whl"
