@@ -5,6 +5,8 @@ Run it with the Python that has finetune-studio installed (after `pip install -e
     python packaging/install_desktop_entry.py              # for this user (~/.local/share)
     python packaging/install_desktop_entry.py --uninstall
 
+The desktop download does the same with `finetune-studio --install-menu-entry` (packaging/studio_app.py).
+
 It copies the .desktop entry with Exec pointing at this installation's `studio`
 command, and the icon (SVG, plus the 256 px PNG) into the hicolor theme.
 """
@@ -42,14 +44,15 @@ def studio_command() -> str:
     return f'"{found}"' if found else f'"{sys.executable}" -m studio'
 
 
-def install(root: Path) -> None:
+def install(root: Path, command: str | None = None, icons: Path = ICONS) -> None:
+    """Install the entry starting ``command`` (default: this installation's `studio`) and the icons."""
     paths = targets(root)
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
     entry = (HERE / f"{NAME}.desktop").read_text(encoding="utf-8")
-    paths["desktop"].write_text(entry.replace("Exec=studio", f"Exec={studio_command()}"), encoding="utf-8")
-    shutil.copyfile(ICONS / f"{NAME}.svg", paths["svg"])
-    shutil.copyfile(ICONS / f"{NAME}.png", paths["png"])
+    paths["desktop"].write_text(entry.replace("Exec=studio", f"Exec={command or studio_command()}"), encoding="utf-8")
+    shutil.copyfile(icons / f"{NAME}.svg", paths["svg"])
+    shutil.copyfile(icons / f"{NAME}.png", paths["png"])
     refresh(root)
     print(f"installed {paths['desktop']}; Finetune Studio is in the menu (log out and in if it does not show yet)")
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from studio.core.config import RunConfig
+from studio.core.runtime import studio_source_root
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources"
+RESOURCES = studio_source_root() / "resources"  # beside the studio package: a checkout, or the bundle's copy
 DEMO_MODEL = RESOURCES / "models" / "studio-tiny"
 DEMO_DATASETS = RESOURCES / "datasets"
 DEMO_TRAIN = DEMO_DATASETS / "categories_instruction.jsonl"

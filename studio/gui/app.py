@@ -6,8 +6,10 @@ import sys
 
 from PySide6.QtWidgets import QApplication
 
+from studio.core.runtime import is_bundle
 from studio.gui.errors import install_excepthook
 from studio.gui.main_window import MainWindow
+from studio.gui.runtime_dialog import check_runtime_at_start
 from studio.gui.widgets import apply_app_style
 
 
@@ -25,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     install_excepthook()
     window = MainWindow()
     window.show()
+    if is_bundle():  # the download trains in its own runtime: set it up, or check it
+        check_runtime_at_start(window)
     return app.exec()
 
 

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QS
                                QVBoxLayout, QWidget)
 
 from studio.core.errors import Problem
+from studio.core.presets import RESOURCES
 from studio.core.rundir import default_runs_root
 from studio.gui import settings as app_settings
 from studio.gui.charts import WAITING, ChartsPanel
@@ -23,6 +24,7 @@ from studio.gui.job_state import TERMINAL, State, status_text
 from studio.gui.log_dialog import LogDialog
 from studio.gui.model_panel import ModelPanel
 from studio.gui.run_history import live_runs
+from studio.gui.runtime_dialog import open_runtime_dialog
 from studio.gui.runs import RunController
 from studio.gui.scale_panel import ScalePanel
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
@@ -30,7 +32,7 @@ from studio.gui.techniques_panel import TechniquesPanel
 from studio.gui.try_panel import TryPanel
 from studio.gui.widgets import Banner, ConfigStore, VerticalScroll, problems_html
 
-ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "finetune-studio.png"
+ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
 
 
@@ -109,6 +111,8 @@ class MainWindow(QMainWindow):
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         toolbar.addWidget(spacer)
         toolbar.addWidget(self.run_name)
+        runtime_menu = self.menuBar().addMenu("&Runtime")
+        self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
 
     def _action(self, toolbar: QToolBar, text: str, slot, shortcut: str = "") -> QAction:
         action = QAction(text, self)

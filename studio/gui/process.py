@@ -45,6 +45,13 @@ def child_environment() -> QProcessEnvironment:
     return env
 
 
+def qt_environment(variables: dict[str, str]) -> QProcessEnvironment:
+    env = QProcessEnvironment()
+    for key, value in variables.items():
+        env.insert(key, value)
+    return env
+
+
 class LineProcess(QObject):
     """A helper subprocess reporting its output line by line.
 
@@ -67,13 +74,15 @@ class LineProcess(QObject):
     def running(self) -> bool:
         return self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning
 
-    def start(self, command: list[str], working_dir: Path | None = None) -> None:
+    def start(self, command: list[str], working_dir: Path | None = None,
+              environment: dict[str, str] | None = None) -> None:
+        """Run ``command``; ``environment`` replaces the app's own (child_environment) when given."""
         if self.running:
             raise RuntimeError("the process is still running")
         self.stdout_lines, self.all_lines = [], []
         self._splitters = {"out": LineSplitter(), "err": LineSplitter()}
         process = self._process = QProcess(self)
-        process.setProcessEnvironment(child_environment())
+        process.setProcessEnvironment(child_environment() if environment is None else qt_environment(environment))
         process.setWorkingDirectory(str(working_dir or STUDIO_ROOT))
         process.readyReadStandardOutput.connect(lambda: self._read("out"))
         process.readyReadStandardError.connect(lambda: self._read("err"))
