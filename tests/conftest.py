@@ -9,6 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Runs started without a run directory, per-machine records and memory traces stay out of the user's folders.
 os.environ["STUDIO_RUNS_DIR"] = tempfile.mkdtemp(prefix="studio-test-runs-")
 os.environ["STUDIO_TRACE_CACHE"] = tempfile.mkdtemp(prefix="studio-test-traces-")
+os.environ["STUDIO_TOOLS_DIR"] = tempfile.mkdtemp(prefix="studio-test-tools-")  # llama.cpp's converter, installed once
 
 from pathlib import Path  # noqa: E402
 
