@@ -98,7 +98,8 @@ def _demo(args) -> int:
 def _export(args) -> int:
     from studio.core.commands import read_export_record
     from studio.train.export import export_run
-    from studio.train.hub_push import check_can_push, publish
+    from studio.core.publishing import check_can_push
+    from studio.train.hub_push import publish
 
     if args.private and not args.push_to_hub:
         raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
