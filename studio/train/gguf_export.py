@@ -133,6 +133,6 @@ def _make_gguf(converter: Converter, merged: Path, quant: str, target: Path) -> 
 
 def _weakest(files: dict[str, dict]) -> dict:
     """The verification of the file that agrees least: what the record and the app show first."""
-    weakest = min((Verification(**f["verification"]) for f in files.values()), 
+    weakest = min((Verification(**f["verification"]) for f in files.values()),
                   key=lambda v: (v.top1_agreement, -v.max_abs_diff))
     return asdict(weakest)
