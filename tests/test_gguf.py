@@ -83,7 +83,7 @@ def test_a_gguf_that_fails_its_check_leaves_no_file(llama_run, monkeypatch):
     _, run_dir = llama_run
     monkeypatch.setitem(gguf_export.MIN_AGREEMENT, "q8_0", 1.01)  # no file can agree this well
     out = run_dir.path / "strict-gguf"
-    with pytest.raises(StudioError, match="chooses the merged model's next token only"):
+    with pytest.raises(StudioError, match="read by transformers. GGUF reader chooses the merged model.s next token only"):
         export_gguf(run_dir.path, ("q8_0",), out)
     assert not out.exists() and not list(run_dir.path.glob(".staging-*"))
 
@@ -95,6 +95,20 @@ def test_q4_k_m_without_llama_cpp_is_refused_before_any_work(llama_run, monkeypa
     with pytest.raises(StudioError, match="llama.cpp's quantizer") as refused:
         export_gguf(run_dir.path, ("q4_k_m",))
     assert "pip install llama-cpp-python" in refused.value.hint
+
+
+def test_q4_k_m_is_made_by_llama_cpp_and_llama_cpp_itself_reads_every_file(llama_run, tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python compiles llama.cpp on install: not in the test extras")
+    from gguf import GGUFReader
+
+    _, run_dir = llama_run
+    out, _ = export_gguf(run_dir.path, ("q8_0", "q4_k_m"), tmp_path / "gguf")
+    record = read_export_record(out)
+    for quant, file in record["files"].items():
+        for check in (file["verification"], file["llama_cpp_verification"]):
+            assert check["passed"] and check["top1_agreement"] >= MIN_AGREEMENT[quant]
+    fields = GGUFReader(out / record["files"]["q4_k_m"]["file"]).fields
+    assert fields["general.file_type"].contents() == 15  # llama.cpp's MOSTLY_Q4_K_M
 
 
 @pytest.mark.parametrize("family", FAMILIES)

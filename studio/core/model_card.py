@@ -206,7 +206,14 @@ def _gguf_verification(record: dict[str, Any]) -> str:
     samples = next(iter(record["files"].values()))["verification"]["samples"]
     return (f"## Verification\n\nConverted by llama.cpp's own converter ({record.get('converter', '')}). Each file "
             f"was read back by transformers' GGUF reader and its next-token choices compared with the merged "
-            f"model's on {samples} held-out examples; every file passed its type's threshold.\n\n{table}")
+            f"model's on {samples} held-out examples; every file passed its type's threshold.\n\n{table}"
+            + _llama_cpp_check(record))
+
+
+def _llama_cpp_check(record: dict[str, Any]) -> str:
+    checks = [(f["file"], f["llama_cpp_verification"]) for f in record["files"].values() if "llama_cpp_verification" in f]
+    return ("\n\nRun by llama.cpp itself: " + "; ".join(f"`{name}` {check['top1_agreement']:.1%} the same next token"
+                                                       for name, check in checks) + ".") if checks else ""
 
 
 def _gguf_usage(record: dict[str, Any], path: str) -> str:

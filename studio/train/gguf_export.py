@@ -27,8 +27,8 @@ from studio.core.rundir import atomic_folder
 from studio.train.export import (Verification, compare_logits, logits_of, open_run, record_export, usual_file_modes,
                                  verification_inputs, write_verified)
 from studio.train.export_card import write_card
-from studio.train.llama_cpp import (Converter, convert, find_converter, llama_cpp_available, quantize_k,
-                                    supported_architectures)
+from studio.train.llama_cpp import (Converter, convert, find_converter, llama_cpp_available, llama_cpp_logits,
+                                    quantize_k, supported_architectures)
 from studio.train.model import hub_kwargs, load_tokenizer
 from studio.train.modelfile import write_modelfile
 
@@ -101,6 +101,7 @@ def _write_ggufs(config: RunConfig, converter: Converter, merged: Path, staging:
     reference = logits_of(AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32).eval(), inputs)
     exported_tokenizer = AutoTokenizer.from_pretrained(str(merged))  # the trained template and end of turn
     chat = read_export_record(merged)["chat"]
+    samples = int(inputs["input_ids"].shape[0])
     shutil.copy(merged / "generation_config.json", staging)  # the Modelfiles' defaults come from it
     files = {}
     for quant in quants:
@@ -108,15 +109,25 @@ def _write_ggufs(config: RunConfig, converter: Converter, merged: Path, staging:
         say(f"converting to {name} with llama.cpp")
         _make_gguf(converter, merged, quant, staging / name)
         reread = AutoModelForCausalLM.from_pretrained(str(staging), gguf_file=name, dtype=torch.float32).eval()
-        verification = compare_logits(logits_of(reread, inputs), reference, MIN_AGREEMENT[quant],
-                                      samples=int(inputs["input_ids"].shape[0]))
-        if not verification.passed:
-            raise StudioError(f"{name} read back chooses the merged model's next token only "
-                              f"{verification.top1_agreement:.1%} of the time (needs {MIN_AGREEMENT[quant]:.0%})",
-                              "nothing was written; try a less compressed type (f16 or q8_0)", kind="export")
-        files[quant] = {"file": name, "bytes": (staging / name).stat().st_size, "verification": asdict(verification),
-                        "modelfile": write_modelfile(staging, name, modelfile_name(quant), exported_tokenizer, chat)}
+        file = {"file": name, "bytes": (staging / name).stat().st_size,
+                "verification": _checked(logits_of(reread, inputs), reference, quant, name, "transformers' GGUF reader",
+                                         samples)}
+        if llama_cpp_available():  # llama.cpp's own reading too: what llama.cpp, Ollama and LM Studio run
+            file["llama_cpp_verification"] = _checked(llama_cpp_logits(staging / name, inputs), reference, quant,
+                                                      name, "llama.cpp", samples)
+        file["modelfile"] = write_modelfile(staging, name, modelfile_name(quant), exported_tokenizer, chat)
+        files[quant] = file
     return files
+
+
+def _checked(logits: torch.Tensor, reference: torch.Tensor, quant: str, name: str, reader: str, samples: int) -> dict:
+    """The GGUF's next-token choices against the merged model's; raises below the type's threshold."""
+    verification = compare_logits(logits, reference, MIN_AGREEMENT[quant], samples=samples)
+    if not verification.passed:
+        raise StudioError(f"{name} read by {reader} chooses the merged model's next token only "
+                          f"{verification.top1_agreement:.1%} of the time (needs {MIN_AGREEMENT[quant]:.0%})",
+                          "nothing was written; try a less compressed type (f16 or q8_0)", kind="export")
+    return asdict(verification)
 
 
 def _make_gguf(converter: Converter, merged: Path, quant: str, target: Path) -> None:

@@ -122,6 +122,23 @@ def quantize_k(source: Path, target: Path, quant: str) -> None:
         raise StudioError(f"llama.cpp's quantizer failed to make {quant}", "see its output above", kind="export")
 
 
+def llama_cpp_logits(gguf: Path, inputs: dict) -> "torch.Tensor":
+    """The logits llama.cpp itself computes (llama-cpp-python) at every real position of ``inputs``, in the
+    order of ``studio.train.export.logits_of``: what llama.cpp, Ollama and LM Studio will run."""
+    import numpy as np
+    import torch
+    from llama_cpp import Llama
+
+    rows = [ids[mask.bool()].tolist() for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+    model = Llama(model_path=str(gguf), n_ctx=max(map(len, rows)) + 8, logits_all=True, verbose=False)
+    logits = []
+    for row in rows:
+        model.reset()
+        model.eval(row)
+        logits.append(torch.from_numpy(np.array(model.scores[:len(row)], dtype=np.float32)))
+    return torch.cat(logits)
+
+
 def _converter_error(done: subprocess.CompletedProcess) -> str:
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line.split(":")[0] or line.startswith("ERROR")]
