@@ -1,6 +1,6 @@
 """GGUF export (``studio export RUN --gguf --quant q8_0 ...``): for llama.cpp, Ollama and LM Studio.
 
-The run's merged model is written and verified as a merged export (float32) in the staging
+The run's merged model is written and verified as a merged export (``--dtype auto``) in the staging
 folder, with the chat template and end of turn training used; llama.cpp's converter turns it into
 one GGUF per quantization type (``llama_cpp``); each GGUF is read back by an independent reader,
 transformers' GGUF loader, and its next-token choices compared with the merged model's on
@@ -48,7 +48,7 @@ def export_gguf(run_dir: Path, quants: tuple[str, ...] = (DEFAULT_QUANT,), out: 
     with atomic_folder(out, replace=True) as staging:
         merged = staging / "merged"  # the source of every GGUF; removed before the folder is moved into place
         say("merging and verifying the merged model")
-        write_verified(rd, config, checkpoint, "merged", merged, "float32", card=False)
+        write_verified(rd, config, checkpoint, "merged", merged, "auto", card=False)
         files = _write_ggufs(config, converter, merged, staging, quants, say)
         record = {**read_export_record(merged), "kind": "gguf", "form": "GGUF " + ", ".join(quants),
                   "converter": converter.source, "files": files, "verification": _weakest(files)}
