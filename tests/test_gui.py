@@ -479,6 +479,44 @@ def test_every_command_the_window_starts_is_read_back_by_the_module_it_runs(wind
     assert (args.command, args.run_dir, args.kind, args.out) == ("export", run, "adapter", run / "exports" / "adapter")
 
 
+def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs, monkeypatch):
+    run = write_run(app_dirs / "runs", "gguf", [2.0])
+    started = []
+    panel = window.export_panel
+    monkeypatch.setattr(panel._process, "start", lambda command, working_dir=None: started.append(command))
+    monkeypatch.setattr("studio.gui.export_panel.check_can_push", lambda repo: None)  # as if logged in
+    panel.set_run(run)
+    panel.gguf.setChecked(True)
+    assert not panel.dtype.isEnabled() and all(box.isEnabled() for box in panel.quants.values())
+    panel.quants["f16"].setChecked(True)
+    panel.repo.setText("you/plums")
+    panel.private.setChecked(True)
+    panel.start_publish()
+    module, args = parse_command(started[0])
+    assert (args.kind, args.quant, args.out) == ("gguf", ["f16", "q8_0"], run / "exports" / "gguf")
+    assert (args.push_to_hub, args.private) == ("you/plums", True)
+
+
+def test_publishing_without_a_login_says_so_before_any_work(window, app_dirs, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    run = write_run(app_dirs / "runs", "unpublished", [2.0])
+    started = []
+    panel = window.export_panel
+    monkeypatch.setattr(panel._process, "start", lambda command, working_dir=None: started.append(command))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    panel.set_run(run)
+    panel.repo.setText("you/plums")
+    panel.start_publish()
+    assert not started and "not logged in" in panel.status.text() and "hf auth login" in panel.status.text()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    panel.start_publish()
+    assert not started and "switched off" in panel.status.text()
+
+
 def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app_dirs):
     run = write_run(app_dirs / "runs", "unsaved", [2.0])
     (run / "config.yaml").write_text("method: full\n")
