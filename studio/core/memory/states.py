@@ -75,10 +75,15 @@ def block_weight_bytes(shape: ModelShape, regime: Regime) -> int:
 def outer_weight_bytes(shape: ModelShape, regime: Regime) -> dict[str, int]:
     """The weights outside the blocks by module (``model.embed_tokens``, ``model.norm``, ``lm_head``), and
     those of towers text training never runs (Gemma 3's vision tower)."""
+    input_embedding = shape.family.embeddings[0][0]
     modules: dict[str, int] = {}
     for p in shape.outer_parameters + shape.attached:
         module = ".".join(p.name.split(".")[:2]) if p.kind == "attached" else p.name.rsplit(".", 1)[0]
-        modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[regime.outer_dtype]
+        if p.name == input_embedding:
+            dtype = regime.embedding_dtype
+        else:
+            dtype = regime.head_dtype if p.kind in ("head", "head_bias") else regime.outer_dtype
+        modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[dtype]
     return modules
 
 
