@@ -206,6 +206,13 @@ CASES = [
     Case("smollm3-16M", "qlora", "fp32", 2, 256),
     Case("granite-22M", "lora", "bf16", 4, 256),
     Case("granite-22M", "full", "fp32", 2, 128, checkpointing=True),
+    # lean weights (the default above) against k-bit preparation's fp32 embedding and output layer
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit",
+         changes={"training": {"lean_weights": False}}),
+    Case("llama-7M", "qlora", "bf16", 4, 256, changes={"training": {"lean_weights": False}}),
+    Case("llama-55M", "qlora", "bf16", 4, 256, quick=True),
+    Case("llama-55M", "qlora", "fp16", 2, 256, checkpointing=True, changes={"quantization": {"load_in": "8bit"}}),
+    Case("qwen3-16M", "qlora", "bf16", 2, 256, checkpointing=True),  # tied: the one weight stays 16-bit
 ]
 
 # The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On

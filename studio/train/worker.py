@@ -37,6 +37,7 @@ from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_laun
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
+from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
 from studio.core.events import EventWriter
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.regime import loss_impl_for
@@ -89,6 +90,18 @@ class BatchPlan:
         start = offset * self.micro_batch_size
         return self._order[start:start + self.micro_batch_size]
 
+    @classmethod
+    def for_rows(cls, config: RunConfig, train_rows) -> "BatchPlan":
+        grouped = config.data.packing == "length_grouped"
+        lengths = [len(ids) for ids in train_rows["input_ids"]] if grouped else None
+        return cls(len(train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+
+    def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int, padded: bool) -> int:
+        """The most tokens any micro-batch of the whole run holds (studio.core.memory.run_data)."""
+        lengths = [len(ids) for ids in train_rows["input_ids"]]
+        batches = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
+        return largest_micro_batch_tokens(lengths, (self.rows_of(i) for i in range(batches)), padded)
+
     def total_steps(self, config: RunConfig, world_size: int = 1) -> int:
         t = config.training
         if t.max_steps:
@@ -115,9 +128,7 @@ class Worker:
         self.tokenizer = load_tokenizer(config)
         data = prepare_data(config, self.tokenizer, reports)
         self.train_rows, self.eval_rows = data.train, data.eval
-        grouped = config.data.packing == "length_grouped"
-        lengths = [len(ids) for ids in self.train_rows["input_ids"]] if grouped else None
-        self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+        self.plan = BatchPlan.for_rows(config, self.train_rows)
         self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
         model = build_model(config, self.device, self.total_steps)
@@ -184,8 +195,19 @@ class Worker:
         except StudioError as exc:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
             return None
-        self.events.emit("estimate", **predicted.to_json())
+        self.events.emit("estimate", **predicted.to_json(), run_data=self._run_data_peak(model_config))
         return predicted.peak_bytes
+
+    def _run_data_peak(self, model_config: dict) -> dict | None:
+        """The estimate of the largest micro-batch this run will train (its data, its order), in tokens and bytes."""
+        config = self.config
+        tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.world_size, not self.packed)
+        try:
+            peak = estimate(model_config, config_for_tokens(config, tokens), self.device.type,
+                            run_scale_out(config)).peak_bytes
+        except StudioError:
+            return None
+        return {"tokens": tokens, "peak_bytes": peak}
 
     # ------------------------------------------------------------------ loop
     def train(self) -> str:
