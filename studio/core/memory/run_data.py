@@ -35,3 +35,12 @@ def config_for_longest_row(config: RunConfig, longest: int) -> RunConfig:
     """A bound for any micro-batch size (what fit varies): no micro-batch holds more than its size times the
     longest row, packed or padded."""
     return config.replace(data={"max_length": max(1, min(config.data.max_length, longest))})
+
+
+def largest_possible_micro_batch(lengths: Iterable[int], micro_batch: int, max_length: int, padded: bool) -> int:
+    """The most tokens any micro-batch of these rows (cut at ``max_length``) could hold, in any order: what is
+    known without the worker's order (the window's data preview), exact for a micro-batch of one."""
+    longest = sorted((min(length, max_length) for length in lengths), reverse=True)[:micro_batch]
+    if not longest:
+        return 0
+    return len(longest) * longest[0] if padded else sum(longest)
