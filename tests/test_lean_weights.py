@@ -1,5 +1,6 @@
 """Lean weights under k-bit loading: the frozen input embedding and output layer stay 16-bit, and training
-computes exactly what the upcast (peft's k-bit preparation) computes: the same losses and gradients, bit for bit."""
+computes exactly what the upcast (peft's k-bit preparation) computes: the same losses and gradients, bit for bit.
+And the input embedding kept in CPU RAM (training.embedding_on_cpu), counted apart from the GPU's memory."""
 
 import pytest
 import torch
@@ -11,9 +12,10 @@ from studio.core.memory.regime import regime_for
 from studio.core.memory.states import weight_bytes
 from studio.core.memory.tape import activations
 from studio.core.modelinfo import load_model_config, model_shape
+from studio.core.validation import validate
 from studio.train.data import IGNORE_INDEX
 from studio.train.loss import lean_output_layer, token_loss_sum
-from studio.train.model import build_model, load_base_model
+from studio.train.model import build_model, host_weights, keep_embedding_on_cpu, load_base_model
 
 # plain embeddings untied and tied, a fused-qkv and a LayerNorm family, Gemma's scaled embedding (stays fp32)
 FAMILIES = ("llama", "smollm3", "gpt_neox", "phi", "gemma")
@@ -43,6 +45,7 @@ def step(config, chunked: bool):
     """The worker's forward and backward of one micro-batch: the loss and every trained tensor's gradient."""
     torch.manual_seed(0)  # the adapter's initialization
     model = build_model(config, CPU)
+    keep_embedding_on_cpu(model, config, CPU)  # as the worker does (training.embedding_on_cpu)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.training.precision != "fp32"):
         loss = token_loss_sum(model, batch(), lean_output_layer(model) if chunked else None)
     loss.backward()
@@ -137,3 +140,39 @@ def test_the_8b_estimate_sheds_the_upcast_and_the_head_copy():
     assert weights[False] - weights[True] == 2 * 128256 * 4096 * 2  # the embedding and the head: 2 bytes a value less
     assert copies[False] == 128256 * 4096 * 2 and copies[True] == 0  # autocast's bf16 copy of the fp32 head
     assert totals[False] - totals[True] > 2.4 * 2**30
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_the_embedding_in_cpu_ram_trains_exactly_as_on_the_device(models, family):
+    config = kbit_config(models[family], lean=True, checkpointing=True)
+    before = step(config, chunked=True)
+    after = step(config.replace(training={"embedding_on_cpu": True}), chunked=True)
+    assert_same_step(before, after)
+
+
+def test_the_estimate_moves_the_embedding_to_host_ram_as_measured(models):
+    from studio.train.simulate import measure_step
+
+    config = kbit_config(models["llama"], lean=True).replace(data={"max_length": 64})
+    on_cpu = config.replace(training={"embedding_on_cpu": True})
+    model_config = load_model_config(str(models["llama"]))
+    gpu, split = estimate(model_config, config, "cpu"), estimate(model_config, on_cpu, "cpu")
+    host = next(d for d in split.devices if d.device == "host")
+    embedding = 512 * 64 * 2  # vocabulary x hidden, bf16
+    assert host.total_bytes == host.parts["weights"] == embedding
+    assert split.devices[0].parts["weights"] == gpu.devices[0].parts["weights"] - embedding
+    assert "the input embedding stays in CPU RAM" in " ".join(split.notes)
+    measured = measure_step(on_cpu, CPU)
+    assert measured.host_bytes == embedding
+    assert abs(measured.peak_bytes - split.peak_bytes) <= 0.03 * measured.peak_bytes
+
+
+def test_the_embedding_stays_with_a_tied_head_and_is_refused_where_it_trains(models):
+    config = kbit_config(models["smollm3"], lean=True).replace(training={"embedding_on_cpu": True})
+    model = build_model(config, CPU)
+    keep_embedding_on_cpu(model, config, CPU)
+    assert host_weights(model) == []
+    split = estimate(load_model_config(str(models["smollm3"])), config, "cpu")
+    assert [d.device for d in split.devices] == ["cpu"] and "no effect" in " ".join(split.notes)
+    full = RunConfig().replace(method="full", training={"embedding_on_cpu": True})
+    assert "training.embedding_on_cpu" in [p.where for p in validate(full, check_files=False)]

@@ -128,10 +128,10 @@ class GpuPicker(QWidget):
 
 
 def _scale_out_text(estimate: Estimate) -> str:
-    """Where a layer split puts the layers, and the CPU RAM that offload takes."""
+    """Where a layer split puts the layers, and the CPU RAM that offload (or the embedding kept there) takes."""
     text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
     host = next((d for d in estimate.devices if d.device == "host"), None)
-    return text + (f" CPU RAM for offloaded state: {gib(host.total_bytes)}." if host else "")
+    return text + (f" CPU RAM (offloaded state, or the embedding kept there): {gib(host.total_bytes)}." if host else "")
 
 
 class EstimatePanel(QGroupBox):

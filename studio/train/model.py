@@ -20,7 +20,7 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import lean_outer_weights, lean_weights_apply, weight_dtype_name
+from studio.core.memory.regime import embedding_on_host, lean_outer_weights, lean_weights_apply, weight_dtype_name
 from studio.core.modelinfo import cached_config, looks_like_path
 from studio.train.methods import attach_hooks, hooks_of, peft_config
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
@@ -239,6 +239,36 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         if checkpointing:
             model.enable_input_require_grads()
     return model
+
+
+def keep_embedding_on_cpu(model, config: RunConfig, device: torch.device) -> None:
+    """``training.embedding_on_cpu``: the frozen input embedding in CPU RAM. The token ids go to it, and only the
+    looked-up rows come to ``device`` (before any other hook sees them: the same numbers as a lookup there).
+    Only for training (the worker, after accelerate's prepare, which moves the whole model; the memory
+    measurements): exports and generation keep the embedding where the model is."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    if not embedding_on_host(config, tied):
+        return
+    embedding.to("cpu")
+    if getattr(embedding, "rows_device", None) is None:
+        embedding.rows_device = device
+        embedding.register_forward_pre_hook(_ids_to_cpu)
+        embedding.register_forward_hook(_rows_to_device, prepend=True)
+
+
+def host_weights(model) -> list[torch.Tensor]:
+    """The weights ``keep_embedding_on_cpu`` keeps in host RAM."""
+    embedding = model.get_input_embeddings()
+    return [embedding.weight] if getattr(embedding, "rows_device", None) is not None else []
+
+
+def _ids_to_cpu(module, args):
+    return (args[0].to("cpu"), *args[1:])
+
+
+def _rows_to_device(module, args, output: torch.Tensor) -> torch.Tensor:
+    return output.to(module.rows_device)
 
 
 def attach_adapter(model, config: RunConfig, total_steps: int | None = None):

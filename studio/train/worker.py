@@ -55,7 +55,8 @@ from studio.train.metrics import describe_devices, library_versions, memory_snap
 from studio.train.distributed import leave_process_group, make_engine, process_rank
 from studio.train.launcher import launch, launched_by_studio, record_failure
 from studio.train.methods import adapter_regularization, after_optimizer_step
-from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model import (adapted_module_names, build_model, count_parameters, host_weights,
+                                 keep_embedding_on_cpu, load_tokenizer)
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
@@ -145,6 +146,7 @@ class Worker:
         if config.training.torch_compile:
             model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
         self.model, self.optimizer = self.engine.prepare(model, optimizer)
+        keep_embedding_on_cpu(self.raw_model, config, self.device)  # prepare may have moved it to the GPU
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
             self.step = self.start_step = state["step"]
@@ -242,12 +244,14 @@ class Worker:
         """
         tracker = tracker_for(self.device)
         with tracker:
-            tracker.add_module(self.raw_model)
+            tracker.add_module(self.raw_model, host=host_weights(self.raw_model))
             tracker.add(self.engine.optimizer_state())
             metrics = self._optimizer_step(tracker.phase)
         report = tracker.report
         mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
                 "phase_bytes": dict(report.phase_peaks)}
+        if tracker.host_bytes:  # the embedding kept in CPU RAM (training.embedding_on_cpu)
+            mine["host_bytes"] = tracker.host_bytes
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
             self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
         if self.predicted_peak and self.engine.is_main:

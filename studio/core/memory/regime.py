@@ -49,6 +49,7 @@ class Regime:
     qat_activations: bool = False  # and their inputs
     lean_embedding: bool = False  # k-bit preparation leaves the frozen input embedding 16-bit (lean_outer_weights)
     lean_head: bool = False  # and the output layer
+    embedding_on_host: bool = False  # the frozen input embedding stays in CPU RAM (training.embedding_on_cpu)
 
     @property
     def kbit_prepared(self) -> bool:
@@ -96,6 +97,19 @@ def lean_weights_apply(config: RunConfig) -> bool:
     weights it upcasts."""
     kbit = config.effective_load_in != "none"
     return config.training.lean_weights and kbit and not config.method_spec.trains_every_weight
+
+
+def embedding_on_cpu_allowed(config: RunConfig) -> bool:
+    """Where the input embedding may stay in CPU RAM: frozen (an adapter on linear layers), in one process that
+    holds the whole model (no sharding, no layer split)."""
+    d = config.distributed
+    return config.adapts_linears and d.num_processes == 1 and d.sharding == "none" and not d.layer_split
+
+
+def embedding_on_host(config: RunConfig, tied: bool) -> bool:
+    """Whether the worker keeps the input embedding in CPU RAM: asked for, allowed, and not the output layer's
+    weight too (a tied head computes on the GPU)."""
+    return config.training.embedding_on_cpu and embedding_on_cpu_allowed(config) and not tied
 
 
 def lean_outer_weights(lean: bool, autocast: bool, embedding_scales: bool, tied: bool) -> tuple[bool, bool]:
@@ -159,5 +173,6 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
         lean_embedding=lean_embedding, lean_head=lean_head,
+        embedding_on_host=embedding_on_host(config, shape.tie_embeddings),
     )
 

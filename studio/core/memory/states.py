@@ -88,9 +88,18 @@ def outer_weight_bytes(shape: ModelShape, regime: Regime) -> dict[str, int]:
 
 
 def weight_bytes(shape: ModelShape, regime: Regime) -> int:
-    """The base model as loaded and prepared, with its buffers (adapters excluded)."""
+    """The base model as loaded and prepared on the device, with its buffers (adapters excluded)."""
     rotary_buffers = 4 * int(shape.head_dim * shape.rotary_fraction)  # inv_freq and its original copy, fp32
-    return sum(outer_weight_bytes(shape, regime).values()) + shape.layers * block_weight_bytes(shape, regime) + rotary_buffers
+    device = sum(outer_weight_bytes(shape, regime).values()) - host_weight_bytes(shape, regime)
+    return device + shape.layers * block_weight_bytes(shape, regime) + rotary_buffers
+
+
+def host_weight_bytes(shape: ModelShape, regime: Regime) -> int:
+    """The input embedding kept in CPU RAM (training.embedding_on_cpu), else 0."""
+    if not regime.embedding_on_host:
+        return 0
+    _, rows = shape.family.embeddings[0]
+    return rows(shape) * shape.hidden * DTYPE_BYTES[regime.embedding_dtype]
 
 
 def _block_parameter_width(p, regime: Regime) -> int:
