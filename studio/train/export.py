@@ -72,7 +72,8 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
 
     tokenizer = load_tokenizer(config)
     total_steps = read_state(checkpoint).get("total_steps")
-    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps)
+    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps,
+                          for_inference=True)
     load_weights(checkpoint, trained)
     trained.eval()
     inputs = _verification_inputs(config, tokenizer, device)

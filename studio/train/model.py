@@ -196,7 +196,7 @@ def prepare_qat(model, config: RunConfig):
     return model
 
 
-def prepare_kbit_model(model, config: RunConfig) -> None:
+def prepare_kbit_model(model, config: RunConfig, lean: bool = True) -> None:
     """peft's ``prepare_model_for_kbit_training`` (freeze every weight, upcast the 16-bit ones bitsandbytes did
     not quantize to fp32), except for the frozen weights that need not be fp32 to compute the same numbers
     (``training.lean_weights``, studio.core.memory.regime.lean_outer_weights): the input embedding stays 16-bit
@@ -204,8 +204,8 @@ def prepare_kbit_model(model, config: RunConfig) -> None:
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is embedding.weight
     scales = type(embedding).forward is not torch.nn.Embedding.forward  # Gemma scales the rows in the weight's dtype
-    lean_embedding, lean_head = lean_outer_weights(lean_weights_apply(config), config.training.precision != "fp32",
-                                                   scales, tied)
+    lean_embedding, lean_head = lean_outer_weights(lean and lean_weights_apply(config),
+                                                   config.training.precision != "fp32", scales, tied)
     kept = {id(module.weight) for module, lean in ((embedding, lean_embedding), (head, lean_head)) if lean}
     if lean_head and getattr(head, "bias", None) is not None:
         kept.add(id(head.bias))
@@ -224,12 +224,15 @@ def _output_as_fp32(module, args, output: torch.Tensor) -> torch.Tensor:
     return output.float()
 
 
-def build_model(config: RunConfig, device: torch.device, total_steps: int | None = None):
-    """The trainable model: base, quantized and prepared if configured, with its adapter."""
+def build_model(config: RunConfig, device: torch.device, total_steps: int | None = None, for_inference: bool = False):
+    """The trainable model: base, quantized and prepared if configured, with its adapter.
+
+    ``for_inference``: run without autocast (export, generation), which a 16-bit output layer cannot do on
+    fp32 hidden states: k-bit preparation upcasts it as peft does (lean weights are for training)."""
     model = load_base_model(config, device)
     checkpointing = config.training.gradient_checkpointing
     if config.effective_load_in != "none":
-        prepare_kbit_model(model, config)
+        prepare_kbit_model(model, config, lean=not for_inference)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.qat.enabled:
