@@ -142,9 +142,11 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
         placement = None
         block_parameters = sum(p.elements for p in shape.block_parameters)
         devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
-        embedding = host_weight_bytes(shape, regime)  # only without offload, sharding or a split (regime)
+        embedding = host_weight_bytes(shape, regime)  # never with a split (regime)
         if embedding:
-            host = DeviceEstimate("host", complete_parts({"weights": embedding}), "forward")
+            parts = dict(host.parts) if host is not None else complete_parts({})
+            host = DeviceEstimate("host", {**parts, "weights": parts["weights"] + embedding},
+                                  host.peak_phase if host is not None else "forward")
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
