@@ -200,13 +200,13 @@ def prepare_kbit_model(model, config: RunConfig, lean: bool = True) -> None:
     """peft's ``prepare_model_for_kbit_training`` (freeze every weight, upcast the 16-bit ones bitsandbytes did
     not quantize to fp32), except for the frozen weights that need not be fp32 to compute the same numbers
     (``training.lean_weights``, studio.core.memory.regime.lean_outer_weights): the input embedding stays 16-bit
-    and its output is cast to fp32, and under autocast the output layer stays 16-bit."""
+    and its output is cast to fp32, and under autocast the output layer stays 16-bit. ``lean=False``: peft's."""
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is embedding.weight
     scales = type(embedding).forward is not torch.nn.Embedding.forward  # Gemma scales the rows in the weight's dtype
     lean_embedding, lean_head = lean_outer_weights(lean and lean_weights_apply(config),
                                                    config.training.precision != "fp32", scales, tied)
-    kept = {id(module.weight) for module, lean in ((embedding, lean_embedding), (head, lean_head)) if lean}
+    kept = {id(module.weight) for module, stays in ((embedding, lean_embedding), (head, lean_head)) if stays}
     if lean_head and getattr(head, "bias", None) is not None:
         kept.add(id(head.bias))
     for param in model.parameters():
