@@ -611,3 +611,22 @@ def test_method_specific_settings_show_only_when_they_apply(window):
     assert not techniques.qat_activations.isEnabled()
     techniques.qat_weights.combo.setCurrentIndex(1)
     assert window.store.config.qat.weights == "int4" and techniques.qat_activations.isEnabled()
+
+
+def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qtbot):
+    from studio.core.estimate import estimate
+    from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
+    from studio.gui.memory import model_config_of
+
+    window.store.update(data={"max_length": 2048})  # the demo's rows are far shorter
+    wait_for_preview(qtbot, window)
+    panel, config = window.estimate_panel, window.store.config
+    qtbot.waitUntil(lambda: "Your data" in panel.data_peak.text(), timeout=10000)
+    lengths = panel.data_lengths
+    assert lengths and len(lengths) == window.data_panel.preview.sampled
+    tokens = largest_possible_micro_batch(lengths, config.training.micro_batch_size, 2048, padded=False)
+    own = estimate(model_config_of(config), config_for_tokens(config, tokens)).peak_bytes
+    assert f"{own / GIB:.2f} GiB" in panel.data_peak.text() and own < panel.estimate.peak_bytes
+    assert f"at most {tokens:,} tokens" in panel.data_peak.text()
+    window.store.update(data={"max_length": min(lengths)})  # every micro-batch at the cut: nothing to add
+    assert panel.data_peak.text() == ""

@@ -89,7 +89,8 @@ def write_verified(rd: RunDir, config: RunConfig, checkpoint: Path, kind: str, f
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(config)
     total_steps = read_state(checkpoint).get("total_steps")
-    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps)
+    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps,
+                          for_inference=True)
     load_weights(checkpoint, trained)
     trained.eval()
     inputs = verification_inputs(config, tokenizer, device)

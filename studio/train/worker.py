@@ -37,6 +37,7 @@ from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_laun
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
+from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
 from studio.core.events import EventWriter
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.regime import loss_impl_for
@@ -55,7 +56,8 @@ from studio.train.distributed import leave_process_group, make_engine, process_r
 from studio.train.failure import FailureReporter, SilentEvents
 from studio.train.launcher import launch, launched_by_studio
 from studio.train.methods import adapter_regularization, after_optimizer_step
-from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model import (adapted_module_names, build_model, count_parameters, host_weights,
+                                 keep_embedding_on_cpu, load_tokenizer)
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
@@ -91,6 +93,18 @@ class BatchPlan:
         start = offset * self.micro_batch_size
         return self._order[start:start + self.micro_batch_size]
 
+    @classmethod
+    def for_rows(cls, config: RunConfig, train_rows) -> "BatchPlan":
+        grouped = config.data.packing == "length_grouped"
+        lengths = [len(ids) for ids in train_rows["input_ids"]] if grouped else None
+        return cls(len(train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+
+    def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int, padded: bool) -> int:
+        """The most tokens any micro-batch of the whole run holds (studio.core.memory.run_data)."""
+        lengths = [len(ids) for ids in train_rows["input_ids"]]
+        batches = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
+        return largest_micro_batch_tokens(lengths, (self.rows_of(i) for i in range(batches)), padded)
+
     def total_steps(self, config: RunConfig, world_size: int = 1) -> int:
         t = config.training
         if t.max_steps:
@@ -116,9 +130,7 @@ class Worker:
 
         data = self._prepare_data(reports)
         self.train_rows, self.eval_rows = data.train, data.eval
-        grouped = config.data.packing == "length_grouped"
-        lengths = [len(ids) for ids in self.train_rows["input_ids"]] if grouped else None
-        self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+        self.plan = BatchPlan.for_rows(config, self.train_rows)
         self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
         with LoadingMemory(self.device) as loading, self.engine.loading():
@@ -140,6 +152,7 @@ class Worker:
         if config.training.torch_compile:
             model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
         self.model, self.optimizer = self.engine.prepare(model, optimizer)
+        keep_embedding_on_cpu(self.raw_model, config, self.device)  # prepare may have moved it to the GPU
         if self.engine.loads_sharded:
             self.packed = self._packs(self.raw_model)  # every rank probes: the engine gathers each layer's shards
         loading_memory = self.engine.gather(loading.figures(self.engine.rank, self.engine.loads_sharded))
@@ -211,8 +224,19 @@ class Worker:
         except StudioError as exc:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
             return None
-        self.events.emit("estimate", **predicted.to_json())
+        self.events.emit("estimate", **predicted.to_json(), run_data=self._run_data_peak(model_config))
         return predicted.peak_bytes
+
+    def _run_data_peak(self, model_config: dict) -> dict | None:
+        """The estimate of the largest micro-batch this run will train (its data, its order), in tokens and bytes."""
+        config = self.config
+        tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.world_size, not self.packed)
+        try:
+            peak = estimate(model_config, config_for_tokens(config, tokens), self.device.type,
+                            run_scale_out(config)).peak_bytes
+        except StudioError:
+            return None
+        return {"tokens": tokens, "peak_bytes": peak}
 
     # ------------------------------------------------------------------ loop
     def train(self) -> str:
@@ -247,12 +271,14 @@ class Worker:
         """
         tracker = tracker_for(self.device)
         with tracker:
-            tracker.add_module(self.raw_model)
+            tracker.add_module(self.raw_model, host=host_weights(self.raw_model))
             tracker.add(self.engine.optimizer_state())
             metrics = self._optimizer_step(tracker.phase)
         report = tracker.report
         mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
                 "phase_bytes": dict(report.phase_peaks)}
+        if tracker.host_bytes:  # the embedding kept in CPU RAM (training.embedding_on_cpu)
+            mine["host_bytes"] = tracker.host_bytes
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
             self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
         if self.predicted_peak and self.engine.is_main:
