@@ -172,6 +172,12 @@ def test_a_modelfile_system_prompt_outside_the_messages_renders_the_same(tokeniz
     assert render_go(go_template(chat_turns(tokenizer)), data) == jinja
 
 
+def test_a_template_that_numbers_its_turns_is_not_translated(tokenizer):
+    tokenizer.chat_template = "{% for m in messages %}{{ loop.index }}. {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(Untranslatable):  # a turn is written differently by its position
+        chat_turns(tokenizer)
+
+
 def test_a_single_turn_template_is_left_to_ollama(tokenizer, tmp_path):
     tokenizer.chat_template = BUILTIN_JINJA["alpaca"]
     with pytest.raises(Untranslatable):

@@ -63,6 +63,21 @@ class ChatTurns:
     assistant_suffix: str
     generation_prompt: str
 
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """What ``go_template`` writes for ``messages`` (a system message first, if any), as Ollama asks for
+        the next response: the generation prompt after a last user message."""
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+        text = self.system_prefix + system + self.system_suffix if system else self.start
+        turns = [m for m in messages if m["role"] in ("user", "assistant")]
+        for index, message in enumerate(turns):
+            last = index == len(turns) - 1
+            text += self.separator if index or system else ""
+            if message["role"] == "user":
+                text += self.user_prefix + message["content"] + self.user_suffix + (self.generation_prompt if last else "")
+            else:
+                text += self.assistant_prefix + message["content"] + ("" if last else self.assistant_suffix)
+        return text
+
 
 def go_template(turns: ChatTurns | None) -> str:
     """``turns`` in Ollama's template language (Go's text/template), or the bare prompt for a model trained

@@ -28,11 +28,8 @@ def chat_turns(tokenizer: Any) -> ChatTurns:
     user, assistant, system = _message("user", _USER), _message("assistant", _ASSISTANT), _message("system", _SYSTEM)
     renders = {"one": [user], "two": [user, assistant], "three": [user, assistant, _message("user", _NEXT)],
                "system": [system, user]}
-    try:
-        text = {name: _render(tokenizer, messages) for name, messages in renders.items()}
-        asked = _render(tokenizer, [user], generation_prompt=True)
-    except Exception as exc:  # jinja2's errors, or a template's raise_exception
-        raise Untranslatable(f"the template does not render a plain conversation ({exc})") from exc
+    text = {name: _render(tokenizer, messages) for name, messages in renders.items()}
+    asked = _render(tokenizer, [user], generation_prompt=True)
     before_user, user_suffix = _split(text["one"], _USER)
     later_user = _split(_after(text["three"], text["two"]), _NEXT)[0]
     # a user turn's own prefix is what it starts with both first and later; the rest is the conversation's
@@ -45,11 +42,15 @@ def chat_turns(tokenizer: Any) -> ChatTurns:
     if not system_rest.endswith(user_turn):
         raise Untranslatable("a user turn after a system message is written differently")
     bos = tokenizer.bos_token or ""
-    return ChatTurns(start=_without_bos(before_user[:len(before_user) - len(user_prefix)], bos),
-                     system_prefix=_without_bos(system_prefix, bos),
-                     system_suffix=system_rest[:len(system_rest) - len(user_turn)], separator=separator,
-                     user_prefix=user_prefix, user_suffix=user_suffix, assistant_prefix=assistant_prefix,
-                     assistant_suffix=assistant_suffix, generation_prompt=_after(asked, text["one"]))
+    turns = ChatTurns(start=_without_bos(before_user[:len(before_user) - len(user_prefix)], bos),
+                      system_prefix=_without_bos(system_prefix, bos),
+                      system_suffix=system_rest[:len(system_rest) - len(user_turn)], separator=separator,
+                      user_prefix=user_prefix, user_suffix=user_suffix, assistant_prefix=assistant_prefix,
+                      assistant_suffix=assistant_suffix, generation_prompt=_after(asked, text["one"]))
+    for messages in ([user, assistant, _message("user", _NEXT)], [system, user, assistant, _message("user", _NEXT)]):
+        if turns.render(messages) != _without_bos(_render(tokenizer, messages, generation_prompt=True), bos):
+            raise Untranslatable("a longer conversation is not its turns written one after another")
+    return turns
 
 
 def write_modelfile(folder: Path, gguf_file: str, name: str, tokenizer: Any, chat: dict) -> dict:
@@ -79,7 +80,10 @@ def _message(role: str, content: str) -> dict[str, str]:
 
 
 def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as exc:  # jinja2's errors, or a template's raise_exception
+        raise Untranslatable(f"the template does not render a plain conversation ({exc})") from exc
 
 
 def _split(text: str, marker: str) -> tuple[str, str]:
