@@ -21,11 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from helpers import quick_config, with_demo_tokenizer  # noqa: E402
-from model_factory import make_tiny_model  # noqa: E402
-from studio.core.config import save_config  # noqa: E402
-from studio.core.events import read_events  # noqa: E402
-from studio.core.presets import DEMO_TRAIN  # noqa: E402
+from helpers import quick_config, with_demo_tokenizer
+from model_factory import make_tiny_model
+
+from studio.core.config import save_config
+from studio.core.events import read_events
+from studio.core.presets import DEMO_TRAIN
 
 MIB = 2**20
 

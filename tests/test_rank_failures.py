@@ -15,8 +15,8 @@ import time
 
 import psutil
 import pytest
-
 from helpers import quick_config
+
 from studio.core.commands import EXIT_FAILED
 from studio.core.config import save_config
 from studio.core.events import read_events

@@ -9,6 +9,7 @@ validated there, as a local file's are.
 from __future__ import annotations
 
 import logging
+import os
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
@@ -46,7 +47,7 @@ def load_hub_dataset(dataset: HubDataset) -> None:
                           hint, kind="data") from None
     target = rows_file(dataset)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
+    partial = target.with_suffix(f".{os.getpid()}.partial")  # the processes of a run may write it at once
     rows.to_parquet(str(partial))
     partial.replace(target)  # a reader never sees half a file
     log.info("loaded %s: %d rows", dataset, len(rows))
