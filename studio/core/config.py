@@ -209,6 +209,11 @@ class TrainingConfig:
         "time: same loss and gradients, a fraction of the logits memory, less compute with prompt masking. "
         "Models that scale or soft-cap their logits, and zero3/fsdp sharding, use the full logits anyway.",
     )
+    activation_offload: bool = _field(
+        False, "With gradient checkpointing: keep each block's saved input in CPU RAM (copied out and back "
+        "while the GPU computes) instead of on the GPU. Exact; costs CPU RAM (shown by the estimate) and a "
+        "little time where the copies do not hide behind the compute."
+    )
     torch_compile: bool = _field(
         False, "Compile the model with torch.compile (inductor): faster steps after a slow first one; "
         "not with 4/8-bit quantization or DeepSpeed."

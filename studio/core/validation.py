@@ -184,6 +184,10 @@ def _check_training(config: RunConfig) -> list[Problem]:
     if t.torch_compile and (config.effective_load_in != "none" or config.distributed.deepspeed_stage is not None):
         problems.append(Problem("training.torch_compile", "torch.compile does not work with bitsandbytes weights or DeepSpeed",
                                 "turn training.torch_compile off"))
+    if t.activation_offload and not t.gradient_checkpointing:
+        problems.append(Problem("training.activation_offload", "offloads the block inputs that gradient "
+                                "checkpointing keeps, and gradient checkpointing is off",
+                                "turn training.gradient_checkpointing on, or training.activation_offload off"))
     return problems
 
 

@@ -4,7 +4,8 @@ Each technique goes through its library: bitsandbytes quantization through
 ``BitsAndBytesConfig``, LoRA/DoRA/rsLoRA, AdaLoRA, IA3, LoHa, LoKr, prefix and
 prompt tuning through peft (each method's peft config and training hooks are in
 studio.train.methods), k-bit preparation through ``peft.prepare_model_for_kbit_training``,
-quantization-aware training through torchao's ``QATConfig``, checkpointing through transformers.
+quantization-aware training through torchao's ``QATConfig``, checkpointing through transformers (its block
+inputs offloaded to CPU RAM by studio.train.offload when asked).
 """
 
 from __future__ import annotations
@@ -214,6 +215,10 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         model = attach_adapter(model, config, total_steps)
         if checkpointing:
             model.enable_input_require_grads()
+    if checkpointing and config.training.activation_offload:
+        from studio.train.offload import offload_checkpoint_inputs
+
+        offload_checkpoint_inputs(model)
     return model
 
 

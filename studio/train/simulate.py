@@ -50,6 +50,7 @@ class StepMemory:
     phase_peaks: dict[str, int]
     seconds: float
     peak_reserved_bytes: int = 0  # CUDA only
+    host_peak_bytes: int = 0  # offloaded activations in CPU RAM (counted apart on the CPU; not measured on CUDA)
 
 
 def full_length_batches(config: RunConfig, vocab_size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -121,7 +122,7 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
         run_optimizer_steps(model, optimizer, batches, config, tracker, steps, target_tokens(batches))
     report = tracker.report
     return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
-                      getattr(tracker, "peak_reserved_bytes", 0))
+                      getattr(tracker, "peak_reserved_bytes", 0), host_peak_bytes(tracker))
 
 
 # ---------------------------------------------------------------- simulation on fake tensors
@@ -146,7 +147,14 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
             tracker.add(batches)
             run_optimizer_steps(model, optimizer, batches, config, tracker, steps, targets)
     report = tracker.report
-    return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started)
+    return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
+                      host_peak_bytes=host_peak_bytes(tracker))
+
+
+def host_peak_bytes(tracker) -> int:
+    """The peak of the host memory a tracker counted apart (offloaded activations); 0 where it counts none."""
+    report = getattr(tracker, "host_report", None)
+    return report.peak_bytes if report is not None else 0
 
 
 def fake_model(config: RunConfig, layers: int | None = None):

@@ -47,6 +47,7 @@ class Regime:
     feedforward_width: int = 0  # IA3 scales the input of linears this wide (the MLP's output projection)
     qat: bool = False  # torchao fake-quantizes the block linears' weights
     qat_activations: bool = False  # and their inputs
+    activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.offload)
 
     @property
     def kbit_prepared(self) -> bool:
@@ -123,5 +124,6 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
+        activation_offload=training.activation_offload and training.gradient_checkpointing,
     )
 

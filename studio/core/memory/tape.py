@@ -540,6 +540,7 @@ class Activations:
     block_grads: int  # .grad bytes one block produces
     head_grads: int  # .grad bytes of the final norm and the output head
     logits_dtype: str
+    block_input: int = 0  # bytes of the input each checkpointed block keeps (0 without checkpointing)
 
 
 def activations(shape: ModelShape, regime: Regime) -> Activations:
@@ -582,4 +583,4 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
     return Activations(saved=saved, weight_copies=copies, autocast_cache=cache, before_last_block=before_last,
                        before_first_block=before_first, last_block=last_moment, first_block=first_moment,
                        block_grads=block_grads, head_grads=sum(node.parameter_grad for node in head),
-                       logits_dtype=logits.dtype)
+                       logits_dtype=logits.dtype, block_input=x.nbytes if regime.checkpointing else 0)
