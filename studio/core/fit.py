@@ -11,14 +11,16 @@ what stands in the way.
 
 The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
 gradient accumulation (the effective batch micro-batch x accumulation is kept),
-gradient checkpointing, the 8-bit AdamW optimizer, a 4-bit base model (LoRA
+gradient checkpointing, offloading its block inputs to CPU RAM, the 8-bit AdamW optimizer, a 4-bit base model (LoRA
 becomes QLoRA) and, when allowed, ZeRO optimizer offload to CPU RAM. The
 method (full or LoRA) and the sequence length are never changed: they change
 what is trained; the explanation says when they are what would help.
 
 Expected step time is relative and rule-of-thumb: each micro-step costs a fixed
 overhead worth ``MICRO_STEP_OVERHEAD_TOKENS`` tokens, checkpointing recomputes
-the forward pass (x1.33), a 4-bit base dequantizes every weight (x1.25), the
+the forward pass (x1.33), its offloaded block inputs cost what their copies do not hide behind the compute
+(x1.03: a block's input is 2·hidden bytes a token each way over PCIe, against about 8 x its parameters
+in FLOPs a token; docs/memory-estimate.md), a 4-bit base dequantizes every weight (x1.25), the
 8-bit optimizer step is a little slower (x1.02) and offload moves the optimizer
 step to the CPU (x1.5).
 
@@ -42,6 +44,7 @@ CHECKPOINTING_SLOWDOWN = 1.33
 FOUR_BIT_SLOWDOWN = 1.25
 EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
 OFFLOAD_SLOWDOWN = 1.5
+ACTIVATION_OFFLOAD_SLOWDOWN = 1.03
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,14 @@ def _checkpointing(c: Candidate) -> list[Candidate]:
     options = [c]
     if not c.config.training.gradient_checkpointing:
         options.append(replace(c, config=c.config.replace(training={"gradient_checkpointing": True})))
+    return options
+
+
+def _activation_offload(c: Candidate) -> list[Candidate]:
+    options = [c]
+    t = c.config.training
+    if t.gradient_checkpointing and not t.activation_offload:
+        options.append(replace(c, config=c.config.replace(training={"activation_offload": True})))
     return options
 
 
@@ -110,6 +121,8 @@ def _describe_micro_batch(before: Candidate, after: Candidate) -> str:
 SAVERS: tuple[Saver, ...] = (
     Saver("micro_batch", _micro_batches, _describe_micro_batch),
     Saver("checkpointing", _checkpointing, lambda b, a: "training.gradient_checkpointing on"),
+    Saver("activation_offload", _activation_offload,
+          lambda b, a: "training.activation_offload on (the block inputs wait in CPU RAM)"),
     Saver("optimizer", _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit"),
     Saver("four_bit", _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)"),
     Saver("offload", _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM"),
@@ -126,6 +139,8 @@ def _step_cost(c: Candidate) -> float:
     cost = t.gradient_accumulation_steps * (MICRO_STEP_OVERHEAD_TOKENS + t.micro_batch_size * config.data.max_length)
     if t.gradient_checkpointing:
         cost *= CHECKPOINTING_SLOWDOWN
+    if t.gradient_checkpointing and t.activation_offload:
+        cost *= ACTIVATION_OFFLOAD_SLOWDOWN
     if config.effective_load_in == "4bit":
         cost *= FOUR_BIT_SLOWDOWN
     if t.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
@@ -242,6 +257,7 @@ def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
     return {
         "micro_batch": o.training.micro_batch_size == c.training.micro_batch_size,
         "checkpointing": o.training.gradient_checkpointing == c.training.gradient_checkpointing,
+        "activation_offload": o.training.activation_offload == c.training.activation_offload,
         "optimizer": o.training.optimizer == c.training.optimizer,
         "four_bit": o.effective_load_in == c.effective_load_in,
         "offload": option.scale_out.offload_optimizer == chosen.scale_out.offload_optimizer,

@@ -130,7 +130,8 @@ def _scale_out_text(estimate: Estimate) -> str:
     """Where a layer split puts the layers, and the CPU RAM that offload takes."""
     text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
     host = next((d for d in estimate.devices if d.device == "host"), None)
-    return text + (f" CPU RAM for offloaded state: {gib(host.total_bytes)}." if host else "")
+    what = "offloaded activations" if host and host.parts["activations"] == host.total_bytes else "offloaded state"
+    return text + (f" CPU RAM for {what}: {gib(host.total_bytes)}." if host else "")
 
 
 class EstimatePanel(QGroupBox):

@@ -1,0 +1,96 @@
+"""Offloaded activation checkpointing (training.activation_offload): exact, counted apart, refused without checkpointing."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import quick_config
+from model_factory import make_tiny_model
+from studio.core.estimate import estimate
+from studio.core.memory.regime import loss_impl_for
+from studio.core.validation import validate
+from studio.train.loss import lean_output_layer
+from studio.train.model import build_model, compute_dtype
+from studio.train.simulate import full_length_batches, loss_sum, measure_step, target_tokens
+
+LAYERS, HIDDEN, LENGTH, BATCH = 4, 128, 128, 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    make_tiny_model("llama", folder, num_hidden_layers=LAYERS, hidden_size=HIDDEN, intermediate_size=256)
+    data = folder / "train.txt"
+    data.write_text("unused: the steps below make their own rows\n")
+    return folder, data
+
+
+def offload_config(tiny, offload: bool, **sections):
+    folder, data = tiny
+    training = {"micro_batch_size": BATCH, "gradient_checkpointing": True, "activation_offload": offload,
+                **sections.pop("training", {})}
+    return quick_config(data, model={"name_or_path": str(folder)}, data={"max_length": LENGTH}, training=training,
+                        **sections)
+
+
+def loss_and_gradients(config):
+    """One micro-batch of the worker's step (its loss, autocast and checkpointing): the loss and every .grad."""
+    torch.manual_seed(config.training.seed)
+    model = build_model(config, torch.device("cpu"))
+    model.train()
+    batch = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))[0]
+    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+    with torch.autocast("cpu", dtype=compute_dtype(config), enabled=config.training.precision != "fp32"):
+        loss = loss_sum(model, batch, output_layer) / target_tokens([batch])
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("sections", [
+    {"method": "lora"},  # with the default dropout: the recomputation replays it
+    {"method": "qlora", "training": {"precision": "bf16"}},
+    {"method": "full"},
+    {"method": "ia3"},
+    {"method": "loha"},
+    {"method": "prompt_tuning"},
+], ids=lambda s: s["method"])
+def test_losses_and_gradients_equal_the_checkpointed_path(tiny, sections):
+    """The offload only moves the saved block inputs and copies them back: every number is bitwise the same."""
+    plain_loss, plain = loss_and_gradients(offload_config(tiny, False, **sections))
+    loss, offloaded = loss_and_gradients(offload_config(tiny, True, **sections))
+    assert torch.equal(loss, plain_loss)
+    assert plain and offloaded.keys() == plain.keys()
+    for name, grad in plain.items():
+        assert torch.equal(offloaded[name], grad), name
+
+
+def test_the_block_inputs_are_counted_in_host_memory_and_leave_the_device(tiny):
+    """On the CPU the tracker counts the offloaded copies apart; the estimate predicts both sides."""
+    model_config = json.loads((tiny[0] / "config.json").read_text())
+    plain_config, config = (offload_config(tiny, offload, method="qlora", training={"precision": "bf16"})
+                            for offload in (False, True))
+    plain, offloaded = measure_step(plain_config, torch.device("cpu")), measure_step(config, torch.device("cpu"))
+    block_input = BATCH * LENGTH * HIDDEN * 4  # k-bit preparation keeps the residual stream in fp32
+    assert plain.host_peak_bytes == 0
+    assert offloaded.host_peak_bytes == LAYERS * block_input
+    # three of four block inputs leave (the first is the embeddings' output: a leaf that autograd keeps)
+    assert plain.phase_peaks["forward"] - offloaded.phase_peaks["forward"] == (LAYERS - 1) * block_input
+
+    plain_estimate, predicted = (estimate(model_config, c, "cpu") for c in (plain_config, config))
+    host = predicted.devices[-1]
+    assert [d.device for d in predicted.devices] == ["cpu", "host"] and len(plain_estimate.devices) == 1
+    assert host.parts["activations"] == host.total_bytes == offloaded.host_peak_bytes
+    # the device saves what was measured, in each phase (the estimate's own error on this toy is the same with
+    # and without)
+    for phase in ("forward", "backward"):
+        saved = plain_estimate.devices[0].phases[phase] - predicted.devices[0].phases[phase]
+        assert saved == plain.phase_peaks[phase] - offloaded.phase_peaks[phase], phase
+
+
+def test_without_checkpointing_it_is_refused_naming_the_field(tiny):
+    config = offload_config(tiny, True, training={"gradient_checkpointing": False})
+    problems = [p for p in validate(config) if p.where == "training.activation_offload"]
+    assert len(problems) == 1
+    assert "gradient_checkpointing" in problems[0].hint
+    assert not [p for p in validate(offload_config(tiny, True)) if p.where == "training.activation_offload"]
