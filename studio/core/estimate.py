@@ -56,6 +56,7 @@ from studio.core.memory.states import ModelStates, model_states
 from studio.core.memory.logits import logits_loss_bytes
 from studio.core.memory.offload import host_activation_bytes, offloaded_activations, with_host_activations
 from studio.core.memory.tape import Activations, activations
+from studio.core.memory.tiled import feedforward_for
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.memory.derived import TraceNeededError, cached_trace, derived_estimate, trace_path
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, family_of, model_shape
@@ -135,7 +136,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     states = model_states(shape, regime)
     if scale_out.uses_zero and regime.full:  # DeepSpeed trains 16-bit weights: autocast has no copies to make
         regime = replace(regime, base_dtype=regime.compute)
-    acts = activations(shape, regime)
+    acts = activations(shape, regime, feedforward_for(shape, regime))
     if regime.activation_offload:
         acts = offloaded_activations(acts, shape, regime)
     phases = _phases(shape, regime, states, acts)

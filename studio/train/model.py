@@ -215,6 +215,10 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         model = attach_adapter(model, config, total_steps)
         if checkpointing:
             model.enable_input_require_grads()
+    if config.training.tiled_mlp:
+        from studio.train.tiled_mlp import tile_mlps
+
+        tile_mlps(model)
     if checkpointing and config.training.activation_offload:
         from studio.train.offload import offload_checkpoint_inputs
 

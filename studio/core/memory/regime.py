@@ -48,6 +48,7 @@ class Regime:
     qat: bool = False  # torchao fake-quantizes the block linears' weights
     qat_activations: bool = False  # and their inputs
     activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.offload)
+    tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.tiled)
 
     @property
     def kbit_prepared(self) -> bool:
@@ -125,5 +126,6 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
         activation_offload=training.activation_offload and training.gradient_checkpointing,
+        tiled_mlp=training.tiled_mlp,
     )
 
