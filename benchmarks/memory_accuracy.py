@@ -15,7 +15,7 @@ one (the same steps on fake tensors, ``studio.train.simulate``). The rows named
 (``studio.core.memory.derived``, traced here in-process by ``studio.train.trace``);
 ``--only derived:`` runs just those. Rows with ``activation_offload=True`` also compare the host memory
 (the offloaded block inputs in CPU RAM, which the tracker counts apart from the device's); ``--only offload``
-runs just those.
+runs just those, ``--only tiled_mlp`` the tiled MLP's.
 
 On a machine with a GPU (and without ``--cpu``) the steps run on CUDA and the
 measured side is torch.cuda.max_memory_allocated / max_memory_reserved and
@@ -223,6 +223,20 @@ OFFLOAD_CASES = [
     Case("mistral-26M", "lora", "fp32", 2, 512, checkpointing=True, changes=OFFLOAD),
 ]
 
+# The tiled MLP (studio.train.tiled_mlp), alone and with checkpointing and its offload.
+TILED = {"training": {"tiled_mlp": True}}
+TILED_CASES = [
+    Case("llama-7M", "lora", "bf16", 4, 256, changes=TILED),
+    Case("llama-55M", "lora", "bf16", 2, 512, checkpointing=True, changes=TILED),
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, changes={"training": {"tiled_mlp": True,
+                                                                                         "activation_offload": True}}),
+    Case("gpt2-17M", "full", "fp32", 2, 256, checkpointing=True, changes=TILED),
+    Case("neox-36M", "lora", "bf16", 4, 256, changes=TILED),
+    Case("phi-36M", "full", "fp32", 2, 128, changes=TILED),
+    Case("gemma-14M", "qlora", "bf16", 2, 512, checkpointing=True, changes=TILED),
+    Case("phi3-21M", "lora", "bf16", 4, 256, checkpointing=True, changes=TILED),
+]
+
 # The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On
 # described families too, so that its error is measured where the description's is known.
 DERIVED_CASES = [
@@ -393,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     wanted = args.only.split(",") if args.only else []
-    cases = [c for c in CASES + OFFLOAD_CASES + DERIVED_CASES if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
+    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + DERIVED_CASES if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)
     nvml_baseline = _nvml_used() if device.type == "cuda" else 0  # other processes, before our CUDA context exists

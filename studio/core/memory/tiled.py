@@ -27,9 +27,14 @@ def mlp_tiles(shape: ModelShape) -> int:
     return max(1, math.ceil(shape.intermediate / shape.hidden))
 
 
+def tiles_its_mlp(shape: ModelShape) -> bool:
+    """Whether the model's MLP is one module applied token by token (a mixture of experts routes instead)."""
+    return not any(layer.kind in (ROUTER, EXPERTS) for layer in shape.block_linears)
+
+
 def check_tiled_mlp(shape: ModelShape) -> None:
-    """Refuse a model whose MLP is not one module applied token by token (a mixture of experts routes)."""
-    if any(layer.kind in (ROUTER, EXPERTS) for layer in shape.block_linears):
+    """Refuse a model whose MLP cannot be tiled (tiles_its_mlp), naming the setting."""
+    if not tiles_its_mlp(shape):
         raise StudioError(f"training.tiled_mlp: {shape.family.name} routes tokens to experts, and only a plain "
                           "MLP (Llama's gated one, GPT-2's, NeoX's, Phi's) can be tiled",
                           "turn training.tiled_mlp off for this model", kind="config")
