@@ -41,6 +41,7 @@ def checks(gpus: int) -> dict[str, dict]:
         "full fine-tune + gradient checkpointing": {"method": "full", "training": {"gradient_checkpointing": True}},
         "qlora + offloaded activation checkpointing (pinned copies on a side stream)": {
             "method": "qlora", "training": {"gradient_checkpointing": True, "activation_offload": True}},
+        "lora + tiled MLP (checkpointed tiles on CUDA)": {"training": {"tiled_mlp": True}},
         "zero2 + optimizer offload to CPU": {"distributed": {"sharding": "zero2", "offload_optimizer": "cpu"}},
         "zero3 + weight and optimizer offload to CPU": {
             "distributed": {"sharding": "zero3", "offload_optimizer": "cpu", "offload_params": "cpu"}},
