@@ -7,7 +7,7 @@ import torch
 
 from helpers import quick_config
 from model_factory import make_tiny_model
-from studio.core.estimate import estimate
+from studio.core.estimate import estimate, format_bytes
 from studio.core.memory.regime import loss_impl_for
 from studio.core.validation import validate
 from studio.train.loss import lean_output_layer
@@ -86,6 +86,20 @@ def test_the_block_inputs_are_counted_in_host_memory_and_leave_the_device(tiny):
     for phase in ("forward", "backward"):
         saved = plain_estimate.devices[0].phases[phase] - predicted.devices[0].phases[phase]
         assert saved == plain.phase_peaks[phase] - offloaded.phase_peaks[phase], phase
+
+
+def test_studio_estimate_prints_the_cpu_ram_beside_the_gpu(tiny):
+    from studio.cli_memory import estimate_table
+
+    model_config = json.loads((tiny[0] / "config.json").read_text())
+    config = offload_config(tiny, True)
+    result = estimate(model_config, config)
+    table = estimate_table(result, config, model_config, None)
+    host = table[table.index("host:"):]
+    block_inputs = LAYERS * BATCH * LENGTH * HIDDEN * 4  # the demo config trains in fp32
+    assert "cuda:0:" in table and "layer inputs in CPU RAM" in table
+    assert "activations" in host and format_bytes(block_inputs) in host
+    assert result.to_json()["devices"][-1]["parts"]["activations"] == block_inputs
 
 
 def test_without_checkpointing_it_is_refused_naming_the_field(tiny):
