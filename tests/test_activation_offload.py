@@ -5,14 +5,11 @@ import json
 import pytest
 import torch
 
-from helpers import quick_config
+from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
 from studio.core.estimate import estimate, format_bytes
-from studio.core.memory.regime import loss_impl_for
 from studio.core.validation import validate
-from studio.train.loss import lean_output_layer
-from studio.train.model import build_model, compute_dtype
-from studio.train.simulate import full_length_batches, loss_sum, measure_step, target_tokens
+from studio.train.simulate import measure_step
 
 LAYERS, HIDDEN, LENGTH, BATCH = 4, 128, 128, 2
 
@@ -32,19 +29,6 @@ def offload_config(tiny, offload: bool, **sections):
                 **sections.pop("training", {})}
     return quick_config(data, model={"name_or_path": str(folder)}, data={"max_length": LENGTH}, training=training,
                         **sections)
-
-
-def loss_and_gradients(config):
-    """One micro-batch of the worker's step (its loss, autocast and checkpointing): the loss and every .grad."""
-    torch.manual_seed(config.training.seed)
-    model = build_model(config, torch.device("cpu"))
-    model.train()
-    batch = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))[0]
-    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
-    with torch.autocast("cpu", dtype=compute_dtype(config), enabled=config.training.precision != "fp32"):
-        loss = loss_sum(model, batch, output_layer) / target_tokens([batch])
-    loss.backward()
-    return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
 
 
 @pytest.mark.parametrize("sections", [

@@ -5,13 +5,12 @@ import json
 import pytest
 import torch
 
-from helpers import quick_config
+from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
-from studio.train.loss import lean_output_layer
 from studio.train.model import build_model
-from studio.train.simulate import full_length_batches, loss_sum, measure_step, target_tokens
+from studio.train.simulate import measure_step
 
 NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
 
@@ -25,16 +24,6 @@ def tiny_config(tmp_path, family, tiled, **sections):
     training = {"micro_batch_size": 2, "precision": "fp32", "tiled_mlp": tiled, **sections.pop("training", {})}
     return quick_config(data, model={"name_or_path": str(folder)}, data={"max_length": 96}, training=training,
                         lora={"dropout": 0.0}, **sections)  # dropout draws its masks per tile
-
-
-def loss_and_gradients(config):
-    torch.manual_seed(config.training.seed)
-    model = build_model(config, torch.device("cpu"))
-    model.train()
-    batch = full_length_batches(config, model.config.vocab_size, torch.device("cpu"))[0]
-    loss = loss_sum(model, batch, lean_output_layer(model)) / target_tokens([batch])
-    loss.backward()
-    return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
 
 
 @pytest.mark.parametrize("family, sections", [

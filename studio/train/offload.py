@@ -34,12 +34,12 @@ class _Offloaded:
 
     __slots__ = ("host", "device", "previous", "ready", "__weakref__")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, previous: "_Offloaded | None"):
+    def __init__(self, host: torch.Tensor, device: torch.device, previous: weakref.ref | None):
         self.host = host
         self.device = device
         # the input saved just before this one: backward needs it next. A weak reference, so that a finished
         # micro-batch's inputs are freed with its graph rather than kept by the next one's.
-        self.previous = weakref.ref(previous) if previous is not None else None
+        self.previous = previous
         self.ready: torch.Tensor | None = None  # the device copy, fetched ahead of its unpack
 
 
@@ -48,7 +48,7 @@ class ActivationOffloader:
 
     def __init__(self):
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
-        self._last: _Offloaded | None = None
+        self._last: weakref.ref | None = None  # the input saved last (weak: autograd's graph owns it)
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -66,8 +66,9 @@ class ActivationOffloader:
             tensor.record_stream(self.stream)  # its memory is not reused before the copy has read it
         else:
             host.copy_(tensor)
-        self._last = _Offloaded(host, tensor.device, self._last)
-        return self._last
+        packed = _Offloaded(host, tensor.device, self._last)
+        self._last = weakref.ref(packed)
+        return packed
 
     def unpack(self, packed):
         if not isinstance(packed, _Offloaded):
