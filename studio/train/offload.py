@@ -44,10 +44,10 @@ class _Offloaded:
 
 
 class ActivationOffloader:
-    """The pack and unpack hooks, and the side stream the copies run on (CUDA)."""
+    """The pack and unpack hooks, and the side streams the copies run on (CUDA: one per device)."""
 
     def __init__(self):
-        self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._last: weakref.ref | None = None  # the input saved last (weak: autograd's graph owns it)
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
@@ -60,10 +60,11 @@ class ActivationOffloader:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
                                pin_memory=tensor.device.type == "cuda")
         if tensor.device.type == "cuda":
-            self.stream.wait_stream(torch.cuda.current_stream(tensor.device))
-            with torch.cuda.stream(self.stream):
+            stream = self._stream(tensor.device)
+            stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            with torch.cuda.stream(stream):
                 host.copy_(tensor, non_blocking=True)
-            tensor.record_stream(self.stream)  # its memory is not reused before the copy has read it
+            tensor.record_stream(stream)  # its memory is not reused before the copy has read it
         else:
             host.copy_(tensor)
         packed = _Offloaded(host, tensor.device, self._last)
@@ -76,7 +77,7 @@ class ActivationOffloader:
         tensor = packed.ready if packed.ready is not None else self._fetch(packed)
         packed.ready = None
         if tensor.device.type == "cuda":
-            torch.cuda.current_stream(tensor.device).wait_stream(self.stream)
+            torch.cuda.current_stream(tensor.device).wait_stream(self._stream(tensor.device))
             tensor.record_stream(torch.cuda.current_stream(tensor.device))
         previous = packed.previous() if packed.previous is not None else None
         if previous is not None and previous.ready is None:
@@ -86,9 +87,14 @@ class ActivationOffloader:
     def _fetch(self, packed: _Offloaded) -> torch.Tensor:
         """A new device copy of ``packed``'s CPU copy (asynchronous on CUDA)."""
         if packed.device.type == "cuda":
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.stream(self._stream(packed.device)):
                 return packed.host.to(packed.device, non_blocking=True)
         return packed.host.clone()  # a distinct tensor: the device's
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
 
 
 def offload_checkpoint_inputs(model: torch.nn.Module) -> int:
