@@ -9,7 +9,7 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.estimate import ScaleOut, estimate
+from studio.core.estimate import ScaleOut, estimate, format_bytes
 from studio.core.fit import fit
 from test_estimate import LLAMA_31_8B
 
@@ -118,3 +118,15 @@ def test_fit_command_writes_the_fitted_config(tmp_path, capsys):
 def test_scale_out_is_kept():
     result = fit(LLAMA_31_8B, lora_run(), 24 * GIB, scale_out=ScaleOut(2, 2))
     assert result.scale_out.num_gpus == 2 and result.scale_out.zero_stage == 2
+
+
+def test_offloaded_activations_are_a_saver_that_names_its_cpu_ram():
+    """On a card where only the block inputs stand in the way, fit moves them to CPU RAM and says how much."""
+    config = lora_run().replace(method="qlora", quantization={"load_in": "4bit"}, data={"max_length": 16384},
+                                training={"micro_batch_size": 1, "gradient_accumulation_steps": 1,
+                                          "gradient_checkpointing": True})
+    result = fit(LLAMA_31_8B, config, 24 * GIB)
+    assert result.fits and result.config.training.activation_offload
+    host = result.estimate.devices[-1]
+    assert host.device == "host" and host.parts["activations"] > 0
+    assert f"need {format_bytes(host.parts['activations'])} of CPU RAM" in result.explanation

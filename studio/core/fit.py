@@ -292,6 +292,9 @@ def _explanation(result: FitResult, shape: ModelShape, original: Estimate) -> st
         over = format_bytes(result.estimate.peak_bytes - result.gpu_bytes)
         lines.append(f"Nothing fits in {gpu}. The closest needs {needed}, {over} too much. Changes tried:")
     lines += [f"  - {change}" for change in result.changes]
+    if any(change.saver == "activation_offload" for change in result.changes):
+        host = next(d for d in result.estimate.devices if d.device == "host")
+        lines.append(f"The offloaded activations need {format_bytes(host.parts['activations'])} of CPU RAM.")
     if not result.fits:
         lines.append(_what_stands_in_the_way(result, shape))
     return "\n".join(lines)
