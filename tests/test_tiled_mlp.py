@@ -68,3 +68,14 @@ def test_a_mixture_of_experts_is_refused_by_the_worker_and_the_estimate(tmp_path
     with pytest.raises(StudioError, match="training.tiled_mlp") as refused:
         estimate(model_config, config)
     assert "turn training.tiled_mlp off" in refused.value.hint
+
+
+def test_it_trains_under_torch_compile(tmp_path, story_data):
+    """dynamo cannot trace the tiles' checkpoints inside a compiled block: the tiled MLP runs eagerly there."""
+    from helpers import losses
+    from studio.core.commands import EXIT_OK
+    from studio.train.worker import run
+
+    config = quick_config(story_data, training={"torch_compile": True, "tiled_mlp": True, "max_steps": 3})
+    code, run_dir = run(config.replace(data={"format": "text"}), tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_OK and len(losses(run_dir)) == 3

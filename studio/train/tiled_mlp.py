@@ -41,6 +41,7 @@ def tile_mlps(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
+@torch.compiler.disable  # dynamo cannot trace a checkpoint inside the compiled block: the MLP runs eagerly
 def _tiled(forward, tiles: int, hidden: torch.Tensor) -> torch.Tensor:
     if not torch.is_grad_enabled():  # nothing kept for a backward pass: nothing to save
         return forward(hidden)
