@@ -92,3 +92,14 @@ def test_without_checkpointing_it_is_refused_naming_the_field(tiny):
     assert len(problems) == 1
     assert "gradient_checkpointing" in problems[0].hint
     assert not [p for p in validate(offload_config(tiny, True)) if p.where == "training.activation_offload"]
+
+
+def test_it_trains_under_torch_compile(tmp_path, story_data):
+    from helpers import losses
+    from studio.core.commands import EXIT_OK
+    from studio.train.worker import run
+
+    config = quick_config(story_data, training={"torch_compile": True, "gradient_checkpointing": True,
+                                                "activation_offload": True, "max_steps": 3})
+    code, run_dir = run(config.replace(data={"format": "text"}), tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_OK and len(losses(run_dir)) == 3
