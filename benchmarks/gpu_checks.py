@@ -7,8 +7,11 @@ Each check trains the embedded tiny model for a few steps through ``studio train
 (a real worker process) with one GPU-only technique switched on: CUDA memory
 events from the allocator and nvml, bitsandbytes' CUDA kernels (QLoRA, paged
 8-bit AdamW, which pages only on CUDA), DeepSpeed ZeRO with CPU offload on
-NCCL, and with two or more GPUs data parallel over NCCL and FSDP. Then the
-throughput benchmark runs on the GPU. The table in ``OUT/gpu-checks.md`` (and
+NCCL, and with two or more GPUs data parallel over NCCL and FSDP. Then
+``offload_comparison`` trains a larger random model with gradient checkpointing, with and without
+``training.activation_offload``: the device peak each reaches against the estimate, and the time of a
+step (the offload's copies run on a side stream: the two times show how well they hide; in
+``OUT/offload.md``). Then the throughput benchmark runs on the GPU. The table in ``OUT/gpu-checks.md`` (and
 ``.json``) says for each check whether it completed, its last loss, the
 measured and predicted peak memory of a steady step, and the error if any.
 CI never runs this: it needs a GPU.
@@ -37,6 +40,9 @@ def checks(gpus: int) -> dict[str, dict]:
         "qlora nf4 (bitsandbytes CUDA kernels)": {"method": "qlora"},
         "paged_adamw_8bit (paged on CUDA)": {"training": {"optimizer": "paged_adamw_8bit"}},
         "full fine-tune + gradient checkpointing": {"method": "full", "training": {"gradient_checkpointing": True}},
+        "qlora + offloaded activation checkpointing (pinned copies on a side stream)": {
+            "method": "qlora", "training": {"gradient_checkpointing": True, "activation_offload": True}},
+        "lora + tiled MLP (checkpointed tiles on CUDA)": {"training": {"tiled_mlp": True}},
         "zero2 + optimizer offload to CPU": {"distributed": {"sharding": "zero2", "offload_optimizer": "cpu"}},
         "zero3 + weight and optimizer offload to CPU": {
             "distributed": {"sharding": "zero3", "offload_optimizer": "cpu", "offload_params": "cpu"}},
@@ -131,6 +137,68 @@ def run_check(name: str, sections: dict, workdir: Path) -> dict:
     }
 
 
+# A model whose block inputs are worth offloading, and whose blocks take long enough to hide the copies.
+OFFLOAD_MODEL = {"num_hidden_layers": 8, "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
+                 "num_key_value_heads": 4, "max_position_embeddings": 8192}
+
+
+def offload_comparison(device, folder: Path, model: dict = OFFLOAD_MODEL, length: int = 4096, steps: int = 3) -> list[dict]:
+    """LoRA with gradient checkpointing, without and with activation offload: measured and predicted device peak
+    (tensor bytes), predicted and (on the CPU) measured host RAM, and seconds per optimizer step after a warm-up."""
+    import torch
+
+    from helpers import quick_config
+    from model_factory import make_tiny_model
+    from studio.core.estimate import estimate
+    from studio.train.memtrack import tracker_for
+    from studio.train.model import build_model
+    from studio.train.optim import build_optimizer
+    from studio.train.simulate import full_length_batches, run_optimizer_steps, target_tokens
+
+    make_tiny_model("llama", folder, **model)
+    model_config = json.loads((folder / "config.json").read_text())
+    rows = []
+    for offload in (False, True):
+        config = quick_config(folder / "config.json", model={"name_or_path": str(folder)}, data={"max_length": length},
+                              training={"micro_batch_size": 1, "precision": "bf16", "gradient_checkpointing": True,
+                                        "activation_offload": offload})
+        torch.manual_seed(0)
+        trained = build_model(config, device)
+        optimizer = build_optimizer(config, [p for p in trained.parameters() if p.requires_grad])
+        batches = full_length_batches(config, model_config["vocab_size"], device)
+        targets = target_tokens(batches)
+        run_optimizer_steps(trained, optimizer, batches, config, tracker_for(device), 1, targets)  # state, warm-up
+        with tracker_for(device) as tracker:
+            started = time.perf_counter()
+            run_optimizer_steps(trained, optimizer, batches, config, tracker, steps, targets)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = (time.perf_counter() - started) / steps
+        predicted = estimate(model_config, config, device.type)
+        overheads = predicted.parts["cuda_context"] + predicted.parts["allocator_margin"]
+        host = next((d.total_bytes for d in predicted.devices if d.device == "host"), 0)
+        rows.append({"activation_offload": offload, "measured_mib": round(tracker.report.peak_bytes / MIB, 1),
+                     "predicted_mib": round((predicted.peak_bytes - overheads) / MIB, 1),
+                     "host_predicted_mib": round(host / MIB, 1),
+                     "host_measured_mib": round(tracker.host_report.peak_bytes / MIB, 1) if device.type != "cuda" else None,
+                     "seconds_per_step": round(seconds, 3)})
+        del trained, optimizer
+    return rows
+
+
+def offload_markdown(rows: list[dict]) -> str:
+    lines = ["| activation offload | measured MiB | predicted MiB | host predicted MiB | host measured MiB | s/step |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['activation_offload']} | {r['measured_mib']} | {r['predicted_mib']} | {r['host_predicted_mib']} | "
+              f"{r['host_measured_mib'] if r['host_measured_mib'] is not None else 'n/a'} | {r['seconds_per_step']} |"
+              for r in rows]
+    plain, offloaded = rows
+    lines.append(f"\ndevice saving {plain['measured_mib'] - offloaded['measured_mib']:.1f} MiB measured, "
+                 f"{plain['predicted_mib'] - offloaded['predicted_mib']:.1f} MiB predicted; step time "
+                 f"x{offloaded['seconds_per_step'] / plain['seconds_per_step']:.3f} with the offload")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["| check | status | last loss | measured MiB | predicted MiB | seconds | error |", "|---|---|---|---|---|---|---|"]
     for r in results:
@@ -162,6 +230,9 @@ def main() -> None:
     header = f"{gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}\n\n"
     (args.out / "gpu-checks.md").write_text(header + markdown(results), encoding="utf-8")
     (args.out / "gpu-checks.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    offload = offload_comparison(torch.device("cuda"), args.out / "offload-model")
+    (args.out / "offload.md").write_text(header + offload_markdown(offload), encoding="utf-8")
+    print(offload_markdown(offload), flush=True)
     if not args.skip_throughput:
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--repeats", "2",
                         "--json", str(args.out / "throughput.json")], timeout=1200)

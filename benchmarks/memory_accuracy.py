@@ -13,7 +13,9 @@ estimate (``studio.core.estimate``, device type cpu) and with the simulated
 one (the same steps on fake tensors, ``studio.train.simulate``). The rows named
 ``derived:`` estimate from a traced step instead of the family's description
 (``studio.core.memory.derived``, traced here in-process by ``studio.train.trace``);
-``--only derived:`` runs just those.
+``--only derived:`` runs just those. Rows with ``activation_offload=True`` also compare the host memory
+(the offloaded block inputs in CPU RAM, which the tracker counts apart from the device's); ``--only offload``
+runs just those, ``--only tiled_mlp`` the tiled MLP's.
 
 On a machine with a GPU (and without ``--cpu``) the steps run on CUDA and the
 measured side is torch.cuda.max_memory_allocated / max_memory_reserved and
@@ -218,6 +220,33 @@ CASES = [
     Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True, changes={"training": {"embedding_on_cpu": True}}),
 ]
 
+# Offloaded activation checkpointing: the device and the host (CPU RAM) measured apart (studio.train.memtrack.on_host).
+OFFLOAD = {"training": {"activation_offload": True}}
+OFFLOAD_CASES = [
+    Case("llama-7M", "lora", "bf16", 4, 256, checkpointing=True, changes=OFFLOAD),
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit", changes=OFFLOAD),
+    Case("llama-55M", "full", "bf16", 2, 256, checkpointing=True, changes=OFFLOAD),
+    Case("gpt2-17M", "full", "fp32", 2, 256, checkpointing=True, changes=OFFLOAD),
+    Case("neox-36M", "lora", "bf16", 4, 256, checkpointing=True, changes=OFFLOAD),
+    Case("phi-36M", "qlora", "bf16", 4, 128, checkpointing=True, changes=OFFLOAD),
+    Case("gemma-14M", "lora", "bf16", 2, 512, checkpointing=True, changes=OFFLOAD),
+    Case("mistral-26M", "lora", "fp32", 2, 512, checkpointing=True, changes=OFFLOAD),
+]
+
+# The tiled MLP (studio.train.tiled_mlp), alone and with checkpointing and its offload.
+TILED = {"training": {"tiled_mlp": True}}
+TILED_CASES = [
+    Case("llama-7M", "lora", "bf16", 4, 256, changes=TILED),
+    Case("llama-55M", "lora", "bf16", 2, 512, checkpointing=True, changes=TILED),
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, changes={"training": {"tiled_mlp": True,
+                                                                                         "activation_offload": True}}),
+    Case("gpt2-17M", "full", "fp32", 2, 256, checkpointing=True, changes=TILED),
+    Case("neox-36M", "lora", "bf16", 4, 256, changes=TILED),
+    Case("phi-36M", "full", "fp32", 2, 128, changes=TILED),
+    Case("gemma-14M", "qlora", "bf16", 2, 512, checkpointing=True, changes=TILED),
+    Case("phi3-21M", "lora", "bf16", 4, 256, checkpointing=True, changes=TILED),
+]
+
 # The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On
 # described families too, so that its error is measured where the description's is known.
 DERIVED_CASES = [
@@ -253,7 +282,7 @@ class Row:
     reserved: int = 0
     nvml_used: int = 0
     analytic_total: int = 0  # with CUDA context and allocator margin
-    measured_host: int = 0  # host RAM the step keeps beside the device's (the embedding with embedding_on_cpu)
+    measured_host: int = 0  # host RAM beside the device's: the embedding kept there, offloaded activations
     analytic_host: int = 0
 
     @property
@@ -263,6 +292,10 @@ class Row:
     @property
     def simulated_error(self) -> float | None:
         return None if self.simulated is None else self.simulated / self.measured - 1
+
+    @property
+    def host_error(self) -> float | None:
+        return self.analytic_host / self.measured_host - 1 if self.measured_host else None
 
 
 def model_folder(name: str, cache: Path) -> Path:
@@ -295,11 +328,11 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     # this process's context and the allocator's cache, still reserved after the step
     nvml_used = _nvml_used() - nvml_baseline if on_cuda else 0
     overheads = analytic.parts["cuda_context"] + analytic.parts["allocator_margin"]
+    host = next((d.total_bytes for d in analytic.devices if d.device == "host"), 0)
     row = Row(case, parameters=analytic.parameters, measured=measured.peak_bytes,
               analytic=analytic.peak_bytes - overheads, simulated=simulated, seconds=time.perf_counter() - started,
               reserved=measured.peak_reserved_bytes, nvml_used=nvml_used, analytic_total=analytic.peak_bytes,
-              measured_host=measured.host_bytes,
-              analytic_host=sum(d.total_bytes for d in analytic.devices if d.device == "host"))
+              measured_host=measured.host_peak_bytes, analytic_host=host)
     gc.collect()
     if on_cuda:
         torch.cuda.empty_cache()
@@ -336,9 +369,9 @@ def table(rows: list[Row], on_cuda: bool) -> str:
     head = ["case", "params", "measured MiB", "analytic MiB", "error", "simulated MiB", "error"]
     if on_cuda:
         head += ["reserved MiB", "nvml used MiB", "analytic total MiB"]
-    hosts = any(r.measured_host or r.analytic_host for r in rows)
+    hosts = any(r.analytic_host for r in rows)
     if hosts:
-        head += ["host measured MiB", "host analytic MiB"]
+        head += ["host measured MiB", "host analytic MiB", "error"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.case.name, f"{r.parameters / 1e6:.1f}M", f"{r.measured / MIB:.1f}", f"{r.analytic / MIB:.1f}",
@@ -347,7 +380,8 @@ def table(rows: list[Row], on_cuda: bool) -> str:
         if on_cuda:
             cells += [f"{r.reserved / MIB:.1f}", f"{r.nvml_used / MIB:.1f}", f"{r.analytic_total / MIB:.1f}"]
         if hosts:
-            cells += [f"{r.measured_host / MIB:.1f}", f"{r.analytic_host / MIB:.1f}"]
+            cells += [f"{r.measured_host / MIB:.1f}" if r.measured_host else "n/a", f"{r.analytic_host / MIB:.1f}",
+                      _percent(r.host_error)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -356,7 +390,8 @@ def summary(rows: list[Row]) -> str:
     lines = []
     for label, errors in (("analytic (described)", [r.analytic_error for r in rows if not r.case.derived]),
                           ("analytic (derived)", [r.analytic_error for r in rows if r.case.derived]),
-                          ("simulated", [r.simulated_error for r in rows if r.simulated is not None])):
+                          ("simulated", [r.simulated_error for r in rows if r.simulated is not None]),
+                          ("host (offloaded activations)", [r.host_error for r in rows if r.host_error is not None])):
         if errors:
             absolute = [abs(e) for e in errors]
             lines.append(f"{label}: median absolute error {statistics.median(absolute):.2%}, "
@@ -386,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     wanted = args.only.split(",") if args.only else []
-    cases = [c for c in CASES + DERIVED_CASES if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
+    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + DERIVED_CASES if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)
     nvml_baseline = _nvml_used() if device.type == "cuda" else 0  # other processes, before our CUDA context exists

@@ -221,7 +221,8 @@ def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, si
         f"{model_config.get('model_type', '?')} model, {result.parameters / 1e9:.3g} B parameters "
         f"({result.trainable_parameters:,} trained); {config.method}, {t.precision}, "
         f"micro-batch {t.micro_batch_size} x {config.data.max_length} tokens"
-        + (", gradient checkpointing" if t.gradient_checkpointing else ""),
+        + (", gradient checkpointing" if t.gradient_checkpointing else "")
+        + (" with its layer inputs in CPU RAM" if t.gradient_checkpointing and t.activation_offload else ""),
         f"peak during {PHASE_LABELS.get(result.peak_phase, result.peak_phase)}",
     ]
     for device in result.devices:

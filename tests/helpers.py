@@ -40,3 +40,24 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
     assert argv[1] == "-m", argv
     parser = {"studio": build_parser, WORKER_MODULE: entry.build_parser}[argv[2]]()
     return argv[2], parser.parse_args(argv[3:])
+
+
+def loss_and_gradients(config):
+    """One micro-batch of the worker's step (its loss, autocast and checkpointing) on full-length random rows:
+    the loss and every trained parameter's .grad."""
+    import torch
+
+    from studio.core.memory.regime import loss_impl_for
+    from studio.train.loss import lean_output_layer
+    from studio.train.model import build_model, compute_dtype
+    from studio.train.simulate import full_length_batches, loss_sum, target_tokens
+
+    torch.manual_seed(config.training.seed)
+    model = build_model(config, torch.device("cpu"))
+    model.train()
+    batch = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))[0]
+    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+    with torch.autocast("cpu", dtype=compute_dtype(config), enabled=config.training.precision != "fp32"):
+        loss = loss_sum(model, batch, output_layer) / target_tokens([batch])
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.requires_grad}

@@ -9,7 +9,7 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.estimate import ScaleOut, estimate
+from studio.core.estimate import ScaleOut, estimate, format_bytes
 from studio.core.fit import SAVERS, fit
 from test_estimate import LLAMA_31_8B
 
@@ -126,3 +126,13 @@ def test_on_a_small_card_fit_keeps_the_embedding_in_cpu_ram():
     assert "training.embedding_on_cpu on" in result.explanation
     host = next(d for d in result.estimate.devices if d.device == "host")
     assert host.parts["weights"] == 128256 * 4096 * 2
+def test_offloaded_activations_are_a_saver_that_names_its_cpu_ram():
+    """On a card where only the block inputs stand in the way, fit moves them to CPU RAM and says how much."""
+    config = lora_run().replace(method="qlora", quantization={"load_in": "4bit"}, data={"max_length": 16384},
+                                training={"micro_batch_size": 1, "gradient_accumulation_steps": 1,
+                                          "gradient_checkpointing": True})
+    result = fit(LLAMA_31_8B, config, 24 * GIB)
+    assert result.fits and result.config.training.activation_offload
+    host = result.estimate.devices[-1]
+    assert host.device == "host" and host.parts["activations"] > 0
+    assert f"need {format_bytes(host.parts['activations'])} of CPU RAM" in result.explanation

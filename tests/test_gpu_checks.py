@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from gpu_checks import check_config, checks  # noqa: E402
+from gpu_checks import check_config, checks, offload_comparison, offload_markdown  # noqa: E402
 from studio.core.estimate import estimate  # noqa: E402
 from studio.core.validation import validate  # noqa: E402
 
@@ -35,3 +35,14 @@ def test_the_frontier_checks_are_valid_run_configs_at_the_lengths_that_fit(tmp_p
         assert validate(config, check_files=False) == [], name
         card = int(name.split(", ")[1].split()[0])
         assert estimate(LLAMA_31_8B, config).peak_bytes <= card * 2**30
+def test_the_offload_comparison_runs_on_the_cpu(tmp_path):
+    """The GPU's offload rows, on a small model on the CPU: the offload saves device memory as predicted, and
+    the host RAM it takes is what the estimate says."""
+    import torch
+
+    small = {"num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_key_value_heads": 2}
+    plain, offloaded = offload_comparison(torch.device("cpu"), tmp_path / "model", small, length=256, steps=1)
+    assert offloaded["measured_mib"] < plain["measured_mib"]
+    assert plain["host_predicted_mib"] == 0 and offloaded["host_measured_mib"] == offloaded["host_predicted_mib"] > 0
+    assert "step time x" in offload_markdown([plain, offloaded])

@@ -120,6 +120,27 @@ def test_toggles_change_the_estimate(window):
     assert window.store.config.training.optimizer == "adafactor" and panel.estimate.peak_bytes < full
 
 
+def test_activation_offload_needs_checkpointing_and_moves_memory_to_cpu_ram(window):
+    panel, techniques = window.estimate_panel, window.techniques_panel
+    assert not techniques.activation_offload.isEnabled()  # checkpointing is off
+    techniques.checkpointing.check.click()
+    assert techniques.activation_offload.isEnabled()
+    checkpointed = panel.estimate.peak_bytes
+    techniques.activation_offload.check.click()
+    assert window.store.config.training.activation_offload
+    assert panel.estimate.peak_bytes < checkpointed
+    assert panel.estimate.devices[-1].device == "host"
+    assert "CPU RAM for offloaded activations" in panel.phase.text()
+
+
+def test_the_tiled_mlp_toggle_lowers_the_estimate(window):
+    panel, techniques = window.estimate_panel, window.techniques_panel
+    techniques.max_length.spin.setValue(4096)
+    untiled = panel.estimate.peak_bytes
+    techniques.tiled_mlp.check.click()
+    assert window.store.config.training.tiled_mlp and panel.estimate.peak_bytes < untiled
+
+
 def test_the_lean_loss_toggle_shows_its_memory_effect(window, tmp_path):
     from model_factory import make_tiny_model
 

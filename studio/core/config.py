@@ -221,6 +221,16 @@ class TrainingConfig:
         "the GPU (the same numbers; 1 GiB less GPU memory for a 128k-vocabulary 8B model, as much more CPU RAM). "
         "For adapter methods on one GPU; no effect when the output layer shares the embedding's weight.",
     )
+    activation_offload: bool = _field(
+        False, "With gradient checkpointing: keep each block's saved input in CPU RAM (copied out and back "
+        "while the GPU computes) instead of on the GPU. Exact; costs CPU RAM (shown by the estimate) and a "
+        "little time where the copies do not hide behind the compute."
+    )
+    tiled_mlp: bool = _field(
+        False, "Recompute each block's MLP over tiles of the tokens in the backward pass, so that its "
+        "intermediate (tokens x intermediate_size, several copies) is never whole: for very long sequences. "
+        "Same results; the MLP's forward runs twice. Not for mixtures of experts."
+    )
     torch_compile: bool = _field(
         False, "Compile the model with torch.compile (inductor): faster steps after a slow first one; "
         "not with 4/8-bit quantization or DeepSpeed."

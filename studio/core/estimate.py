@@ -54,7 +54,9 @@ from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Est
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import ModelStates, host_weight_bytes, model_states
 from studio.core.memory.logits import logits_loss_bytes
+from studio.core.memory.offload import host_activation_bytes, offloaded_activations, with_host_activations
 from studio.core.memory.tape import Activations, activations
+from studio.core.memory.tiled import feedforward_for
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.memory.derived import TraceNeededError, cached_trace, derived_estimate, trace_path
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, family_of, model_shape
@@ -134,7 +136,9 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     states = model_states(shape, regime)
     if scale_out.uses_zero and regime.full:  # DeepSpeed trains 16-bit weights: autocast has no copies to make
         regime = replace(regime, base_dtype=regime.compute)
-    acts = activations(shape, regime)
+    acts = activations(shape, regime, feedforward_for(shape, regime))
+    if regime.activation_offload:
+        acts = offloaded_activations(acts, shape, regime)
     phases = _phases(shape, regime, states, acts)
     if scale_out.layer_split:
         devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
@@ -150,6 +154,8 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
+    if regime.activation_offload:
+        host = with_host_activations(host, host_activation_bytes(acts, shape))
     if host is not None:
         devices.append(host)
     notes = _notes(shape, regime, config)

@@ -154,7 +154,9 @@ def _attention_inputs(g, m: Shape, normed):
 
 
 def _gated_mlp(g, x):
-    return g.linear(g.mul(g.activation(g.linear(x, "mlp.gate_proj")), g.linear(x, "mlp.up_proj")), "mlp.down_proj")
+    """The MLP module (g.mlp: what training.tiled_mlp tiles)."""
+    return g.mlp(x, lambda x: g.linear(g.mul(g.activation(g.linear(x, "mlp.gate_proj")), g.linear(x, "mlp.up_proj")),
+                                       "mlp.down_proj"))
 
 
 def _sandwich_block(g, m: Shape, x):
@@ -198,9 +200,13 @@ def _phi3_block(g, m: Shape, x):
     q, k = g.rope(q, k)
     attended = g.linear(g.attention(q, k, v), "self_attn.o_proj")
     x = g.add(x, g.dropout(attended, m.residual_dropout))
-    gate, up = g.split(g.linear(g.norm(x), "mlp.gate_up_proj"), 2)
-    mlp_out = g.linear(g.mul(up, g.activation(gate)), "mlp.down_proj")
+    mlp_out = g.mlp(g.norm(x), lambda x: _phi3_mlp(g, x))
     return g.add(x, g.dropout(mlp_out, m.residual_dropout))
+
+
+def _phi3_mlp(g, x):
+    gate, up = g.split(g.linear(x, "mlp.gate_up_proj"), 2)
+    return g.linear(g.mul(up, g.activation(gate)), "mlp.down_proj")
 
 
 def _moe_linears(shape: Shape) -> tuple[LinearLayer, ...]:
@@ -241,8 +247,9 @@ def _gpt2_block(g, m: Shape, x):
     q, k, v = g.split(g.linear(g.norm(x), "attn.c_attn"), 3)
     attended = g.linear(g.attention(q, k, v), "attn.c_proj")
     x = g.add(g.dropout(attended, m.residual_dropout), x)
-    hidden = g.activation(g.linear(g.norm(x), "mlp.c_fc"))
-    return g.add(x, g.dropout(g.linear(hidden, "mlp.c_proj"), m.residual_dropout))
+    mlp_out = g.mlp(g.norm(x), lambda x: g.dropout(g.linear(g.activation(g.linear(x, "mlp.c_fc")), "mlp.c_proj"),
+                                                   m.residual_dropout))  # GPT2MLP ends with its dropout
+    return g.add(x, mlp_out)
 
 
 def _neox_linears(shape: Shape) -> tuple[LinearLayer, ...]:
@@ -263,8 +270,8 @@ def _neox_block(g, m: Shape, x):
     if not m.parallel_residual:
         attended = g.add(attended, x)
     mlp_input = g.norm(x if m.parallel_residual else attended)
-    hidden = g.activation(g.linear(mlp_input, "mlp.dense_h_to_4h"))
-    mlp_out = g.dropout(g.linear(hidden, "mlp.dense_4h_to_h"), m.residual_dropout)
+    mlp_out = g.mlp(mlp_input, lambda x: g.linear(g.activation(g.linear(x, "mlp.dense_h_to_4h")), "mlp.dense_4h_to_h"))
+    mlp_out = g.dropout(mlp_out, m.residual_dropout)
     return g.add(mlp_out, attended, x) if m.parallel_residual else g.add(mlp_out, attended)
 
 
@@ -285,7 +292,8 @@ def _phi_block(g, m: Shape, x):
     normed = g.norm(x)
     q, k, v = _attention_inputs(g, m, normed)
     attended = g.dropout(g.linear(g.attention(q, k, v), "self_attn.dense"), m.residual_dropout)
-    mlp_out = g.dropout(g.linear(g.activation(g.linear(normed, "mlp.fc1")), "mlp.fc2"), m.residual_dropout)
+    mlp_out = g.mlp(normed, lambda x: g.linear(g.activation(g.linear(x, "mlp.fc1")), "mlp.fc2"))
+    mlp_out = g.dropout(mlp_out, m.residual_dropout)
     return g.add(attended, mlp_out, x)
 
 

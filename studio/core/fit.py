@@ -11,17 +11,19 @@ what stands in the way.
 
 The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
 gradient accumulation (the effective batch micro-batch x accumulation is kept),
-gradient checkpointing, the 8-bit AdamW optimizer, the input embedding in CPU RAM
-(adapters on one GPU), a 4-bit base model (LoRA becomes QLoRA) and, when allowed,
-ZeRO optimizer offload to CPU RAM. The
+gradient checkpointing, offloading its block inputs to CPU RAM, the 8-bit AdamW optimizer, the input embedding in
+CPU RAM (adapters on one GPU), a 4-bit base model (LoRA becomes QLoRA), the tiled MLP and, when allowed, ZeRO optimizer offload to CPU RAM. The
 method (full or LoRA) and the sequence length are never changed: they change
 what is trained; the explanation says when they are what would help.
 
 Expected step time is relative and rule-of-thumb: each micro-step costs a fixed
 overhead worth ``MICRO_STEP_OVERHEAD_TOKENS`` tokens, checkpointing recomputes
-the forward pass (x1.33), a 4-bit base dequantizes every weight (x1.25), the
-8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a
-gather and a copy (x1.01) and offload moves the optimizer step to the CPU (x1.5).
+the forward pass (x1.33), its offloaded block inputs cost what their copies do not hide behind the compute
+(x1.03: a block's input is 2·hidden bytes a token each way over PCIe, against about 8 x its parameters
+in FLOPs a token; docs/memory-estimate.md), a 4-bit base dequantizes every weight (x1.25), the tiled MLP
+runs the MLP's forward once more (about two thirds of a block's FLOPs, a sixth of a checkpointed step: x1.2), the
+8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a gather and a copy (x1.01) and
+offload moves the optimizer step to the CPU (x1.5).
 
 Pure Python, like the estimate: the GUI calls it directly.
 """
@@ -37,6 +39,7 @@ from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.memory.parts import PARTS
 from studio.core.memory.regime import embedding_on_cpu_allowed
+from studio.core.memory.tiled import tiles_its_mlp
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, model_shape
 
 MICRO_STEP_OVERHEAD_TOKENS = 256
@@ -45,6 +48,8 @@ FOUR_BIT_SLOWDOWN = 1.25
 EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
 EMBEDDING_ON_CPU_SLOWDOWN = 1.01  # a CPU gather and one copy of the rows per micro-batch (not measured on a GPU)
 OFFLOAD_SLOWDOWN = 1.5
+ACTIVATION_OFFLOAD_SLOWDOWN = 1.03
+TILED_MLP_SLOWDOWN = 1.2
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,21 @@ def _checkpointing(c: Candidate) -> list[Candidate]:
     options = [c]
     if not c.config.training.gradient_checkpointing:
         options.append(replace(c, config=c.config.replace(training={"gradient_checkpointing": True})))
+    return options
+
+
+def _activation_offload(c: Candidate) -> list[Candidate]:
+    options = [c]
+    t = c.config.training
+    if t.gradient_checkpointing and not t.activation_offload:
+        options.append(replace(c, config=c.config.replace(training={"activation_offload": True})))
+    return options
+
+
+def _tiled_mlp(c: Candidate) -> list[Candidate]:
+    options = [c]
+    if not c.config.training.tiled_mlp:
+        options.append(replace(c, config=c.config.replace(training={"tiled_mlp": True})))
     return options
 
 
@@ -122,10 +142,13 @@ def _describe_micro_batch(before: Candidate, after: Candidate) -> str:
 SAVERS: tuple[Saver, ...] = (
     Saver("micro_batch", _micro_batches, _describe_micro_batch),
     Saver("checkpointing", _checkpointing, lambda b, a: "training.gradient_checkpointing on"),
+    Saver("activation_offload", _activation_offload,
+          lambda b, a: "training.activation_offload on (the block inputs wait in CPU RAM)"),
     Saver("optimizer", _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit"),
     Saver("embedding_on_cpu", _embedding_on_cpu, lambda b, a: "training.embedding_on_cpu on (the input embedding "
           "in CPU RAM)"),
     Saver("four_bit", _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)"),
+    Saver("tiled_mlp", _tiled_mlp, lambda b, a: "training.tiled_mlp on (each MLP recomputed a tile of tokens at a time)"),
     Saver("offload", _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM"),
 )
 
@@ -140,6 +163,10 @@ def _step_cost(c: Candidate) -> float:
     cost = t.gradient_accumulation_steps * (MICRO_STEP_OVERHEAD_TOKENS + t.micro_batch_size * config.data.max_length)
     if t.gradient_checkpointing:
         cost *= CHECKPOINTING_SLOWDOWN
+    if t.gradient_checkpointing and t.activation_offload:
+        cost *= ACTIVATION_OFFLOAD_SLOWDOWN
+    if t.tiled_mlp:
+        cost *= TILED_MLP_SLOWDOWN
     if config.effective_load_in == "4bit":
         cost *= FOUR_BIT_SLOWDOWN
     if t.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
@@ -207,7 +234,7 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
         return estimate(shape, c.config, device_type, c.scale_out, **estimate_options)
 
     original = Candidate(config, scale_out)
-    savers = [s for s in SAVERS if allow_offload or s.name != "offload"]
+    savers = [s for s in SAVERS if (allow_offload or s.name != "offload") and (s.name != "tiled_mlp" or tiles_its_mlp(shape))]
     scored = [(c, estimated(c)) for c in _candidates(original, savers)]
     comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
     fitting = comfortable or [(c, e) for c, e in scored if e.peak_bytes <= gpu_bytes]
@@ -258,9 +285,11 @@ def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
     return {
         "micro_batch": o.training.micro_batch_size == c.training.micro_batch_size,
         "checkpointing": o.training.gradient_checkpointing == c.training.gradient_checkpointing,
+        "activation_offload": o.training.activation_offload == c.training.activation_offload,
         "optimizer": o.training.optimizer == c.training.optimizer,
         "embedding_on_cpu": o.training.embedding_on_cpu == c.training.embedding_on_cpu,
         "four_bit": o.effective_load_in == c.effective_load_in,
+        "tiled_mlp": o.training.tiled_mlp == c.training.tiled_mlp,
         "offload": option.scale_out.offload_optimizer == chosen.scale_out.offload_optimizer,
     }[saver]
 
@@ -279,6 +308,9 @@ def _explanation(result: FitResult, shape: ModelShape, original: Estimate) -> st
         over = format_bytes(result.estimate.peak_bytes - result.gpu_bytes)
         lines.append(f"Nothing fits in {gpu}. The closest needs {needed}, {over} too much. Changes tried:")
     lines += [f"  - {change}" for change in result.changes]
+    if any(change.saver == "activation_offload" for change in result.changes):
+        host = next(d for d in result.estimate.devices if d.device == "host")
+        lines.append(f"The offloaded activations need {format_bytes(host.parts['activations'])} of CPU RAM.")
     if not result.fits:
         lines.append(_what_stands_in_the_way(result, shape))
     return "\n".join(lines)

@@ -189,6 +189,10 @@ def _check_training(config: RunConfig) -> list[Problem]:
         problems.append(Problem("training.embedding_on_cpu", "the input embedding stays in CPU RAM only for a frozen "
                                 "embedding (adapter methods on linear layers) in one process without sharding or "
                                 "layer split", "turn training.embedding_on_cpu off"))
+    if t.activation_offload and not t.gradient_checkpointing:
+        problems.append(Problem("training.activation_offload", "offloads the block inputs that gradient "
+                                "checkpointing keeps, and gradient checkpointing is off",
+                                "turn training.gradient_checkpointing on, or training.activation_offload off"))
     return problems
 
 

@@ -128,12 +128,22 @@ class GpuPicker(QWidget):
 
 
 def _scale_out_text(estimate: Estimate) -> str:
-    """Where a layer split puts the layers, the CPU RAM that offload (or the embedding kept there) takes, and what each
-    process holds while loading."""
+    """Where a layer split puts the layers, the CPU RAM that offloading takes, and what each process holds while
+    loading."""
     text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
     host = next((d for d in estimate.devices if d.device == "host"), None)
-    host_text = f" CPU RAM (offloaded state, or the embedding kept there): {gib(host.total_bytes)}." if host else ""
-    return text + host_text + _loading_text(estimate)
+    return text + _host_text(host) + _loading_text(estimate)
+
+
+# What the estimate's host parts hold (weights: the embedding kept there, or ZeRO's offloaded parameters)
+_HOST_CONTENTS = {"weights": "offloaded weights", "activations": "offloaded activations"}
+
+
+def _host_text(host) -> str:
+    if host is None:
+        return ""
+    held = [_HOST_CONTENTS.get(part, "offloaded optimizer state") for part, size in host.parts.items() if size]
+    return f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {gib(host.total_bytes)}."
 
 
 def _loading_text(estimate: Estimate) -> str:

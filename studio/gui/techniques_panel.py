@@ -159,13 +159,21 @@ class TechniquesPanel(SettingsColumn):
         self.checkpointing = ToggleControl(store, "training.gradient_checkpointing", "Gradient checkpointing",
                                            "Keeps only each layer's input and recomputes the rest in the backward "
                                            "pass: saves most activation memory, costs about 30 % more time.")
+        self.activation_offload = ToggleControl(store, "training.activation_offload", "Offload layer inputs to CPU RAM",
+                                                "Keeps the layer inputs that checkpointing saves in CPU RAM, copied "
+                                                "while the GPU computes: same results, less GPU memory, a little "
+                                                "more time (the estimate shows the CPU RAM).")
+        self.tiled_mlp = ToggleControl(store, "training.tiled_mlp", "Tiled MLP (long sequences)",
+                                       "Recomputes each layer's MLP a slice of the tokens at a time in the backward "
+                                       "pass, so its wide intermediate is never whole: same results, about 20 % "
+                                       "more time. Not for mixtures of experts.")
         self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer", OPTIMIZERS)
         self.embedding_on_cpu = ToggleControl(store, "training.embedding_on_cpu", "Embedding in CPU RAM",
                                               "Looks the tokens up in CPU RAM and moves only their rows to the GPU: "
                                               "the same numbers, the embedding's memory (1 GiB for a 128k-vocabulary "
                                               "8B) moves to CPU RAM. Adapters on one GPU; not with a tied output layer.")
         return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing,
-                         self.optimizer, self.embedding_on_cpu)
+                         self.activation_offload, self.tiled_mlp, self.optimizer, self.embedding_on_cpu)
 
     def _batch_group(self) -> QGroupBox:
         store = self.store
@@ -236,6 +244,8 @@ class TechniquesPanel(SettingsColumn):
             control.setEnabled(four_bit)
             control.setToolTip("" if four_bit else "Only for 4-bit base weights (QLoRA).")
         t = config.training
+        self.activation_offload.setEnabled(t.gradient_checkpointing)
+        self.activation_offload.setToolTip("" if t.gradient_checkpointing else "Turn gradient checkpointing on first.")
         self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
                                      f"{config.effective_batch_size} examples per optimizer step")
 

@@ -9,6 +9,10 @@ quantization state, inputs) are registered with ``add``. The peak of that count
 is the peak of live tensor bytes, i.e. what CUDA's ``max_memory_allocated``
 reports, minus allocator rounding.
 
+Tensors made under ``on_host()`` are meant for CPU RAM beside the device (offloaded
+activations): the tracker counts them apart, as ``host_report``, so that a CPU run, whose
+device and host are the same RAM, still measures the two apart.
+
 On CUDA, ``CudaPeakTracker`` reads the allocator's own statistics instead.
 Both offer ``phase(name)`` so a caller can tell which part of a step held the peak.
 """
@@ -23,6 +27,20 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+
+_host_allocations = 0  # > 0 while tensors meant for host RAM are being made (on_host)
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Tensors made inside are host memory, even on a CPU device (see LiveTensorTracker)."""
+    global _host_allocations
+    _host_allocations += 1
+    try:
+        yield
+    finally:
+        _host_allocations -= 1
 
 
 @dataclass
@@ -58,9 +76,12 @@ class LiveTensorTracker(TorchDispatchMode):
         self.device_type = device_type  # count only storages on this device type (None: all)
         self.live_bytes = 0
         self.report = PeakReport()
+        # Host RAM beside the device, not in live_bytes: add_module's host tensors (kept there while the step
+        # runs on the device) and tensors made on_host (offloaded activations)
+        self.host_bytes = 0
+        self.host_report = PeakReport()
         self._phase = "setup"
         self._storages: dict[int, weakref.ref] = {}
-        self.host_bytes = 0  # tensors kept in host RAM while the step runs on the device (add_module's host)
         self._host: set[int] = set()
 
     # ----------------------------------------------------------- registering
@@ -77,10 +98,11 @@ class LiveTensorTracker(TorchDispatchMode):
         for tensor in host:
             self._host.add(tensor.untyped_storage()._cdata)
             self.host_bytes += tensor.untyped_storage().nbytes()
+        self.host_report.note(self._phase, self.host_bytes)
         for tensor in [*module.parameters(), *module.buffers()]:
             self.add([tensor, *_quantization_tensors(tensor)])
 
-    def _register(self, tensor: torch.Tensor) -> None:
+    def _register(self, tensor: torch.Tensor, host: bool = False) -> None:
         if self.device_type is not None and tensor.device.type != self.device_type:
             return
         if self._host and tensor.untyped_storage()._cdata in self._host:
@@ -93,12 +115,20 @@ class LiveTensorTracker(TorchDispatchMode):
         if key in self._storages:
             return
         nbytes = storage.nbytes()
-        self._storages[key] = weakref.ref(storage, lambda _ref, key=key, nbytes=nbytes: self._release(key, nbytes))
-        self.live_bytes += nbytes
+        self._storages[key] = weakref.ref(storage, lambda _ref, key=key, nbytes=nbytes, host=host:
+                                          self._release(key, nbytes, host))
+        if host:
+            self.host_bytes += nbytes
+            self.host_report.note(self._phase, self.host_bytes)
+        else:
+            self.live_bytes += nbytes
 
-    def _release(self, key: int, nbytes: int) -> None:
+    def _release(self, key: int, nbytes: int, host: bool) -> None:
         if self._storages.pop(key, None) is not None:
-            self.live_bytes -= nbytes
+            if host:
+                self.host_bytes -= nbytes
+            else:
+                self.live_bytes -= nbytes
 
     # ----------------------------------------------------------- phases
     @contextlib.contextmanager
@@ -123,7 +153,7 @@ class LiveTensorTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
-                self._register(leaf)
+                self._register(leaf, host=_host_allocations > 0)
         self.report.note(self._phase, self.live_bytes)
         return out
 
@@ -140,6 +170,7 @@ class CudaPeakTracker:
         self.report = PeakReport()
         self.peak_reserved_bytes = 0
         self.host_bytes = 0
+        self.host_report = PeakReport()  # add_module's host tensors only: offloaded activations are not measured here
         self._phase = "setup"
 
     def __enter__(self) -> "CudaPeakTracker":
@@ -155,6 +186,7 @@ class CudaPeakTracker:
 
     def add_module(self, module: torch.nn.Module, host: Iterable[torch.Tensor] = ()) -> None:
         self.host_bytes += sum(tensor.untyped_storage().nbytes() for tensor in host)  # the allocator never sees them
+        self.host_report.note(self._phase, self.host_bytes)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

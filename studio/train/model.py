@@ -5,7 +5,7 @@ Each technique goes through its library: bitsandbytes quantization through
 prompt tuning through peft (each method's peft config and training hooks are in
 studio.train.methods), k-bit preparation as peft's ``prepare_model_for_kbit_training`` does
 it (``prepare_kbit_model``, leaner), quantization-aware training through torchao's ``QATConfig``,
-checkpointing through transformers.
+checkpointing through transformers (its block inputs offloaded to CPU RAM by studio.train.offload when asked).
 """
 
 from __future__ import annotations
@@ -242,6 +242,14 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         model = attach_adapter(model, config, total_steps)
         if checkpointing:
             model.enable_input_require_grads()
+    if config.training.tiled_mlp:
+        from studio.train.tiled_mlp import tile_mlps
+
+        tile_mlps(model)
+    if checkpointing and config.training.activation_offload:
+        from studio.train.offload import offload_checkpoint_inputs
+
+        offload_checkpoint_inputs(model)
     return model
 
 

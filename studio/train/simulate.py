@@ -50,7 +50,9 @@ class StepMemory:
     phase_peaks: dict[str, int]
     seconds: float
     peak_reserved_bytes: int = 0  # CUDA only
-    host_bytes: int = 0  # tensors kept in host RAM (training.embedding_on_cpu), not in peak_bytes
+    # host RAM beside the device, not in peak_bytes: the embedding kept there (training.embedding_on_cpu) and
+    # offloaded activations (counted apart on the CPU; not measured on CUDA)
+    host_peak_bytes: int = 0
 
 
 def full_length_batches(config: RunConfig, vocab_size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -123,7 +125,7 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
         run_optimizer_steps(model, optimizer, batches, config, tracker, steps, target_tokens(batches))
     report = tracker.report
     return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
-                      getattr(tracker, "peak_reserved_bytes", 0), tracker.host_bytes)
+                      getattr(tracker, "peak_reserved_bytes", 0), tracker.host_report.peak_bytes)
 
 
 # ---------------------------------------------------------------- simulation on fake tensors
@@ -149,7 +151,7 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
             run_optimizer_steps(model, optimizer, batches, config, tracker, steps, targets)
     report = tracker.report
     return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
-                      host_bytes=tracker.host_bytes)
+                      host_peak_bytes=tracker.host_report.peak_bytes)
 
 
 def fake_model(config: RunConfig, layers: int | None = None):

@@ -277,8 +277,8 @@ class Worker:
         report = tracker.report
         mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
                 "phase_bytes": dict(report.phase_peaks)}
-        if tracker.host_bytes:  # the embedding kept in CPU RAM (training.embedding_on_cpu)
-            mine["host_bytes"] = tracker.host_bytes
+        if tracker.host_report.peak_bytes:  # the embedding kept in CPU RAM, offloaded activations
+            mine["host_bytes"] = tracker.host_report.peak_bytes
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
             self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
         if self.predicted_peak and self.engine.is_main:

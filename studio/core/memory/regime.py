@@ -50,6 +50,8 @@ class Regime:
     lean_embedding: bool = False  # k-bit preparation leaves the frozen input embedding 16-bit (lean_outer_weights)
     lean_head: bool = False  # and the output layer
     embedding_on_host: bool = False  # the frozen input embedding stays in CPU RAM (training.embedding_on_cpu)
+    activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.offload)
+    tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.tiled)
 
     @property
     def kbit_prepared(self) -> bool:
@@ -174,5 +176,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
         lean_embedding=lean_embedding, lean_head=lean_head,
         embedding_on_host=embedding_on_host(config, shape.tie_embeddings),
+        activation_offload=training.activation_offload and training.gradient_checkpointing,
+        tiled_mlp=training.tiled_mlp,
     )
 

@@ -76,8 +76,9 @@ class ActivationTape:
     ``simulate_backward`` can replay the backward pass of a block.
     """
 
-    def __init__(self, shape: ModelShape, regime: Regime):
+    def __init__(self, shape: ModelShape, regime: Regime, feedforward=None):
         self.shape = shape
+        self.feedforward = feedforward  # feedforward(tape, x, compute) runs each MLP instead, if given
         self.regime = regime
         self.tokens = regime.tokens
         self.nodes: list[_Node] = []
@@ -433,6 +434,10 @@ class ActivationTape:
         # peft adds in the wider dtype, then casts the sum back to the base layer's output dtype
         return self.cast(self.add(base_out, self.scale(b_out)), base_out.dtype)
 
+    def mlp(self, x: _Tensor, compute) -> _Tensor:
+        """A block's MLP module, ``compute(x)``, or what ``feedforward`` makes of it (a tiled MLP)."""
+        return compute(x) if self.feedforward is None else self.feedforward(self, x, compute)
+
     # ----------------------------------------------------------- the model
     def embeddings(self) -> _Tensor:
         shape, regime = self.shape, self.regime
@@ -540,11 +545,13 @@ class Activations:
     block_grads: int  # .grad bytes one block produces
     head_grads: int  # .grad bytes of the final norm and the output head
     logits_dtype: str
+    block_input: int = 0  # bytes of the input each checkpointed block keeps (0 without checkpointing)
 
 
-def activations(shape: ModelShape, regime: Regime) -> Activations:
-    """Run the recipe for the embeddings, two blocks and the head; scale the second block to the others."""
-    tape = ActivationTape(shape, regime)
+def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activations:
+    """Run the recipe for the embeddings, two blocks and the head; scale the second block to the others.
+    ``feedforward``: see ActivationTape."""
+    tape = ActivationTape(shape, regime, feedforward)
     x = tape.embeddings()
     if regime.checkpointing:  # each block keeps its input; backward recomputes one block at a time
         x = _Tensor(_Storage(x.nbytes), x.elements, x.dtype, True)
@@ -582,4 +589,4 @@ def activations(shape: ModelShape, regime: Regime) -> Activations:
     return Activations(saved=saved, weight_copies=copies, autocast_cache=cache, before_last_block=before_last,
                        before_first_block=before_first, last_block=last_moment, first_block=first_moment,
                        block_grads=block_grads, head_grads=sum(node.parameter_grad for node in head),
-                       logits_dtype=logits.dtype)
+                       logits_dtype=logits.dtype, block_input=x.nbytes if regime.checkpointing else 0)
