@@ -128,7 +128,7 @@ def test_on_a_small_card_fit_keeps_the_embedding_in_cpu_ram():
     assert host.parts["weights"] == 128256 * 4096 * 2
 def test_offloaded_activations_are_a_saver_that_names_its_cpu_ram():
     """On a card where only the block inputs stand in the way, fit moves them to CPU RAM and says how much."""
-    config = lora_run().replace(method="qlora", quantization={"load_in": "4bit"}, data={"max_length": 16384},
+    config = lora_run().replace(method="qlora", quantization={"load_in": "4bit"}, data={"max_length": 24576},
                                 training={"micro_batch_size": 1, "gradient_accumulation_steps": 1,
                                           "gradient_checkpointing": True})
     result = fit(LLAMA_31_8B, config, 24 * GIB)
