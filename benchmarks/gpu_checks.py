@@ -1,6 +1,7 @@
 """The GPU-only paths, run once on a machine with NVIDIA GPUs: what ran, and its figures.
 
     python benchmarks/gpu_checks.py --out gpu-checks      # about 5-10 minutes on one GPU
+    python benchmarks/gpu_checks.py --frontier            # and the memory frontier's 8B rows (+10 minutes)
 
 Each check trains the embedded tiny model for a few steps through ``studio train``
 (a real worker process) with one GPU-only technique switched on: CUDA memory
@@ -49,6 +50,58 @@ def checks(gpus: int) -> dict[str, dict]:
     return found
 
 
+FRONTIER_CARDS_GIB = (8, 12, 16, 24)  # those one step of a real 8B model measures in minutes
+
+
+def frontier_checks(model_folder: Path, data_file: Path) -> dict[str, dict]:
+    """Llama-3.1-8B (random weights from its config.json) with QLoRA r32 and the lean settings, at the longest
+    sequence our estimate fits in each card (benchmarks/memory_frontier.py): the measured peak confirms it."""
+    from memory_frontier import LEAN_SETTINGS, LLAMA_31_8B, SETUP, config_with, longest_fitting
+
+    lean = config_with(LEAN_SETTINGS)
+    found = {}
+    for card in FRONTIER_CARDS_GIB:
+        length = longest_fitting(LLAMA_31_8B, lean, card)
+        if length:
+            sections = {"model": {"name_or_path": str(model_folder)}, "training": {"max_steps": 3},
+                        "data": {"train_files": (str(data_file),), "max_length": length}}
+            found[f"frontier: Llama-3.1-8B qlora r32, {card} GiB card, {length:,} tokens"] = merged(
+                SETUP, LEAN_SETTINGS, sections)
+    return found
+
+
+def merged(*section_sets: dict) -> dict:
+    """Config sections, later ones overriding the fields of earlier ones."""
+    result: dict = {}
+    for sections in section_sets:
+        for name, value in sections.items():
+            result[name] = {**result.get(name, {}), **value} if isinstance(value, dict) else value
+    return result
+
+
+def write_frontier_inputs(folder: Path) -> tuple[Path, Path]:
+    """A Llama-3.1-8B folder with random bf16 weights (its config.json, the demo's tokenizer) and rows longer
+    than any frontier length."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from helpers import with_demo_tokenizer
+    from memory_frontier import LLAMA_31_8B
+
+    model_folder = folder / "llama-3.1-8b-random"
+    if not (model_folder / "config.json").is_file():
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**LLAMA_31_8B), dtype=torch.bfloat16)
+        model.save_pretrained(model_folder)
+        with_demo_tokenizer(model_folder)
+        del model
+        torch.cuda.empty_cache()
+    data_file = folder / "long-rows.jsonl"
+    words = " ".join(f"w{i % 997}" for i in range(60_000))
+    data_file.write_text("\n".join(json.dumps({"text": words}) for _ in range(8)) + "\n", encoding="utf-8")
+    return model_folder, data_file
+
+
 def check_config(sections: dict):
     from helpers import quick_config
 
@@ -93,12 +146,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("gpu-checks"))
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--frontier", action="store_true",
+                        help="also Llama-3.1-8B at the longest sequences that fit 8-24 GiB (writes 16 GB of weights)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: these checks only mean something on one")
     args.out.mkdir(parents=True, exist_ok=True)
     gpus = torch.cuda.device_count()
-    results = [run_check(name, sections, args.out / "runs") for name, sections in checks(gpus).items()]
+    found = checks(gpus)
+    if args.frontier:
+        found.update(frontier_checks(*write_frontier_inputs(args.out)))
+    results = [run_check(name, sections, args.out / "runs") for name, sections in found.items()]
     for result in results:
         print(json.dumps({k: v for k, v in result.items() if k != "memory"}), flush=True)
     header = f"{gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}\n\n"

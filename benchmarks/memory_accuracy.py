@@ -206,6 +206,16 @@ CASES = [
     Case("smollm3-16M", "qlora", "fp32", 2, 256),
     Case("granite-22M", "lora", "bf16", 4, 256),
     Case("granite-22M", "full", "fp32", 2, 128, checkpointing=True),
+    # lean weights (the default above) against k-bit preparation's fp32 embedding and output layer
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, optimizer="adamw_8bit",
+         changes={"training": {"lean_weights": False}}),
+    Case("llama-7M", "qlora", "bf16", 4, 256, changes={"training": {"lean_weights": False}}),
+    Case("llama-55M", "qlora", "bf16", 4, 256, quick=True),
+    Case("llama-55M", "qlora", "fp16", 2, 256, checkpointing=True, changes={"quantization": {"load_in": "8bit"}}),
+    Case("qwen3-16M", "qlora", "bf16", 2, 256, checkpointing=True),  # tied: the one weight stays 16-bit
+    # the input embedding in CPU RAM: measured and estimated apart from the device's memory (host MiB)
+    Case("llama-7M", "qlora", "bf16", 4, 256, quick=True, changes={"training": {"embedding_on_cpu": True}}),
+    Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True, changes={"training": {"embedding_on_cpu": True}}),
 ]
 
 # The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On
@@ -243,6 +253,8 @@ class Row:
     reserved: int = 0
     nvml_used: int = 0
     analytic_total: int = 0  # with CUDA context and allocator margin
+    measured_host: int = 0  # host RAM the step keeps beside the device's (the embedding with embedding_on_cpu)
+    analytic_host: int = 0
 
     @property
     def analytic_error(self) -> float:
@@ -285,7 +297,9 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     overheads = analytic.parts["cuda_context"] + analytic.parts["allocator_margin"]
     row = Row(case, parameters=analytic.parameters, measured=measured.peak_bytes,
               analytic=analytic.peak_bytes - overheads, simulated=simulated, seconds=time.perf_counter() - started,
-              reserved=measured.peak_reserved_bytes, nvml_used=nvml_used, analytic_total=analytic.peak_bytes)
+              reserved=measured.peak_reserved_bytes, nvml_used=nvml_used, analytic_total=analytic.peak_bytes,
+              measured_host=measured.host_bytes,
+              analytic_host=sum(d.total_bytes for d in analytic.devices if d.device == "host"))
     gc.collect()
     if on_cuda:
         torch.cuda.empty_cache()
@@ -322,6 +336,9 @@ def table(rows: list[Row], on_cuda: bool) -> str:
     head = ["case", "params", "measured MiB", "analytic MiB", "error", "simulated MiB", "error"]
     if on_cuda:
         head += ["reserved MiB", "nvml used MiB", "analytic total MiB"]
+    hosts = any(r.measured_host or r.analytic_host for r in rows)
+    if hosts:
+        head += ["host measured MiB", "host analytic MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.case.name, f"{r.parameters / 1e6:.1f}M", f"{r.measured / MIB:.1f}", f"{r.analytic / MIB:.1f}",
@@ -329,6 +346,8 @@ def table(rows: list[Row], on_cuda: bool) -> str:
                  _percent(r.simulated_error)]
         if on_cuda:
             cells += [f"{r.reserved / MIB:.1f}", f"{r.nvml_used / MIB:.1f}", f"{r.analytic_total / MIB:.1f}"]
+        if hosts:
+            cells += [f"{r.measured_host / MIB:.1f}", f"{r.analytic_host / MIB:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -342,6 +361,10 @@ def summary(rows: list[Row]) -> str:
             absolute = [abs(e) for e in errors]
             lines.append(f"{label}: median absolute error {statistics.median(absolute):.2%}, "
                          f"worst {max(absolute):.2%} over {len(errors)} configurations")
+    hosts = [r for r in rows if r.measured_host or r.analytic_host]
+    if hosts:
+        worst = max(abs(r.analytic_host / r.measured_host - 1) if r.measured_host else 1.0 for r in hosts)
+        lines.append(f"host RAM (apart from the device's): worst error {worst:.2%} over {len(hosts)} configurations")
     return "\n".join(lines)
 
 

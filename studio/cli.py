@@ -9,6 +9,7 @@ from pathlib import Path
 from studio.cli_memory import add_estimate, add_fit
 from studio.core.commands import run_handler
 from studio.core.errors import StudioError
+from studio.core.gguf import DEFAULT_QUANT, QUANT_TYPES
 from studio.train import entry as train_entry
 
 
@@ -33,6 +34,11 @@ def _add_export(commands) -> None:
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--adapter", action="store_const", const="adapter", dest="kind", help="the LoRA adapter (PEFT format)")
     kind.add_argument("--merged", action="store_const", const="merged", dest="kind", help="a full model with the adapter merged in")
+    kind.add_argument("--gguf", action="store_const", const="gguf", dest="kind",
+                      help="GGUF files for llama.cpp, Ollama and LM Studio (each with an Ollama Modelfile), converted by "
+                           "llama.cpp's converter")
+    p.add_argument("--quant", nargs="+", choices=QUANT_TYPES, default=[DEFAULT_QUANT],
+                   help=f"GGUF types to write (default {DEFAULT_QUANT}); q4_k_m needs llama-cpp-python")
     p.add_argument("--out", type=Path, help="destination folder (default: RUN_DIR/exports/KIND)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype of a merged export")
     p.add_argument("--push-to-hub", metavar="OWNER/NAME", help="then publish the export to this Hugging Face Hub "
@@ -92,20 +98,39 @@ def _demo(args) -> int:
 def _export(args) -> int:
     from studio.core.commands import read_export_record
     from studio.train.export import export_run
-    from studio.train.hub_push import check_can_push, publish
+    from studio.core.publishing import check_can_push
+    from studio.train.hub_push import publish
 
     if args.private and not args.push_to_hub:
         raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
     if args.push_to_hub:
         check_can_push(args.push_to_hub)  # before minutes of export work
-    out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)
-    print(f"exported {args.kind} to {out}")
-    print(f"form: {read_export_record(out).get('form')}")
-    print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
-          f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
+    if args.kind == "gguf":
+        out = _export_gguf(args)
+    else:
+        out, verification = export_run(args.run_dir, args.kind, args.out, args.dtype)
+        print(f"exported {args.kind} to {out}")
+        print(f"form: {read_export_record(out).get('form')}")
+        print(f"verified: max logit difference {verification.max_abs_diff:.3g}, "
+              f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
     if args.push_to_hub:
         print(f"published: {publish(args.run_dir, out, args.push_to_hub, args.private)}")
     return 0
+
+
+def _export_gguf(args) -> Path:
+    from studio.core.commands import read_export_record
+    from studio.train.gguf_export import export_gguf
+
+    out, _ = export_gguf(args.run_dir, tuple(args.quant), args.out)
+    print(f"exported GGUF to {out}")
+    for quant, file in read_export_record(out)["files"].items():
+        check = file["verification"]
+        print(f"  {file['file']}: {file['bytes'] / 1e6:.1f} MB, same next token as the merged model "
+              f"{check['top1_agreement']:.1%} of the time on {check['samples']} held-out samples "
+              f"(max logit difference {check['max_abs_diff']:.3g}); Ollama: cd {out} && ollama create NAME -f "
+              f"{file['modelfile']['file']}")
+    return out
 
 
 def _generate(args) -> int:

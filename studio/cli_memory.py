@@ -9,6 +9,7 @@ runs the training step on fake tensors in a child process, and so does
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -64,6 +65,8 @@ def add_estimate(commands) -> None:
                    help="also run one real training step of the model code on fake tensors (seconds, no GPU, no weights)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cuda (default) adds the CUDA context and allocator margin; cpu predicts a CPU run")
+    p.add_argument("--data", action="store_true",
+                   help="also the run's own peak: its data's largest micro-batch in its order (reads and tokenizes it)")
     _add_scale_out_arguments(p)
     p.set_defaults(handler=_estimate)
 
@@ -78,6 +81,8 @@ def add_fit(commands) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--allow-offload", action="store_true", help="also consider ZeRO optimizer offload to CPU RAM")
     p.add_argument("--write", type=Path, metavar="FILE", help="save the fitted run config to FILE")
+    p.add_argument("--data", action="store_true",
+                   help="fit the run's own data (its longest row) rather than every row at data.max_length")
     _add_scale_out_arguments(p)
     p.set_defaults(handler=_fit)
 
@@ -89,6 +94,19 @@ def _load(args):
     config = load_config(args.config)
     model_config = load_model_config(config.model.name_or_path, config.model.revision)
     return config, model_config, scale_out_for(args, config)
+
+
+def run_data_tokens(config) -> tuple[int, int]:
+    """(the largest micro-batch in tokens, the longest row) of the run's own data in its order: the data is
+    read and tokenized as the worker does (studio.core.memory.run_data)."""
+    from studio.train.data import prepare_data
+    from studio.train.model import load_tokenizer
+    from studio.train.worker import BatchPlan
+
+    rows = prepare_data(config, load_tokenizer(config)).train
+    plan = BatchPlan.for_rows(config, rows)
+    tokens = plan.largest_micro_batch(config, rows, config.distributed.num_processes, not config.packs_padding_free)
+    return tokens, max(len(ids) for ids in rows["input_ids"])
 
 
 def _estimate(args) -> int:
@@ -111,15 +129,37 @@ def _estimate(args) -> int:
             raise
         print(json.dumps({"error": exc.message, "hint": exc.hint}))  # the simulator's own failure format
         return 1
+    run_data = _run_data_estimate(config, model_config, args, scale_out) if args.data else None
     if args.json:
         out = result.to_json(args.gpu_memory)
         if simulated is not None:
             out["simulated"] = simulated
+        if run_data is not None:
+            out["run_data"] = run_data
         print(json.dumps(out, indent=2))
     else:
         print(estimate_table(result, config, model_config, args.gpu_memory, simulated))
+        if run_data is not None:
+            print(run_data_text(run_data, result.peak_bytes, config.data.max_length))
         print(f"kind: {kind_text(result)}")
     return 0
+
+
+def _run_data_estimate(config, model_config: dict, args, scale_out) -> dict:
+    from studio.core.estimate import estimate
+    from studio.core.memory.run_data import config_for_tokens
+
+    tokens, _ = run_data_tokens(config)
+    peak = estimate(model_config, config_for_tokens(config, tokens), args.device, scale_out).peak_bytes
+    return {"tokens": tokens, "peak_bytes": peak}
+
+
+def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:
+    from studio.core.estimate import format_bytes
+
+    return (f"your data: its largest micro-batch holds {run_data['tokens']:,} tokens: "
+            f"{format_bytes(run_data['peak_bytes'])} (worst case, every row {max_length:,} tokens: "
+            f"{format_bytes(worst_bytes)})")
 
 
 def _fit(args) -> int:
@@ -127,7 +167,14 @@ def _fit(args) -> int:
     from studio.core.fit import fit
 
     config, model_config, scale_out = _load(args)
-    result = fit(model_config, config, args.gpu_memory, scale_out=scale_out, allow_offload=args.allow_offload)
+    planned = config
+    if args.data:  # no micro-batch fit may choose holds more than its size times the longest row
+        from studio.core.memory.run_data import config_for_longest_row
+
+        planned = config_for_longest_row(config, run_data_tokens(config)[1])
+    result = fit(model_config, planned, args.gpu_memory, scale_out=scale_out, allow_offload=args.allow_offload)
+    if planned is not config:  # the run keeps its max_length
+        result = dataclasses.replace(result, config=result.config.replace(data={"max_length": config.data.max_length}))
     if args.write:
         save_config(result.config, args.write)
     if args.json:

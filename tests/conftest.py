@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["STUDIO_RUNS_DIR"] = tempfile.mkdtemp(prefix="studio-test-runs-")
 os.environ["STUDIO_TRACE_CACHE"] = tempfile.mkdtemp(prefix="studio-test-traces-")
 os.environ["STUDIO_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="studio-test-runtime-")  # never the user's runtime
+os.environ["STUDIO_TOOLS_DIR"] = tempfile.mkdtemp(prefix="studio-test-tools-")  # llama.cpp's converter, installed once
 
 from pathlib import Path  # noqa: E402
 

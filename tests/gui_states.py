@@ -261,12 +261,33 @@ def export_verified(window, qtbot, tmp_path):
     record = json.dumps({"form": "merged model in bfloat16", "verification": {
         "passed": True, "samples": 8, "max_abs_diff": 0.0312, "top1_agreement": 1.0, "base_max_abs_diff": 4.1}})
     panel = window.export_panel
-    panel.command = lambda run_dir, kind, out, dtype: [sys.executable, "-c", (
+    panel.command = lambda run_dir, kind, out, *_: [sys.executable, "-c", (
         f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
         f"(out / 'studio_export.json').write_text({record!r})")]
     panel.set_run(run)
     window.run_tabs.setCurrentWidget(panel)
     panel.export_button.click()
+    qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+
+
+def gguf_published(window, qtbot, tmp_path):
+    """A GGUF export in two types, published to the Hub (a stand-in command: no network, no login needed)."""
+    _train(window, qtbot, tmp_path, steps=20, finish=True)
+    check = {"passed": True, "samples": 8, "exact": False, "base_max_abs_diff": None}
+    files = {quant: {"file": f"run-{quant}.gguf", "bytes": size, "modelfile": {"file": f"Modelfile.{quant}"},
+                     "verification": {**check, "max_abs_diff": diff, "top1_agreement": agreement}}
+             for quant, size, diff, agreement in (("f16", 2.9e8, 0.0021, 1.0), ("q8_0", 1.6e8, 0.034, 0.994))}
+    record = json.dumps({"form": "GGUF f16, q8_0", "files": files, "verification": files["q8_0"]["verification"]})
+    panel = window.export_panel
+    panel.command = lambda run_dir, kind, out, *_: [sys.executable, "-c", (
+        f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
+        f"(out / 'studio_export.json').write_text({record!r}); print('published: https://huggingface.co/you/plums')")]
+    panel.set_run(window.controller.run_dir.path)
+    window.run_tabs.setCurrentWidget(panel)
+    panel.gguf.setChecked(True)
+    panel.quants["f16"].setChecked(True)
+    panel.repo.setText("you/plums")
+    panel.start_export(push_to="you/plums")  # the button asks the Hub login first; a state has none
     qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
 
 
@@ -285,5 +306,5 @@ def try_it(window, qtbot, tmp_path):
 STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
           hub_id_offline, folder_without_weights, remote_code_on, data_problems, does_not_fit, fit_to_gpu, simulated,
           simulation_dropped, unreadable_last_choices, loading_model, training, training_two_gpus, completed,
-          run_failed, history_compare, history_empty, export_verified, try_it)
+          run_failed, history_compare, history_empty, export_verified, gguf_published, try_it)
 TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus)

@@ -98,6 +98,11 @@ def test_two_processes_equal_doubled_accumulation_and_stop_on_the_stop_file(smal
     assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
     assert losses(run_dir)[:STEPS] == pytest.approx(reference, **CLOSE)
 
+    # The data is tokenized once on this machine: rank 1 waits for rank 0 and reads what it saved.
+    log = run_dir.log.read_text()
+    assert log.count("rank 0 INFO data: tokenized") == 1
+    assert log.count("rank 1 INFO data: read what this machine's first process tokenized") == 1
+
     # Every rank's memory is drawn: one curve per process.
     assert {e["device"] for e in events_of(run_dir, "memory_measured")} == {"cpu rank 0", "cpu rank 1"}
     assert set(RunSeries.from_events(read_events(run_dir.events)).memory) == {"cpu rank 0", "cpu rank 1"}
@@ -107,7 +112,7 @@ def test_two_processes_equal_doubled_accumulation_and_stop_on_the_stop_file(smal
     assert resume_cli(run_dir) == EXIT_FAILED
     assert events_of(run_dir, "finished")[-1]["status"] == "failed"
     errors = events_of(run_dir, "error")
-    assert len(errors) == 1 and errors[0]["message"].startswith("rank 1: ")
+    assert len(errors) == 1 and errors[0]["message"].startswith(f"rank 1 on {errors[0]['host']}: ")
 
 
 # Stage x processes x offload, each value twice and each pair of values at least once.
@@ -127,6 +132,14 @@ def test_deepspeed_trains_resumes_and_exports_like_plain_training(small_data, tm
     assert code == EXIT_OK, events_of(run_dir, "error")
     assert losses(run_dir) == pytest.approx(reference, **CLOSE)
     assert json.loads((run_dir.path / "deepspeed.json").read_text())["zero_optimization"]["stage"] == int(distributed["sharding"][-1])
+    loading = events_of(run_dir, "run_started")[0]["loading_memory"]
+    assert [entry["rank"] for entry in loading] == list(range(processes))
+    assert all(entry["sharded"] == (distributed["sharding"] == "zero3") for entry in loading)
+    if distributed["sharding"] == "zero3" and processes == 2:  # built under zero.Init: each rank holds about half
+        held = [int(line.rsplit("holds ", 1)[1].split(" ")[0].replace(",", "")) for line in run_dir.log.read_text().splitlines()
+                if "loaded sharded" in line]
+        total = events_of(run_dir, "run_started")[0]["total_params"]
+        assert len(held) == 2 and all(h < 0.6 * total for h in held)
 
     resumed = resumed_copy(run_dir, tmp_path / "resumed")
     assert resume_cli(resumed) == EXIT_OK
@@ -146,3 +159,45 @@ def test_fsdp_is_refused_on_the_cpu_with_a_reason(small_data, tmp_path):
     code, run_dir = run(config_for(small_data, 1, sharding="fsdp"), tmp_path / "run", watch_stdin=False)
     assert code == EXIT_FAILED
     assert "FSDP sharding needs GPUs" in events_of(run_dir, "error")[0]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="runs the bundle's .sh scripts")
+def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_data, tmp_path):
+    """The bundle's node scripts as two "machines" on this one: two node ranks on localhost, one process
+    each, sharing the bundle's run folder, against one process with doubled accumulation (the layout
+    test_two_processes_... shows two processes on one machine match)."""
+    from studio.core.bundle import write_bundle
+    from studio.train.distributed import free_port
+
+    steps = 12
+    code, reference_dir = run(config_for(small_data, 1).replace(training={"max_steps": steps}), tmp_path / "reference",
+                              watch_stdin=False)
+    assert code == EXIT_OK
+    reference_losses = losses(reference_dir)
+    bundle = write_bundle(config_for(small_data, 2).replace(training={"max_steps": steps}), ("127.0.0.1", "localhost"),
+                          1, tmp_path / "bundle", port=free_port(), python=sys.executable)
+    run_dir = RunDir(bundle.folder / "run")
+
+    def start_nodes(script: str) -> list[subprocess.Popen]:
+        return [subprocess.Popen(["sh", str(bundle.folder / f"{script}-node-{rank}.sh")], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for rank in (0, 1)]
+
+    nodes = start_nodes("launch")
+    while not any(e["step"] >= 2 for e in events_of(run_dir, "step")):
+        assert all(node.poll() is None for node in nodes), "a node ended before the stop"
+        time.sleep(0.1)
+    run_dir.request_stop()  # what the app does for a run it watches
+    assert [node.wait(timeout=300) for node in nodes] == [EXIT_OK, EXIT_OK]
+    stopped = events_of(run_dir, "finished")[-1]
+    assert stopped["status"] == "stopped" and 2 <= stopped["step"] < steps
+    assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
+    assert events_of(run_dir, "run_started")[0]["world_size"] == 2
+
+    assert [node.wait(timeout=300) for node in start_nodes("resume")] == [EXIT_OK, EXIT_OK]
+    assert [e["status"] for e in events_of(run_dir, "finished")] == ["stopped", "completed"]
+    assert events_of(run_dir, "run_started")[-1]["start_step"] == stopped["step"]
+    assert losses(run_dir) == pytest.approx(reference_losses, **CLOSE)  # steps 1..12, across the stop
+
+    _, verification = export_run(run_dir.path, "adapter")
+    assert verification.passed

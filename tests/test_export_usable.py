@@ -134,4 +134,4 @@ def test_the_adapter_loaded_with_peft_stops_by_itself_and_its_card_says_how_it_w
     assert f"passed, max logit difference {verification.max_abs_diff:.3g}" in card
     assert "| estimated peak |" in card and "| measured peak, cpu |" in card
     assert 'AutoPeftModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")' in card
-    assert "GGUF export (coming" in card
+    assert "studio export RUN --gguf" in card  # where llama.cpp, Ollama and LM Studio users go next

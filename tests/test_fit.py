@@ -10,7 +10,7 @@ import pytest
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, estimate
-from studio.core.fit import fit
+from studio.core.fit import SAVERS, fit
 from test_estimate import LLAMA_31_8B
 
 GIB = 1024**3
@@ -57,7 +57,7 @@ def test_cheap_savings_come_first():
     """A smaller micro-batch costs less time than a 4-bit base: it is tried and explained first."""
     result = fit(LLAMA_31_8B, lora_run(), 16 * GIB)
     order = [change.saver for change in result.changes]
-    assert order == sorted(order, key=["micro_batch", "checkpointing", "optimizer", "four_bit", "offload"].index)
+    assert order == sorted(order, key=[saver.name for saver in SAVERS].index)
     assert result.fits
 
 
@@ -117,3 +117,12 @@ def test_fit_command_writes_the_fitted_config(tmp_path, capsys):
 def test_scale_out_is_kept():
     result = fit(LLAMA_31_8B, lora_run(), 24 * GIB, scale_out=ScaleOut(2, 2))
     assert result.scale_out.num_gpus == 2 and result.scale_out.zero_stage == 2
+
+
+def test_on_a_small_card_fit_keeps_the_embedding_in_cpu_ram():
+    """Llama-3.1-8B QLoRA at 2,048 tokens on an 8 GiB card: only with the embedding in CPU RAM."""
+    result = fit(LLAMA_31_8B, RunConfig().replace(method="qlora", data={"max_length": 2048}), 8 * GIB)
+    assert result.fits and result.config.training.embedding_on_cpu
+    assert "training.embedding_on_cpu on" in result.explanation
+    host = next(d for d in result.estimate.devices if d.device == "host")
+    assert host.parts["weights"] == 128256 * 4096 * 2

@@ -1,5 +1,6 @@
 """The prepared GPU checks stay runnable: every config they train is one the worker accepts."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -8,9 +9,29 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from gpu_checks import check_config, checks  # noqa: E402
+from studio.core.estimate import estimate  # noqa: E402
 from studio.core.validation import validate  # noqa: E402
 
 
 @pytest.mark.parametrize("name, sections", checks(gpus=2).items())
 def test_every_gpu_check_is_a_valid_run_config(name, sections):
     assert validate(check_config(sections)) == []
+
+
+def test_the_frontier_checks_are_valid_run_configs_at_the_lengths_that_fit(tmp_path):
+    from gpu_checks import FRONTIER_CARDS_GIB, frontier_checks
+    from model_factory import make_tiny_model
+    from memory_frontier import LLAMA_31_8B
+
+    folder = make_tiny_model("llama", tmp_path / "model", weights=False)
+    (folder / "config.json").write_text(json.dumps(LLAMA_31_8B), encoding="utf-8")
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "a b c"}\n', encoding="utf-8")
+    found = frontier_checks(folder, data)
+    assert len(found) == len(FRONTIER_CARDS_GIB)
+    for name, sections in found.items():
+        config = check_config(sections)
+        assert config.method == "qlora" and config.lora.r == 32 and config.training.lean_weights
+        assert validate(config, check_files=False) == [], name
+        card = int(name.split(", ")[1].split()[0])
+        assert estimate(LLAMA_31_8B, config).peak_bytes <= card * 2**30

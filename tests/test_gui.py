@@ -330,6 +330,33 @@ def test_charts_wait_for_the_first_step_then_stay_fast_with_100k_points(qtbot):
     assert first < 3.0 and again < 1.0, (first, again)
 
 
+def test_memory_chart_draws_each_gpus_own_estimate_beside_its_curve(qtbot):
+    """Two ranks (ZeRO: equal shares) share one estimate line; a layer split's devices each get their own."""
+    charts = ChartsPanel(redraw_ms=10_000)
+    qtbot.addWidget(charts)
+    charts.show()
+
+    def gpu_run(estimates: dict[str, float]) -> RunSeries:
+        gib = 2**30
+        step = {"type": "step", "step": 1, "loss": 1.0, "memory": [
+            {"device": device, "kind": "cuda", "label": "H100", "allocated_bytes": gib, "nvml_total_bytes": 80 * gib}
+            for device in estimates]}
+        estimate = {"type": "estimate", "peak_bytes": int(max(estimates.values()) * gib), "devices": [
+            {"device": device, "total_bytes": int(total * gib)} for device, total in estimates.items()]
+            + [{"device": "host", "total_bytes": 64 * gib}]}
+        return RunSeries.from_events([estimate, step])
+
+    def estimate_labels() -> list[str]:
+        return sorted(line.label.format for key, line in charts.memory.lines.items() if key.startswith("estimate"))
+
+    charts.show_runs([gpu_run({"cuda:0": 20.0, "cuda:1": 20.0})])
+    charts.redraw()
+    assert estimate_labels() == ["each GPU estimate 20.0 GiB"]
+    charts.show_runs([gpu_run({"cuda:0": 30.0, "cuda:1": 12.5})])
+    charts.redraw()
+    assert estimate_labels() == ["cuda:0 estimate 30.0 GiB", "cuda:1 estimate 12.5 GiB"]
+
+
 def write_run(root: Path, name: str, losses: list[float]) -> Path:
     folder = root / name
     folder.mkdir(parents=True)
@@ -452,6 +479,44 @@ def test_every_command_the_window_starts_is_read_back_by_the_module_it_runs(wind
     assert (args.command, args.run_dir, args.kind, args.out) == ("export", run, "adapter", run / "exports" / "adapter")
 
 
+def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs, monkeypatch):
+    run = write_run(app_dirs / "runs", "gguf", [2.0])
+    started = []
+    panel = window.export_panel
+    monkeypatch.setattr(panel._process, "start", lambda command, working_dir=None: started.append(command))
+    monkeypatch.setattr("studio.gui.export_panel.check_can_push", lambda repo: None)  # as if logged in
+    panel.set_run(run)
+    panel.gguf.setChecked(True)
+    assert not panel.dtype.isEnabled() and all(box.isEnabled() for box in panel.quants.values())
+    panel.quants["f16"].setChecked(True)
+    panel.repo.setText("you/plums")
+    panel.private.setChecked(True)
+    panel.start_publish()
+    module, args = parse_command(started[0])
+    assert (args.kind, args.quant, args.out) == ("gguf", ["f16", "q8_0"], run / "exports" / "gguf")
+    assert (args.push_to_hub, args.private) == ("you/plums", True)
+
+
+def test_publishing_without_a_login_says_so_before_any_work(window, app_dirs, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    run = write_run(app_dirs / "runs", "unpublished", [2.0])
+    started = []
+    panel = window.export_panel
+    monkeypatch.setattr(panel._process, "start", lambda command, working_dir=None: started.append(command))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    panel.set_run(run)
+    panel.repo.setText("you/plums")
+    panel.start_publish()
+    assert not started and "not logged in" in panel.status.text() and "hf auth login" in panel.status.text()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    panel.start_publish()
+    assert not started and "switched off" in panel.status.text()
+
+
 def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app_dirs):
     run = write_run(app_dirs / "runs", "unsaved", [2.0])
     (run / "config.yaml").write_text("method: full\n")
@@ -546,3 +611,22 @@ def test_method_specific_settings_show_only_when_they_apply(window):
     assert not techniques.qat_activations.isEnabled()
     techniques.qat_weights.combo.setCurrentIndex(1)
     assert window.store.config.qat.weights == "int4" and techniques.qat_activations.isEnabled()
+
+
+def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qtbot):
+    from studio.core.estimate import estimate
+    from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
+    from studio.gui.memory import model_config_of
+
+    window.store.update(data={"max_length": 2048})  # the demo's rows are far shorter
+    wait_for_preview(qtbot, window)
+    panel, config = window.estimate_panel, window.store.config
+    qtbot.waitUntil(lambda: "Your data" in panel.data_peak.text(), timeout=10000)
+    lengths = panel.data_lengths
+    assert lengths and len(lengths) == window.data_panel.preview.sampled
+    tokens = largest_possible_micro_batch(lengths, config.training.micro_batch_size, 2048, padded=False)
+    own = estimate(model_config_of(config), config_for_tokens(config, tokens)).peak_bytes
+    assert f"{own / GIB:.2f} GiB" in panel.data_peak.text() and own < panel.estimate.peak_bytes
+    assert f"at most {tokens:,} tokens" in panel.data_peak.text()
+    window.store.update(data={"max_length": min(lengths)})  # every micro-batch at the cut: nothing to add
+    assert panel.data_peak.text() == ""

@@ -82,7 +82,7 @@ def test_an_export_of_another_run_is_not_shown_as_this_ones(window, qtbot, app_d
                                                                "top1_agreement": 1.0}})
     panel = window.export_panel
     window.run_tabs.setCurrentWidget(panel)
-    panel.command = lambda run_dir, kind, out, dtype: stand_in(
+    panel.command = lambda run_dir, kind, out, *_: stand_in(
         f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
         f"(out / 'studio_export.json').write_text({record!r})")
     panel.set_run(first)

@@ -43,6 +43,8 @@ def test_each_command_starts_its_module_and_its_arguments_read_back(tmp_path):
     module, args = parse_command(export_command("py", run_dir, "merged", out, "bfloat16"))
     assert (module, args.command, args.run_dir, args.kind, args.out, args.dtype) == (
         "studio", "export", run_dir, "merged", out, "bfloat16")
+    module, args = parse_command(export_command("py", run_dir, "gguf", out, "auto", ("f16", "q4_k_m"), "me/x", True))
+    assert (args.kind, args.quant, args.out, args.push_to_hub, args.private) == ("gguf", ["f16", "q4_k_m"], out, "me/x", True)
     for prompt in ('a "quoted" prompt;\nwith lines', "--looks-like-an-option", "-"):
         module, args = parse_command(generate_command("py", run_dir, prompt, 7))
         assert (module, args.command, args.run_dir, args.prompt, args.max_new_tokens, args.json) == (

@@ -96,6 +96,19 @@ def test_zero3_on_two_gpus_needs_less_per_gpu_than_plain_data_parallel():
     assert zero3.peak_bytes < ddp.peak_bytes / 2 and fsdp.peak_bytes == zero3.peak_bytes
 
 
+def test_loading_is_estimated_per_process_whole_or_sharded_by_zero3():
+    lora = LORA.replace(distributed={"num_processes": 4})
+    assert estimate(LLAMA_31_8B, LORA).loading == ()  # one process: its devices say it all
+    (every,) = estimate(LLAMA_31_8B, lora, scale_out=ScaleOut.from_config(lora)).loading
+    assert every.processes == "every rank" and every.checkpoint_bytes == pytest.approx(16.06e9, rel=0.01)
+    assert every.weights_bytes > every.checkpoint_bytes  # the adapters too
+    zero3 = lora.replace(distributed={"sharding": "zero3"})
+    rank0, others = estimate(LLAMA_31_8B, zero3, scale_out=ScaleOut.from_config(zero3)).to_json()["loading"]
+    assert rank0 == {"processes": "rank 0", "weights_bytes": -(-every.weights_bytes // 4),
+                     "checkpoint_bytes": every.checkpoint_bytes}
+    assert others == {"processes": "ranks 1-3", "weights_bytes": rank0["weights_bytes"], "checkpoint_bytes": 0}
+
+
 def test_optimizer_offload_moves_state_to_host_ram():
     full = RunConfig().replace(method="full", training={"precision": "bf16"},
                                distributed={"num_processes": 2, "sharding": "zero2", "offload_optimizer": "cpu"})

@@ -94,9 +94,15 @@ def _studio(python: str, *args: str) -> list[str]:
     return [python, "-m", "studio", *args]
 
 
-def export_command(python: str, run_dir: Path, kind: str, out: Path, dtype: str) -> list[str]:
-    """``studio export``: writes the export and its EXPORT_RECORD into ``out``."""
-    return _studio(python, "export", str(run_dir), f"--{kind}", "--out", str(out), "--dtype", dtype)
+def export_command(python: str, run_dir: Path, kind: str, out: Path, dtype: str, quants: tuple[str, ...] = (),
+                   push_to: str = "", private: bool = False) -> list[str]:
+    """``studio export``: writes the export and its EXPORT_RECORD into ``out``; ``quants``: a GGUF's types;
+    ``push_to``: then publishes it to that Hub repository (``private`` if it creates it)."""
+    argv = _studio(python, "export", str(run_dir), f"--{kind}", "--out", str(out))
+    argv += ["--quant", *quants] if kind == "gguf" else ["--dtype", dtype]
+    if push_to:
+        argv += ["--push-to-hub", push_to] + (["--private"] if private else [])
+    return argv
 
 
 def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: int) -> list[str]:

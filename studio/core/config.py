@@ -209,6 +209,18 @@ class TrainingConfig:
         "time: same loss and gradients, a fraction of the logits memory, less compute with prompt masking. "
         "Models that scale or soft-cap their logits, and zero3/fsdp sharding, use the full logits anyway.",
     )
+    lean_weights: bool = _field(
+        True,
+        "With 4/8-bit loading, keep the frozen input embedding and output layer 16-bit (k-bit preparation "
+        "would upcast them to fp32: 3.9 GiB of Llama-3-8B's weights); the embedding's output is cast to fp32 "
+        "instead, so losses and gradients are the same to the bit. Gemma's scaled embedding stays fp32.",
+    )
+    embedding_on_cpu: bool = _field(
+        False,
+        "Keep the frozen input embedding in CPU RAM: each step looks its rows up there and moves only those to "
+        "the GPU (the same numbers; 1 GiB less GPU memory for a 128k-vocabulary 8B model, as much more CPU RAM). "
+        "For adapter methods on one GPU; no effect when the output layer shares the embedding's weight.",
+    )
     torch_compile: bool = _field(
         False, "Compile the model with torch.compile (inductor): faster steps after a slow first one; "
         "not with 4/8-bit quantization or DeepSpeed."

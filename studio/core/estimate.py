@@ -49,10 +49,10 @@ from dataclasses import replace
 
 from studio.core.config import RunConfig
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
-from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, format_bytes, parse_size,
-                                        verdict_for)
-from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
-from studio.core.memory.states import ModelStates, model_states
+from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
+                                        format_bytes, parse_size, verdict_for)
+from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
+from studio.core.memory.states import ModelStates, host_weight_bytes, model_states
 from studio.core.memory.logits import logits_loss_bytes
 from studio.core.memory.tape import Activations, activations
 from studio.core.methods import ATTENTION_TOKENS
@@ -142,6 +142,11 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
         placement = None
         block_parameters = sum(p.elements for p in shape.block_parameters)
         devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
+        embedding = host_weight_bytes(shape, regime)  # never with a split (regime)
+        if embedding:
+            parts = dict(host.parts) if host is not None else complete_parts({})
+            host = DeviceEstimate("host", {**parts, "weights": parts["weights"] + embedding},
+                                  host.peak_phase if host is not None else "forward")
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
@@ -151,9 +156,10 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
+    loading = loading_per_process(states, scale_out, config.distributed.sharding == "zero3")
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
-                    notes=notes, placement=placement)
+                    notes=notes, placement=placement, loading=loading)
 
 
 def _described(model_config: dict) -> bool:
@@ -202,4 +208,8 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:
         notes.append("QAT: each fake-quantized weight is a new tensor kept for backward (fp32 work while it is made)")
+    if regime.embedding_on_host:
+        notes.append("the input embedding stays in CPU RAM (host); only the looked-up rows reach the GPU")
+    elif config.training.embedding_on_cpu and shape.tie_embeddings:
+        notes.append("training.embedding_on_cpu has no effect here: the output layer shares the embedding's weight")
     return tuple(notes)

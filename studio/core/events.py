@@ -8,8 +8,10 @@ from it. Types and their main fields:
 - ``run_started``: config (resolved), versions, devices, run_dir, pid, total_steps, start_step,
   resumed_from, trainable_params, total_params, adapted_modules, data (rows, tokens, truncated per split),
   placement (a layer split: device_map, summary, layers and weight bytes per device; null without one),
-  world_size (training processes)
-- ``estimate``: the predicted peak memory (studio.core.estimate: devices with parts, peak_phase)
+  world_size (training processes), loading_memory (per rank: sharded, rss_before/peak/after_bytes while the
+  model loaded, gpu_peak_bytes on CUDA)
+- ``estimate``: the predicted peak memory (studio.core.estimate: devices with parts, peak_phase; with several
+  processes ``loading``, what each holds while the model loads)
 - ``memory_measured``: step, device, peak_bytes and peak_phase (forward, backward or optimizer) of one
   tracked steady-state step, phase_bytes (the peak of each phase),
   predicted_bytes (also appended per machine to memory-calibration.jsonl beside the runs folder);
@@ -20,7 +22,8 @@ from it. Types and their main fields:
 - ``checkpoint``: step, path
 - ``export``: kind (adapter | merged), path, verification (max logit difference, passed)
 - ``warning``: message
-- ``error``: kind, message, hint
+- ``error``: kind, message, hint; with several processes also rank and host (the message starts
+  "rank N on HOST: "), and an out of memory its part and fix
 - ``finished``: status (completed | stopped | aborted | failed), step
 """
 

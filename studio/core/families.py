@@ -92,6 +92,7 @@ class Family:
     head_bias: bool = False
     conv1d_weights: bool = False  # GPT-2 stores (in, out) weights (transformers' Conv1D)
     embedding_scale: bool = False  # Gemma multiplies the embeddings by sqrt(hidden)
+    embedding_module_scales: bool = False  # inside the embedding module, in the weight's dtype (Gemma's)
     position_embeddings: bool = False  # GPT-2 adds learned positions instead of rotary
     eager_softmax_fp32: bool = True  # eager attention asks softmax for fp32 (GPT-2 keeps the input dtype)
     sdpa: bool = True  # transformers runs it with sdpa (Gemma 2 does not: sdpa cannot soft-cap the scores)
@@ -369,7 +370,8 @@ FAMILIES: tuple[Family, ...] = (
     _llama_like("llama", q_bias=False),
     _llama_like("mistral", q_bias=False),
     _llama_like("qwen2", q_bias=True),
-    _llama_like("gemma", q_bias=False, norm="rms_gemma", embedding_scale=True, defaults=_GEMMA_DEFAULTS),
+    _llama_like("gemma", q_bias=False, norm="rms_gemma", embedding_scale=True, embedding_module_scales=True,
+                defaults=_GEMMA_DEFAULTS),
     _llama_like("qwen3", q_bias=False,
                 defaults={**_LLAMA_DEFAULTS, "kv_heads": 32, "head_dim": 128, "qk_layernorm": True},
                 block_norms=_norms("input_layernorm", "post_attention_layernorm", per_head=_QK_NORMS)),
@@ -379,12 +381,14 @@ FAMILIES: tuple[Family, ...] = (
     _llama_like("olmo2", q_bias=False, block=_olmo2_block,
                 block_norms=_norms("post_attention_layernorm", "post_feedforward_layernorm", per_head=_QK_NORMS,
                                    all_heads=True)),
-    _llama_like("gemma2", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True, sdpa=False,
+    _llama_like("gemma2", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True,
+                embedding_module_scales=True, sdpa=False,
                 defaults={**_GEMMA_DEFAULTS, "attention_softcap": 50.0, "logit_softcap": 30.0},
                 block_norms=_norms(*_SANDWICH_NORMS),
                 fields={**_LLAMA_FIELDS, "attention_softcap": ("attn_logit_softcapping",),
                         "logit_softcap": ("final_logit_softcapping",)}),
     _llama_like("gemma3_text", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True,
+                embedding_module_scales=True,
                 defaults={**_GEMMA_DEFAULTS, "qk_layernorm": True},
                 block_norms=_norms(*_SANDWICH_NORMS, per_head=_QK_NORMS),
                 fields={**_LLAMA_FIELDS, "attention_softcap": ("attn_logit_softcapping",),
@@ -397,6 +401,7 @@ FAMILIES: tuple[Family, ...] = (
                         "expert_intermediate": ("moe_intermediate_size",)},
                 block_norms=_norms("input_layernorm", "post_attention_layernorm", per_head=_QK_NORMS)),
     _llama_like("gemma3", q_bias=False, block=_sandwich_block, norm="rms_gemma", embedding_scale=True,
+                embedding_module_scales=True,
                 defaults={**_GEMMA_DEFAULTS, "qk_layernorm": True, "vocab": 262208},
                 block_norms=_norms(*_SANDWICH_NORMS, per_head=_QK_NORMS), text_config=True,
                 attached=_siglip_with_projector, block_prefix="model.language_model.layers.{}.",

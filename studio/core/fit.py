@@ -11,16 +11,17 @@ what stands in the way.
 
 The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
 gradient accumulation (the effective batch micro-batch x accumulation is kept),
-gradient checkpointing, the 8-bit AdamW optimizer, a 4-bit base model (LoRA
-becomes QLoRA) and, when allowed, ZeRO optimizer offload to CPU RAM. The
+gradient checkpointing, the 8-bit AdamW optimizer, the input embedding in CPU RAM
+(adapters on one GPU), a 4-bit base model (LoRA becomes QLoRA) and, when allowed,
+ZeRO optimizer offload to CPU RAM. The
 method (full or LoRA) and the sequence length are never changed: they change
 what is trained; the explanation says when they are what would help.
 
 Expected step time is relative and rule-of-thumb: each micro-step costs a fixed
 overhead worth ``MICRO_STEP_OVERHEAD_TOKENS`` tokens, checkpointing recomputes
 the forward pass (x1.33), a 4-bit base dequantizes every weight (x1.25), the
-8-bit optimizer step is a little slower (x1.02) and offload moves the optimizer
-step to the CPU (x1.5).
+8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a
+gather and a copy (x1.01) and offload moves the optimizer step to the CPU (x1.5).
 
 Pure Python, like the estimate: the GUI calls it directly.
 """
@@ -35,12 +36,14 @@ from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.memory.parts import PARTS
+from studio.core.memory.regime import embedding_on_cpu_allowed
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, model_shape
 
 MICRO_STEP_OVERHEAD_TOKENS = 256
 CHECKPOINTING_SLOWDOWN = 1.33
 FOUR_BIT_SLOWDOWN = 1.25
 EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
+EMBEDDING_ON_CPU_SLOWDOWN = 1.01  # a CPU gather and one copy of the rows per micro-batch (not measured on a GPU)
 OFFLOAD_SLOWDOWN = 1.5
 
 
@@ -93,9 +96,18 @@ def _four_bit_base(c: Candidate) -> list[Candidate]:
     return options
 
 
+def _embedding_on_cpu(c: Candidate) -> list[Candidate]:
+    options = [c]
+    config = c.config
+    alone = c.scale_out.num_gpus == 1 and not c.scale_out.uses_zero
+    if not config.training.embedding_on_cpu and embedding_on_cpu_allowed(config) and alone:
+        options.append(replace(c, config=config.replace(training={"embedding_on_cpu": True})))
+    return options
+
+
 def _offload(c: Candidate) -> list[Candidate]:
     options = [c]
-    if not c.scale_out.offload_optimizer:
+    if not c.scale_out.offload_optimizer and not c.config.training.embedding_on_cpu:
         stage = max(c.scale_out.zero_stage, 2)
         options.append(replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True)))
     return options
@@ -111,6 +123,8 @@ SAVERS: tuple[Saver, ...] = (
     Saver("micro_batch", _micro_batches, _describe_micro_batch),
     Saver("checkpointing", _checkpointing, lambda b, a: "training.gradient_checkpointing on"),
     Saver("optimizer", _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit"),
+    Saver("embedding_on_cpu", _embedding_on_cpu, lambda b, a: "training.embedding_on_cpu on (the input embedding "
+          "in CPU RAM)"),
     Saver("four_bit", _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)"),
     Saver("offload", _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM"),
 )
@@ -130,6 +144,8 @@ def _step_cost(c: Candidate) -> float:
         cost *= FOUR_BIT_SLOWDOWN
     if t.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
         cost *= EIGHT_BIT_OPTIMIZER_SLOWDOWN
+    if t.embedding_on_cpu:
+        cost *= EMBEDDING_ON_CPU_SLOWDOWN
     if c.scale_out.offload_optimizer:
         cost *= OFFLOAD_SLOWDOWN
     return cost
@@ -243,6 +259,7 @@ def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
         "micro_batch": o.training.micro_batch_size == c.training.micro_batch_size,
         "checkpointing": o.training.gradient_checkpointing == c.training.gradient_checkpointing,
         "optimizer": o.training.optimizer == c.training.optimizer,
+        "embedding_on_cpu": o.training.embedding_on_cpu == c.training.embedding_on_cpu,
         "four_bit": o.effective_load_in == c.effective_load_in,
         "offload": option.scale_out.offload_optimizer == chosen.scale_out.offload_optimizer,
     }[saver]

@@ -64,29 +64,30 @@ def model_card(config: RunConfig, events: list[dict[str, Any]], record: dict[str
     examples name (a Hub repo id once pushed)."""
     adapter = record["kind"] == "adapter"
     sections = [
-        _metadata(config, adapter, license_),
+        _metadata(config, record["kind"], license_),
         f"# {config.name}\n\n{_summary(config, record)}",
         _training(config, events),
         _data(config, events),
         _results(events),
-        _verification(record),
+        _gguf_verification(record) if record["kind"] == "gguf" else _verification(record),
         _memory(events),
         _chat(record),
-        _usage(adapter, load_path),
+        _gguf_usage(record, load_path) if record["kind"] == "gguf" else _usage(adapter, load_path),
     ]
     return "\n\n".join(section for section in sections if section) + "\n"
 
 
-def _metadata(config: RunConfig, adapter: bool, license_: str) -> str:
+def _metadata(config: RunConfig, kind: str, license_: str) -> str:
+    adapter = kind == "adapter"
     base = config.model.name_or_path
     meta: dict[str, Any] = {}
     if is_hub_id(base):
         meta["base_model"] = base
     if license_:
         meta["license"] = license_
-    meta["library_name"] = "peft" if adapter else "transformers"
+    meta["library_name"] = {"adapter": "peft", "gguf": "gguf"}.get(kind, "transformers")
     meta["pipeline_tag"] = "text-generation"
-    meta["tags"] = ["finetune-studio", config.method] + (["base_model:adapter:" + base] if adapter and is_hub_id(base) else [])
+    meta["tags"] = ["finetune-studio", config.method] + (["gguf"] if kind == "gguf" else []) + (["base_model:adapter:" + base] if adapter and is_hub_id(base) else [])
     datasets = [hub_dataset_id(name) for name in config.data.train_files + config.data.eval_files]
     if any(datasets):
         meta["datasets"] = sorted({name for name in datasets if name})
@@ -95,8 +96,10 @@ def _metadata(config: RunConfig, adapter: bool, license_: str) -> str:
 
 def _summary(config: RunConfig, record: dict[str, Any]) -> str:
     revision = f" (revision `{config.model.revision}`)" if config.model.revision else ""
-    what = "An adapter" if record["kind"] == "adapter" else "A merged model"
-    details = f"{record.get('dtype')} weights" + (f"; {record.get('form')}" if config.qat.enabled else "")
+    what = {"adapter": "An adapter", "gguf": "GGUF files (llama.cpp, Ollama, LM Studio) of a merged model"}.get(
+        record["kind"], "A merged model")
+    details = (record.get("form", "") if record["kind"] == "gguf" else f"{record.get('dtype')} weights"
+               + (f"; {record.get('form')}" if config.qat.enabled else ""))
     return (f"{what} ({details}) fine-tuned with "
             f"Finetune Studio from `{config.model.name_or_path}`{revision} by method `{config.method}` "
             f"({config.method_spec.label}).")
@@ -183,15 +186,50 @@ def _chat(record: dict[str, Any]) -> str:
            f"`eos_token_id` {list(chat['eos_token_ids'])}, so generation stops there" if chat["end_of_turn"]
            else "ends responses with several tokens: stop generation on its end marker yourself")
     name = "the base tokenizer's own" if chat["template"] == "tokenizer" else f"the built-in `{chat['template']}`"
-    return (f"## Chat template\n\nTrained with {name} chat template, which the tokenizer here "
-            f"carries (`tokenizer.apply_chat_template`). The model {end}.")
+    carrier = ("each GGUF carries (`tokenizer.chat_template`, its end of turn as eos)" if record["kind"] == "gguf"
+               else "the tokenizer here carries (`tokenizer.apply_chat_template`)")
+    return f"## Chat template\n\nTrained with {name} chat template, which {carrier}. The model {end}."
 
 
 def _usage(adapter: bool, path: str) -> str:
     load = (_PEFT_LOAD if adapter else _TRANSFORMERS_LOAD).format(path=path)
-    gguf = ("llama.cpp, Ollama and LM Studio read GGUF files: after a GGUF export (coming to Finetune Studio) "
-            "this card will say how.")
+    gguf = ("llama.cpp, Ollama and LM Studio read GGUF files: export them with `studio export RUN --gguf` "
+            "(or the app's Export tab).")
     return f"## How to use\n\n{load}\n\n{_GENERATE}\n\n{gguf}"
+
+
+def _gguf_verification(record: dict[str, Any]) -> str:
+    rows = [(f"`{f['file']}`", f"{f['bytes'] / 1e6:.1f} MB | {f['verification']['top1_agreement']:.1%} | "
+                               f"{f['verification']['max_abs_diff']:.3g}") for f in record["files"].values()]
+    table = "\n".join(["| file | size | same next token | max logit difference |", "|---|---|---|---|"]
+                      + [f"| {name} | {cells} |" for name, cells in rows])
+    samples = next(iter(record["files"].values()))["verification"]["samples"]
+    return (f"## Verification\n\nConverted by llama.cpp's own converter ({record.get('converter', '')}). Each file "
+            f"was read back by transformers' GGUF reader and its next-token choices compared with the merged "
+            f"model's on {samples} held-out examples; every file passed its type's threshold.\n\n{table}"
+            + _llama_cpp_check(record))
+
+
+def _llama_cpp_check(record: dict[str, Any]) -> str:
+    checks = [(f["file"], f["llama_cpp_verification"]) for f in record["files"].values() if "llama_cpp_verification" in f]
+    return ("\n\nRun by llama.cpp itself: " + "; ".join(f"`{name}` {check['top1_agreement']:.1%} the same next token"
+                                                       for name, check in checks) + ".") if checks else ""
+
+
+def _gguf_usage(record: dict[str, Any], path: str) -> str:
+    quant, first = next(iter(record["files"].items()))
+    name, modelfile = first["file"], first["modelfile"]["file"]
+    if is_hub_id(path):  # published: both read a GGUF straight from the Hub by its type
+        get = (f"```bash\nllama-cli -hf {path}:{quant.upper()} -cnv\nollama run hf.co/{path}:{quant.upper()}\n```\n\n"
+               f"Or download the folder (`hf download {path} --local-dir {path.split('/')[1]}`) and use it as below.\n\n")
+        path = path.split("/")[1]
+    else:
+        get = ""
+    return (f"## How to use\n\n{get}llama.cpp (the chat template and end of turn are inside the file):\n\n```bash\n"
+            f"llama-cli -m {name} -cnv\nllama-server -m {name}\n```\n\nOllama, with the Modelfile beside each "
+            f"file (its template, stop tokens and defaults):\n\n```bash\ncd {path}\n"
+            f"ollama create my-fine-tune -f {modelfile}\nollama run my-fine-tune\n```\n\n"
+            f"LM Studio: `lms import {name}` (or copy the file into its models folder), then load it.")
 
 
 def _last(events: list[dict[str, Any]], kind: str, key: str = "type") -> dict[str, Any] | None:

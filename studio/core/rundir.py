@@ -6,6 +6,8 @@
       train.log            the human-readable log
       worker.json          pid, host and command of the worker (for re-attaching)
       STOP / ABORT         control files: a stop request saves and exits; abort exits at once
+      ranks/               several processes: each rank's host, pid and heartbeat, and why one failed
+      prepared/machine-N/  several processes: the data the first process of machine N tokenized for the others
       checkpoints/step-000120/   complete checkpoints (each has a COMPLETE marker)
       exports/adapter/, exports/merged/
 

@@ -14,6 +14,7 @@ from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
 from studio.core.hub_data import is_hub_spec, parse_hub_spec
+from studio.core.memory.regime import embedding_on_cpu_allowed
 from studio.core.row_formats import DataError
 from studio.core.methods import ADALORA_BUDGET, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.modelcheck import is_local_model
@@ -184,6 +185,10 @@ def _check_training(config: RunConfig) -> list[Problem]:
     if t.torch_compile and (config.effective_load_in != "none" or config.distributed.deepspeed_stage is not None):
         problems.append(Problem("training.torch_compile", "torch.compile does not work with bitsandbytes weights or DeepSpeed",
                                 "turn training.torch_compile off"))
+    if t.embedding_on_cpu and not embedding_on_cpu_allowed(config):
+        problems.append(Problem("training.embedding_on_cpu", "the input embedding stays in CPU RAM only for a frozen "
+                                "embedding (adapter methods on linear layers) in one process without sharding or "
+                                "layer split", "turn training.embedding_on_cpu off"))
     return problems
 
 

@@ -214,21 +214,32 @@ class ChartsPanel(QWidget):
                                           style=MEMORY_STYLES.get(name, Qt.PenStyle.SolidLine))
                 self._update(index, f"mem.{trace.device}.{name}", series, curve)
         if index == 0:
-            self._draw_capacities(run, several_gpus=gpu and len(run.memory) > 1)
+            several_gpus = gpu and len(run.memory) > 1
+            capacities = [(trace.label, trace.capacity_bytes) for trace in run.memory.values() if trace.capacity_bytes]
+            self._grouped_lines("cap", capacities, several_gpus, "capacity {:.0f} GiB", "#111827", label_below=True)
         if gpu and run.estimate_bytes and index == 0:
+            self._draw_estimates(run)
+
+    def _draw_estimates(self, run: RunSeries) -> None:
+        """Beside several GPUs' curves each one's own estimate (ZeRO's ranks, a layer split's devices), else the peak."""
+        own = [(device, total) for device, total in run.estimate_by_device.items() if device in run.memory]
+        if len(run.memory) > 1 and own:
+            self._grouped_lines("estimate", own, True, "estimate {:.1f} GiB", BAD, style=Qt.PenStyle.DashLine)
+        else:
             self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GiB",
                                         BAD, Qt.PenStyle.DashLine)
 
-    def _draw_capacities(self, run: RunSeries, several_gpus: bool) -> None:
-        """One line per capacity: GPUs of the same size share it (their labels would print over each other)."""
-        devices: dict[int, list[str]] = {}
-        for trace in run.memory.values():
-            if trace.capacity_bytes:
-                devices.setdefault(trace.capacity_bytes, []).append(trace.label)
-        for capacity, labels in devices.items():
-            owner = ("each GPU " if len(labels) > 1 else f"{labels[0]} ") if several_gpus else ""
-            self.memory.horizontal_line(f"cap.{capacity}", capacity / GIB, f"{owner}capacity {capacity / GIB:.0f} GiB",
-                                        "#111827", label_below=True)
+    def _grouped_lines(self, key: str, levels: list[tuple[str, int]], several_gpus: bool, text: str, color: str,
+                       **style) -> None:
+        """One line per level (GPU, bytes): GPUs at the same level share it (their labels would print over each other)."""
+        owners: dict[int, list[str]] = {}
+        for owner, level in levels:
+            owners.setdefault(level, []).append(owner)
+        for level, names in owners.items():
+            owner = ""
+            if several_gpus:
+                owner = "each GPU " if len(names) == len(levels) > 1 else f"{', '.join(names)} "
+            self.memory.horizontal_line(f"{key}.{level}", level / GIB, owner + text.format(level / GIB), color, **style)
 
     def _update(self, index: int, key: str, series: Series, curve) -> None:
         if self._drawn.get((index, key)) == series.version:

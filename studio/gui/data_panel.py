@@ -4,7 +4,7 @@ model sees it (the loss-masked part set apart), and a token-length histogram wit
 from __future__ import annotations
 
 import html
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget, QPushButton, QSplitter,
                                QTextBrowser, QVBoxLayout, QWidget)
 
@@ -37,6 +37,9 @@ _PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
 
 
 class DataPanel(VerticalScroll):
+    # the token lengths of the preview's rows (None: not counted in tokens) and whether they are all the rows
+    lengths_changed = Signal(object, bool)
+
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
         super().__init__(parent=parent)
         self.store = store
@@ -183,9 +186,12 @@ class DataPanel(VerticalScroll):
         self.format.combo.setItemText(0, f"auto (detected: {preview.format})")
         self.examples.setHtml(examples_html(preview))
         self._draw_histogram(preview)
+        tokens = tuple(int(n) for n in preview.lengths) if preview.unit == "tokens" else None
+        self.lengths_changed.emit(tokens, preview.sampled >= preview.rows and preview.complete)
 
     def _show_error(self, error: Exception) -> None:
         self.preview = None
+        self.lengths_changed.emit(None, False)
         self.banner.show_message(_readable(error), error=True)
         self.summary.setText("")
         self.examples.setHtml(f"<p style='color:{MUTED}'>No preview: fix the data problem above.</p>")

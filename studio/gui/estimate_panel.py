@@ -18,6 +18,7 @@ from studio.core.errors import StudioError
 from studio.core.estimate import Estimate
 from studio.core.memory.derived import TraceNeededError, kind_text
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
+from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.gui import memory
 from studio.gui.console import console_error
 from studio.gui.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus, gib
@@ -127,10 +128,27 @@ class GpuPicker(QWidget):
 
 
 def _scale_out_text(estimate: Estimate) -> str:
-    """Where a layer split puts the layers, and the CPU RAM that offload takes."""
+    """Where a layer split puts the layers, the CPU RAM that offload (or the embedding kept there) takes, and what each
+    process holds while loading."""
     text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
     host = next((d for d in estimate.devices if d.device == "host"), None)
-    return text + (f" CPU RAM for offloaded state: {gib(host.total_bytes)}." if host else "")
+    host_text = f" CPU RAM (offloaded state, or the embedding kept there): {gib(host.total_bytes)}." if host else ""
+    return text + host_text + _loading_text(estimate)
+
+
+def _loading_text(estimate: Estimate) -> str:
+    if not estimate.loading:
+        return ""
+    each = [f"{entry.processes}: {gib(entry.weights_bytes)} of weights"
+            + (f", and the {gib(entry.checkpoint_bytes)} checkpoint read into CPU RAM" if entry.checkpoint_bytes else "")
+            for entry in estimate.loading]
+    return " While the model loads: " + "; ".join(each) + "."
+
+
+def _bar_title(device: str, total_bytes: int, layer_split: bool) -> str:
+    """A bar's title when there are several: the device of a layer split, or the rank of the process on it."""
+    who = device if layer_split else f"rank {device.rsplit(':', 1)[-1]} ({device})"
+    return f"{who}: {gib(total_bytes)}"
 
 
 class EstimatePanel(QGroupBox):
@@ -170,6 +188,9 @@ class EstimatePanel(QGroupBox):
         self.progress.hide()
         self.result = explanation("")
         self.result.setTextFormat(Qt.TextFormat.RichText)
+        self.data_lengths: tuple[int, ...] | None = None  # the data preview's token lengths (set_data_lengths)
+        self.data_complete = False
+        self.data_peak = explanation("")  # the run's own data beside the worst case at max_length
         self._build_layout()
         self._simulation = LineProcess(self)
         self._simulation.done.connect(self._simulation_done)
@@ -197,6 +218,7 @@ class EstimatePanel(QGroupBox):
         verdict_row.addWidget(self.simulate_button)
         layout.addLayout(verdict_row)
         layout.addWidget(self.phase)
+        layout.addWidget(self.data_peak)
         layout.addWidget(self.result)
 
     # ------------------------------------------------------------ the estimate
@@ -225,11 +247,13 @@ class EstimatePanel(QGroupBox):
         if estimate is None:
             self._set_bars([])
             self._set_legend({})
+            self.data_peak.setText("")
             self.verdict.setText(f"<span style='color:{MUTED}'>No estimate: {html.escape(self.error)}</span>")
             self.phase.setText("")
             return
         gpus = [d for d in estimate.devices if d.device != "host"]
-        self._set_bars([(d.device, d.parts) for d in gpus])  # one per GPU the run uses (titled when several)
+        split = estimate.placement is not None
+        self._set_bars([(_bar_title(d.device, d.total_bytes, split), d.parts) for d in gpus])  # titled when several
         self._set_legend(gpus[0].parts)
         verdict = estimate.verdict(capacity)
         color = VERDICT_COLORS[verdict.status]
@@ -243,6 +267,30 @@ class EstimatePanel(QGroupBox):
                            + _scale_out_text(estimate)
                            + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes) + ".")
                            + f" Estimate: {kind_text(estimate)}.")
+        self.data_peak.setText(self._data_peak_text(estimate))
+
+    def set_data_lengths(self, lengths: tuple[int, ...] | None, complete: bool) -> None:
+        """The token lengths of the data's rows (all of them when ``complete``), for the estimate of its own peak."""
+        self.data_lengths, self.data_complete = lengths, complete
+        self.recompute()
+
+    def _data_peak_text(self, worst: Estimate) -> str:
+        """The peak of the data's largest possible micro-batch, when its rows make it smaller than the worst case."""
+        config = self.store.config
+        if not self.data_lengths:
+            return ""
+        tokens = largest_possible_micro_batch(self.data_lengths, config.training.micro_batch_size,
+                                              config.data.max_length, padded=not config.packs_padding_free)
+        if tokens >= config.training.micro_batch_size * config.data.max_length:
+            return ""
+        try:
+            own = memory.estimate_run(config_for_tokens(config, tokens), gpu_bytes=self.picker.capacity_bytes,
+                                      gpu_count=max(1, len(self.detected)))
+        except StudioError:
+            return ""
+        rows = "its rows" if self.data_complete else f"its first {len(self.data_lengths):,} rows"
+        return (f"Your data: {gib(own.peak_bytes)} ({rows} make micro-batches of at most {tokens:,} tokens); "
+                f"the verdict above is the worst case, every row {config.data.max_length:,} tokens.")
 
     def _update_simulate_button(self) -> None:
         """Simulate needs what the estimate needs (a known model); while it runs, the button cancels it."""

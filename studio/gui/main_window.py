@@ -172,6 +172,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         self.store.changed.connect(self._on_config_changed)
         self.model_panel.summary_changed.connect(self.data_panel.set_model)
+        self.data_panel.lengths_changed.connect(self.estimate_panel.set_data_lengths)
         self.model_panel.summary_changed.connect(self._on_config_changed)  # its problems may have changed
         self.controller.changed.connect(self._on_run_changed)
         self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))

@@ -129,6 +129,7 @@ class RunSeries:
         self.lr = Series()
         self.memory: dict[str, MemoryTrace] = {}
         self.estimate_bytes: int | None = None
+        self.estimate_by_device: dict[str, int] = {}  # each GPU's own estimate (ZeRO's ranks, a layer split's devices)
         self.started = False  # a run_started event was seen (the model is loaded)
 
     @classmethod
@@ -164,6 +165,8 @@ class RunSeries:
             return True
         if kind == "estimate":  # the worker's prediction, drawn as a dashed line on GPU memory charts
             self.estimate_bytes = event.get("peak_bytes")
+            self.estimate_by_device = {str(d["device"]): int(d["total_bytes"]) for d in event.get("devices") or ()
+                                       if d.get("device") != "host" and d.get("total_bytes") is not None}
             return self.estimate_bytes is not None
         return False
 

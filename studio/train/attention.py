@@ -167,10 +167,13 @@ def probe(model) -> bool:
     ids = torch.zeros(1, 4, dtype=torch.long, device=device)
     positions = torch.tensor([[0, 1, 0, 1]], device=device)
     training = model.training
+    # a 16-bit output layer (lean weights) computes on fp32 hidden states only under autocast, as in training
+    head = model.get_output_embeddings()
+    dtype = head.weight.dtype if head is not None else torch.float32
     _Probe.calls = []
     try:
         attend_packed(model)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             model.eval()(input_ids=ids, position_ids=positions, use_cache=False)
         return bool(_Probe.calls) and all(_Probe.calls)
     finally:

@@ -13,10 +13,13 @@ studio.core.dataset first, so bad data is refused before any tokenizing.
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -239,6 +242,23 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
         return PreparedData(train.dataset(), None, {"train": train.stats})
     eval_set = evaluation.dataset() if evaluation.stats["rows"] else None
     return PreparedData(train.dataset(), eval_set, {"train": train.stats, "eval": evaluation.stats})
+
+
+def save_prepared(data: PreparedData, folder: Path) -> None:
+    """The tokenized splits and their stats, for the other processes of this machine (load_prepared)."""
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier attempt's
+    folder.mkdir(parents=True)
+    data.train.save_to_disk(str(folder / "train"))
+    if data.eval is not None:
+        data.eval.save_to_disk(str(folder / "eval"))
+    (folder / "stats.json").write_text(json.dumps(data.stats), encoding="utf-8")
+
+
+def load_prepared(folder: Path) -> PreparedData:
+    """What save_prepared wrote: the same rows, ids and stats as preparing them here."""
+    evaluation = datasets.load_from_disk(str(folder / "eval")) if (folder / "eval").is_dir() else None
+    stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+    return PreparedData(datasets.load_from_disk(str(folder / "train")), evaluation, stats)
 
 
 class _Encoder:

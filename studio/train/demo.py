@@ -34,7 +34,7 @@ def heldout_accuracy(config, checkpoint: Path | None) -> float:
     if checkpoint is None:
         model = load_base_model(config, device)
     else:
-        model = build_model(config, device)
+        model = build_model(config, device, for_inference=True)
         load_weights(checkpoint, model)
     examples = inspect_files((str(DEMO_HELDOUT),), config.data.format).examples
     return exact_match(model, tokenizer, examples, config.data.template)

@@ -87,6 +87,21 @@ class AccelerateEngine:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def is_local_main(self) -> bool:
+        """The first process of this machine."""
+        return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+    @contextlib.contextmanager
+    def local_main_first(self) -> Iterator[None]:
+        """The first process of each machine runs the block while the others wait; then they run it,
+        finding its results (downloads in the Hub cache, prepared data on disk)."""
+        if not self.is_local_main:
+            self.barrier()
+        yield
+        if self.is_local_main:
+            self.barrier()
+
     # ------------------------------------------------------------ the model
     def build_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return build_optimizer(self.config, params)
@@ -94,6 +109,14 @@ class AccelerateEngine:
     def prepare(self, model, optimizer):
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         return self.model, self.optimizer
+
+    def loading(self):
+        """Around building the model: how each process loads it (here: whole)."""
+        return contextlib.nullcontext()
+
+    @property
+    def loads_sharded(self) -> bool:
+        return False
 
     def autocast(self):
         return self.accelerator.autocast()
@@ -228,6 +251,15 @@ class DeepSpeedEngine(AccelerateEngine):
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
         return self.model, self.optimizer
 
+    @property
+    def loads_sharded(self) -> bool:
+        return self.ds_config["zero_optimization"]["stage"] == 3
+
+    def loading(self):
+        """ZeRO-3: each process builds only its shard of every weight (transformers' zero.Init integration) and
+        rank 0 alone reads the checkpoint, so no process holds the whole model."""
+        return _zero3_loading(self.ds_config) if self.loads_sharded else contextlib.nullcontext()
+
     def autocast(self):
         return contextlib.nullcontext()  # DeepSpeed casts the weights to its bf16/fp16 itself
 
@@ -277,6 +309,18 @@ class DeepSpeedEngine(AccelerateEngine):
             raise StudioError(f"DeepSpeed could not load {folder}", "resume with the same number of processes", kind="checkpoint")
 
 
+@contextlib.contextmanager
+def _zero3_loading(ds_config: dict) -> Iterator[None]:
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    active = HfDeepSpeedConfig(ds_config)  # transformers holds it weakly: it must live while the model loads
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()  # later runs in this process (and peft) see no ZeRO-3
+        del active
+
+
 def _init_deepspeed_process_group() -> torch.device:
     """The process group DeepSpeed needs, also for a single process started without a launcher."""
     import deepspeed
@@ -287,7 +331,7 @@ def _init_deepspeed_process_group() -> torch.device:
     if _dist() is None and "RANK" not in os.environ:
         # One process without torchrun: a one-member group on a free port, made here so that
         # RANK/WORLD_SIZE stay unset (they would make later runs in this process "launched").
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         os.environ.setdefault("LOCAL_RANK", "0")  # read by DeepSpeed (its offload too); without WORLD_SIZE, not "launched"
     deepspeed.init_distributed(dist_backend=backend)  # adopts torch's group, or makes it from torchrun's env
     if not cuda:
@@ -297,7 +341,7 @@ def _init_deepspeed_process_group() -> torch.device:
     return torch.device("cuda", local)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

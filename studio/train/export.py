@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -52,6 +52,16 @@ class Verification:
 
 def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "auto") -> tuple[Path, Verification]:
     """Export ``kind`` ("adapter" or "merged") of a run; returns the folder and its verification."""
+    rd, config, checkpoint = open_run(run_dir, kind)
+    out = Path(out) if out else rd.exports_dir / kind
+    with atomic_folder(out, replace=True) as staging:
+        verification = write_verified(rd, config, checkpoint, kind, staging, dtype)
+    record_export(rd, kind, out, verification)
+    return out, verification
+
+
+def open_run(run_dir: Path, kind: str) -> tuple[RunDir, RunConfig, Path]:
+    """The run, its config and newest checkpoint; refuses a run that cannot give ``kind``."""
     rd = RunDir(run_dir)
     if not rd.config.is_file():
         raise StudioError(f"{rd.path} is not a run directory (no config.yaml)", "pass the folder of a run", kind="export")
@@ -61,51 +71,58 @@ def export_run(run_dir: Path, kind: str, out: Path | None = None, dtype: str = "
         raise StudioError(f"{rd.path} has no complete checkpoint yet", "train (or stop-and-save) the run first", kind="export")
     if kind == "adapter" and not config.uses_adapter:
         raise StudioError("a full fine-tune has no adapter", "export it with --merged", kind="export")
-    if kind == "merged" and not config.can_merge:
+    if kind != "adapter" and not config.can_merge:
         raise StudioError(f"{config.method} trains {config.method_spec.trains}, which cannot be merged into the "
                           "model's weights",
                           "export the adapter (--adapter) and load it with peft's PeftModel.from_pretrained",
                           kind="export")
-    out = Path(out) if out else rd.exports_dir / kind
+    return rd, config, checkpoint
+
+
+def write_verified(rd: RunDir, config: RunConfig, checkpoint: Path, kind: str, folder: Path, dtype: str,
+                   card: bool = True) -> Verification:
+    """Write the ``kind`` export into ``folder``, reload it and compare its logits with the trained model's.
+
+    A passing export gets its chat template, end of turn and (with ``card``) model card; a failing one
+    raises after writing its record (the caller's staging folder goes with it)."""
     quiet_progress_bars()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
     tokenizer = load_tokenizer(config)
     total_steps = read_state(checkpoint).get("total_steps")
-    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps)
+    trained = build_model(config.replace(training={"gradient_checkpointing": False}), device, total_steps,
+                          for_inference=True)
     load_weights(checkpoint, trained)
     trained.eval()
-    inputs = _verification_inputs(config, tokenizer, device)
-    reference = _logits(trained, inputs)
+    inputs = verification_inputs(config, tokenizer, device)
+    reference = logits_of(trained, inputs)
     base_diff = _base_difference(trained, inputs, reference)
 
     export_dtype = _export_dtype(config, dtype)
-    with atomic_folder(out, replace=True) as staging:
-        if kind == "adapter":
-            trained.save_pretrained(staging)
-            reloaded = _reload_adapter(config, staging, device)
-            exact = True
-        else:
-            _save_merged(config, checkpoint, tokenizer, staging, export_dtype, device, total_steps)
-            reloaded = _reload_merged(staging, export_dtype, device)
-            exact = export_dtype == torch.float32 and config.effective_load_in == "none" and not config.qat.enabled
-        verification = _verify(reloaded, inputs, reference, base_diff, exact)
-        info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
-                "base_model": config.model.name_or_path, "form": export_form(config, kind, export_dtype),
-                "verification": asdict(verification)}
-        if verification.passed:  # what makes it usable as trained: its template and eos, and its card
-            chat = carry_chat_template(tokenizer, trained_template(config, rd.events, tokenizer), staging,
-                                       base_generation_config(config))
-            info["chat"] = chat.to_json()
-            write_card(config, rd, info, staging)
-        (staging / EXPORT_RECORD).write_text(json.dumps(info, indent=1), encoding="utf-8")
-        _usual_file_modes(staging)
-        if not verification.passed:
-            raise StudioError(f"the exported {kind} does not reproduce the trained model "
-                              f"(max logit difference {verification.max_abs_diff:.3g}, top-1 agreement {verification.top1_agreement:.0%})",
-                              "nothing was written; report this with the run's train.log", kind="export")
-    _record(rd, kind, out, verification)
-    return out, verification
+    if kind == "adapter":
+        trained.save_pretrained(folder)
+        reloaded = _reload_adapter(config, folder, device)
+        exact = True
+    else:
+        _save_merged(config, checkpoint, tokenizer, folder, export_dtype, device, total_steps)
+        reloaded = _reload_merged(folder, export_dtype, device)
+        exact = export_dtype == torch.float32 and config.effective_load_in == "none" and not config.qat.enabled
+    verification = _verify(reloaded, inputs, reference, base_diff, exact)
+    info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
+            "base_model": config.model.name_or_path, "form": export_form(config, kind, export_dtype),
+            "verification": asdict(verification)}
+    if verification.passed:  # what makes it usable as trained: its template and eos, and its card
+        chat = carry_chat_template(tokenizer, trained_template(config, rd.events, tokenizer), folder,
+                                   base_generation_config(config))
+        info["chat"] = chat.to_json()
+        if card:
+            write_card(config, rd, info, folder)
+    (folder / EXPORT_RECORD).write_text(json.dumps(info, indent=1), encoding="utf-8")
+    usual_file_modes(folder)
+    if not verification.passed:
+        raise StudioError(f"the exported {kind} does not reproduce the trained model "
+                          f"(max logit difference {verification.max_abs_diff:.3g}, top-1 agreement {verification.top1_agreement:.0%})",
+                          "nothing was written; report this with the run's train.log", kind="export")
+    return verification
 
 
 def export_form(config: RunConfig, kind: str, dtype: torch.dtype = torch.float32) -> str:
@@ -125,7 +142,7 @@ def export_form(config: RunConfig, kind: str, dtype: torch.dtype = torch.float32
     return f"quantized with torchao: {scheme}; the linears hold integer weights, the output head stays full precision"
 
 
-def _usual_file_modes(folder: Path) -> None:
+def usual_file_modes(folder: Path) -> None:
     """Every file of an export readable like any file the user writes (0644 with the usual umask): the
     weight writers create theirs private (0600), so a shared export had unreadable weights only."""
     umask = os.umask(0)
@@ -143,9 +160,10 @@ def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:
     return EXPORT_DTYPES[dtype]
 
 
-def _verification_inputs(config: RunConfig, tokenizer, device, count: int = 4) -> dict[str, torch.Tensor]:
-    """A padded batch of the first few training examples, rendered as in training."""
-    report = inspect_files(config.data.train_files, config.data.format, limit=count)
+def verification_inputs(config: RunConfig, tokenizer, device, count: int = 4,
+                        files: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """A padded batch of the first few examples of ``files`` (the training files), rendered as in training."""
+    report = inspect_files(files or config.data.train_files, config.data.format, limit=count)
     rows = [encode(render_segments(example, tokenizer, config.data.template), tokenizer,
                    config.data.max_length, config.data.train_on_prompt)["input_ids"] for example in report.examples[:count]]
     length = max(len(r) for r in rows)
@@ -158,7 +176,7 @@ def _verification_inputs(config: RunConfig, tokenizer, device, count: int = 4) -
 
 
 @torch.no_grad()
-def _logits(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def logits_of(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     logits = model(**inputs).logits.float()
     logits = logits[:, -inputs["input_ids"].shape[1]:]  # prompt tuning prepends its virtual tokens' logits
     return logits[inputs["attention_mask"].bool()]  # real positions only
@@ -170,7 +188,7 @@ def _base_difference(trained, inputs, reference: torch.Tensor) -> float | None:
     if not hasattr(trained, "disable_adapter"):
         return None
     with trained.disable_adapter():
-        return float((_logits(trained, inputs) - reference).abs().max())
+        return float((logits_of(trained, inputs) - reference).abs().max())
 
 
 def _reload_adapter(config: RunConfig, folder: Path, device):
@@ -242,17 +260,24 @@ def _reload_merged(folder: Path, dtype: torch.dtype, device):
 
 
 def _verify(model, inputs, reference: torch.Tensor, base_diff: float | None, exact: bool) -> Verification:
-    logits = _logits(model, inputs)
+    verification = compare_logits(logits_of(model, inputs), reference, MIN_TOP1_AGREEMENT, exact,
+                                  int(inputs["input_ids"].shape[0]))
+    # An export that is no closer to the trained model than the untrained base is the base.
+    is_base = base_diff is not None and base_diff > 10 * EXACT_TOLERANCE and verification.max_abs_diff >= base_diff
+    return replace(verification, base_max_abs_diff=base_diff, passed=verification.passed and not is_base)
+
+
+def compare_logits(logits: torch.Tensor, reference: torch.Tensor, min_agreement: float, exact: bool = False,
+                   samples: int = 0) -> Verification:
+    """How far ``logits`` are from ``reference`` (real positions of the same inputs); passes to rounding error
+    when ``exact``, else when at least ``min_agreement`` of the next-token choices agree."""
     max_diff = float((logits - reference).abs().max())
     agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
-    passed = max_diff <= EXACT_TOLERANCE if exact else agreement >= MIN_TOP1_AGREEMENT
-    # An export that is no closer to the trained model than the untrained base is the base.
-    if base_diff is not None and base_diff > 10 * EXACT_TOLERANCE and max_diff >= base_diff:
-        passed = False
-    return Verification(max_diff, agreement, base_diff, exact, passed, int(inputs["input_ids"].shape[0]))
+    passed = max_diff <= EXACT_TOLERANCE if exact else agreement >= min_agreement
+    return Verification(max_diff, agreement, None, exact, passed, samples)
 
 
-def _record(rd: RunDir, kind: str, out: Path, verification: Verification) -> None:
+def record_export(rd: RunDir, kind: str, out: Path, verification: Verification) -> None:
     events = EventWriter(rd.events)
     try:
         events.emit("export", kind=kind, path=str(out), verification=asdict(verification))

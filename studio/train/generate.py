@@ -39,7 +39,7 @@ def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[s
     config = load_config(rd.config).replace(training={"gradient_checkpointing": False})
     quiet_progress_bars()
     tokenizer = load_tokenizer(config)
-    model = build_model(config, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    model = build_model(config, torch.device("cuda" if torch.cuda.is_available() else "cpu"), for_inference=True)
     load_weights(checkpoint, model)
     ids, _ = encode_prompt(_prompt_example(config, prompt), tokenizer, config.data.template)
     tuned = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]

@@ -9,24 +9,24 @@ each child polls; the children agree on the step to stop at (studio.train.distri
 torchrun runs in its own process group, so a terminal's Ctrl+C reaches only the
 parent, which turns it into a clean stop like the one-process worker does.
 
-A failing rank writes its error to ``rank-N.error.json`` and exits; torchrun then
-ends the others, and the parent writes one ``error`` and one ``finished`` event from
-the earliest failure (later ones are usually just "the other side hung up").
+A failing rank records its error in the run directory and exits; the others see it
+(studio.train.rankwatch) and exit within a second, and the parent writes one
+``error`` event naming the rank, its host and the cause (the earliest failure that
+is not just "the other side went away"), and one ``finished`` event.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, Cluster, torchrun_command, worker_args
 from studio.core.events import EventWriter
 from studio.core.rundir import RunDir
+from studio.train import rankwatch
 from studio.train.control import StopController
 
 log = logging.getLogger("studio.train")
@@ -39,20 +39,9 @@ def launched_by_studio() -> bool:
     return PARENT_ENV in os.environ
 
 
-def failure_file(run_dir: RunDir, rank: int) -> Path:
-    return run_dir.path / f"rank-{rank}.error.json"
-
-
-def record_failure(run_dir: RunDir, rank: int, kind: str, message: str, hint: str) -> None:
-    """A child's failure, for the parent to report (it alone writes the final events)."""
-    entry = {"time": time.time(), "rank": rank, "kind": kind, "message": message, "hint": hint}
-    failure_file(run_dir, rank).write_text(json.dumps(entry), encoding="utf-8")
-
-
 def launch(run_dir: RunDir, num_processes: int, resume: bool, watch_stdin: bool = True) -> int:
     """Run the children to the end; returns the exit code (0 ok, 1 failed, 130 aborted)."""
-    for stale in run_dir.path.glob("rank-*.error.json"):
-        stale.unlink()
+    rankwatch.clear(run_dir.path)
     argv = torchrun_command(sys.executable, Cluster(processes_per_machine=num_processes), 0,
                             worker_args(run_dir.config, run_dir.path, resume))
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
@@ -74,9 +63,9 @@ def launch(run_dir: RunDir, num_processes: int, resume: bool, watch_stdin: bool 
         if aborted or control.aborting:
             events.emit("finished", status="aborted")
             return EXIT_ABORTED
-        kind, message, hint = _first_failure(run_dir, process.returncode)
-        log.error("%s\n  hint: %s", message, hint)
-        events.emit("error", kind=kind, message=message, hint=hint)
+        failure = _first_failure(run_dir, process.returncode)
+        log.error("%s\n  hint: %s", failure["message"], failure["hint"])
+        events.emit("error", **failure)
         events.emit("finished", status="failed")
         return EXIT_FAILED
     finally:
@@ -120,15 +109,11 @@ def _abort(process: subprocess.Popen, run_dir: RunDir) -> None:
         process.wait()
 
 
-def _first_failure(run_dir: RunDir, returncode: int) -> tuple[str, str, str]:
-    failures = []
-    for path in run_dir.path.glob("rank-*.error.json"):
-        try:
-            failures.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            continue
-    if not failures:
-        return ("internal", f"a training process ended with exit code {returncode} without reporting why",
-                f"see {run_dir.log}; a process killed by the system (out of memory) ends like this")
-    first = min(failures, key=lambda f: f["time"])
-    return first["kind"], f"rank {first['rank']}: {first['message']}", first["hint"]
+def _first_failure(run_dir: RunDir, returncode: int) -> dict:
+    """The error event's fields: the cause the ranks recorded, or the exit code when none did."""
+    first = rankwatch.first_failure(rankwatch.read_failures(run_dir.path))
+    if first is None:
+        return {"kind": "internal", "message": f"a training process ended with exit code {returncode} without reporting why",
+                "hint": f"see {run_dir.log}; a process killed by the system (out of memory) ends like this"}
+    details = {k: v for k, v in first.items() if k not in ("time", "message")}
+    return {**details, "message": rankwatch.described(first)}

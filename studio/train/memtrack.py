@@ -60,6 +60,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self.report = PeakReport()
         self._phase = "setup"
         self._storages: dict[int, weakref.ref] = {}
+        self.host_bytes = 0  # tensors kept in host RAM while the step runs on the device (add_module's host)
+        self._host: set[int] = set()
 
     # ----------------------------------------------------------- registering
     def add(self, tensors: Iterable) -> None:
@@ -69,13 +71,19 @@ class LiveTensorTracker(TorchDispatchMode):
                 self._register(leaf)
         self.report.note(self._phase, self.live_bytes)
 
-    def add_module(self, module: torch.nn.Module) -> None:
-        """Count a model's parameters, buffers and any bitsandbytes quantization state."""
+    def add_module(self, module: torch.nn.Module, host: Iterable[torch.Tensor] = ()) -> None:
+        """Count a model's parameters, buffers and any bitsandbytes quantization state; ``host`` ones (kept in
+        host RAM while the step computes on the device) count apart, in ``host_bytes``."""
+        for tensor in host:
+            self._host.add(tensor.untyped_storage()._cdata)
+            self.host_bytes += tensor.untyped_storage().nbytes()
         for tensor in [*module.parameters(), *module.buffers()]:
             self.add([tensor, *_quantization_tensors(tensor)])
 
     def _register(self, tensor: torch.Tensor) -> None:
         if self.device_type is not None and tensor.device.type != self.device_type:
+            return
+        if self._host and tensor.untyped_storage()._cdata in self._host:
             return
         try:
             storage = tensor.untyped_storage()
@@ -131,6 +139,7 @@ class CudaPeakTracker:
         self.device = device or torch.device("cuda", torch.cuda.current_device())
         self.report = PeakReport()
         self.peak_reserved_bytes = 0
+        self.host_bytes = 0
         self._phase = "setup"
 
     def __enter__(self) -> "CudaPeakTracker":
@@ -144,8 +153,8 @@ class CudaPeakTracker:
     def add(self, tensors: Iterable) -> None:
         pass
 
-    def add_module(self, module: torch.nn.Module) -> None:
-        pass
+    def add_module(self, module: torch.nn.Module, host: Iterable[torch.Tensor] = ()) -> None:
+        self.host_bytes += sum(tensor.untyped_storage().nbytes() for tensor in host)  # the allocator never sees them
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

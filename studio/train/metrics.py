@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import threading
 
 import torch
 
@@ -89,3 +90,37 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
+
+
+class LoadingMemory:
+    """Around loading the model: the process's resident memory before, at its peak (sampled every 20 ms from a
+    thread) and after, and on CUDA the device's peak allocation; ``figures`` for the run_started event."""
+
+    def __init__(self, device: torch.device):
+        import psutil
+
+        self.device, self._process = device, psutil.Process()
+        self._done = threading.Event()
+
+    def __enter__(self) -> "LoadingMemory":
+        self.before = self.peak = self._process.memory_info().rss
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="loading-memory")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.after = self._process.memory_info().rss
+        self.peak = max(self.peak, self.after)
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.02):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def figures(self, rank: int, sharded: bool) -> dict:
+        gpu = {"gpu_peak_bytes": torch.cuda.max_memory_allocated(self.device)} if self.device.type == "cuda" else {}
+        return {"rank": rank, "sharded": sharded, "rss_before_bytes": self.before, "rss_peak_bytes": self.peak,
+                "rss_after_bytes": self.after, **gpu}

@@ -3,12 +3,14 @@
 Each technique goes through its library: bitsandbytes quantization through
 ``BitsAndBytesConfig``, LoRA/DoRA/rsLoRA, AdaLoRA, IA3, LoHa, LoKr, prefix and
 prompt tuning through peft (each method's peft config and training hooks are in
-studio.train.methods), k-bit preparation through ``peft.prepare_model_for_kbit_training``,
-quantization-aware training through torchao's ``QATConfig``, checkpointing through transformers.
+studio.train.methods), k-bit preparation as peft's ``prepare_model_for_kbit_training`` does
+it (``prepare_kbit_model``, leaner), quantization-aware training through torchao's ``QATConfig``,
+checkpointing through transformers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -19,7 +21,7 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import weight_dtype_name
+from studio.core.memory.regime import embedding_on_host, lean_outer_weights, lean_weights_apply, weight_dtype_name
 from studio.core.modelinfo import cached_config, looks_like_path
 from studio.train.methods import attach_hooks, hooks_of, peft_config
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
@@ -195,18 +197,44 @@ def prepare_qat(model, config: RunConfig):
     return model
 
 
-def build_model(config: RunConfig, device: torch.device, total_steps: int | None = None):
-    """The trainable model: base, quantized and prepared if configured, with its adapter."""
+def prepare_kbit_model(model, config: RunConfig, lean: bool = True) -> None:
+    """peft's ``prepare_model_for_kbit_training`` (freeze every weight, upcast the 16-bit ones bitsandbytes did
+    not quantize to fp32), except for the frozen weights that need not be fp32 to compute the same numbers
+    (``training.lean_weights``, studio.core.memory.regime.lean_outer_weights): the input embedding stays 16-bit
+    and its output is cast to fp32, and under autocast the output layer stays 16-bit. ``lean=False``: peft's."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    scales = type(embedding).forward is not torch.nn.Embedding.forward  # Gemma scales the rows in the weight's dtype
+    lean_embedding, lean_head = lean_outer_weights(lean and lean_weights_apply(config),
+                                                   config.training.precision != "fp32", scales, tied)
+    kept = {id(module.weight) for module, stays in ((embedding, lean_embedding), (head, lean_head)) if stays}
+    if lean_head and getattr(head, "bias", None) is not None:
+        kept.add(id(head.bias))
+    for param in model.parameters():
+        param.requires_grad = False
+        sixteen_bit = param.dtype in (torch.float16, torch.bfloat16) and type(param).__name__ != "Params4bit"
+        if sixteen_bit and id(param) not in kept:
+            param.data = param.data.to(torch.float32)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # as peft does: the upcasts' 16-bit originals
+    if lean_embedding and embedding.weight.dtype != torch.float32:
+        embedding.register_forward_hook(_output_as_fp32)
+
+
+def _output_as_fp32(module, args, output: torch.Tensor) -> torch.Tensor:
+    return output.float()
+
+
+def build_model(config: RunConfig, device: torch.device, total_steps: int | None = None, for_inference: bool = False):
+    """The trainable model: base, quantized and prepared if configured, with its adapter.
+
+    ``for_inference``: run without autocast (export, generation), which a 16-bit output layer cannot do on
+    fp32 hidden states: k-bit preparation upcasts it as peft does (lean weights are for training)."""
     model = load_base_model(config, device)
     checkpointing = config.training.gradient_checkpointing
     if config.effective_load_in != "none":
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
-    elif checkpointing:
+        prepare_kbit_model(model, config, lean=not for_inference)
+    if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.qat.enabled:
         model = prepare_qat(model, config)
@@ -215,6 +243,36 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         if checkpointing:
             model.enable_input_require_grads()
     return model
+
+
+def keep_embedding_on_cpu(model, config: RunConfig, device: torch.device) -> None:
+    """``training.embedding_on_cpu``: the frozen input embedding in CPU RAM. The token ids go to it, and only the
+    looked-up rows come to ``device`` (before any other hook sees them: the same numbers as a lookup there).
+    Only for training (the worker, after accelerate's prepare, which moves the whole model; the memory
+    measurements): exports and generation keep the embedding where the model is."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    if not embedding_on_host(config, tied):
+        return
+    embedding.to("cpu")
+    if getattr(embedding, "rows_device", None) is None:
+        embedding.rows_device = device
+        embedding.register_forward_pre_hook(_ids_to_cpu)
+        embedding.register_forward_hook(_rows_to_device, prepend=True)
+
+
+def host_weights(model) -> list[torch.Tensor]:
+    """The weights ``keep_embedding_on_cpu`` keeps in host RAM."""
+    embedding = model.get_input_embeddings()
+    return [embedding.weight] if getattr(embedding, "rows_device", None) is not None else []
+
+
+def _ids_to_cpu(module, args):
+    return (args[0].to("cpu"), *args[1:])
+
+
+def _rows_to_device(module, args, output: torch.Tensor) -> torch.Tensor:
+    return output.to(module.rows_device)
 
 
 def attach_adapter(model, config: RunConfig, total_steps: int | None = None):
@@ -258,7 +316,7 @@ def count_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts; 4-bit weights count as their element count."""
     trainable = total = 0
     for param in model.parameters():
-        n = param.numel()
+        n = getattr(param, "ds_numel", param.numel())  # a ZeRO-3 shard counts as the whole parameter
         if getattr(param, "quant_state", None) is not None or param.dtype == torch.uint8:
             n *= 2  # bitsandbytes packs two 4-bit values per byte
         total += n
@@ -281,4 +339,15 @@ def load_trainable_state_dict(model, tensors: dict[str, torch.Tensor]) -> None:
                           "it was written by a different config; start a new run", kind="checkpoint")
     with torch.no_grad():
         for name, value in hooks_of(model).restore_checkpoint_state(model, tensors).items():
-            params[name].copy_(value.to(params[name].device, params[name].dtype))
+            with whole(params[name]):  # a collective under ZeRO-3: every rank loads the same tensors in order
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+def whole(param: torch.nn.Parameter):
+    """Around a write to a parameter that ZeRO-3 may hold in shards (built under zero.Init): gathered, and
+    rank 0's value shared out again afterwards; nothing for any other parameter."""
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)

@@ -35,7 +35,7 @@ from studio.core.memory.regime import loss_impl_for
 from studio.train import model as model_module
 from studio.train.loss import chunked_cross_entropy, lean_output_layer, predicting_hidden_states, token_loss_sum
 from studio.train.memtrack import LiveTensorTracker, tracker_for
-from studio.train.model import build_model, compute_dtype
+from studio.train.model import build_model, compute_dtype, host_weights, keep_embedding_on_cpu
 from studio.train.optim import build_optimizer
 
 STEPS = 2
@@ -50,6 +50,7 @@ class StepMemory:
     phase_peaks: dict[str, int]
     seconds: float
     peak_reserved_bytes: int = 0  # CUDA only
+    host_bytes: int = 0  # tensors kept in host RAM (training.embedding_on_cpu), not in peak_bytes
 
 
 def full_length_batches(config: RunConfig, vocab_size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -75,7 +76,7 @@ def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, s
 
     ``targets`` comes from ``target_tokens``, computed before any fake mode is entered.
     """
-    device_type = next(model.parameters()).device.type
+    device_type = batches[0]["input_ids"].device.type  # not a parameter's: the embedding may stay on the CPU
     precision = config.training.precision
     autocast = torch.autocast(device_type, dtype=compute_dtype(config), enabled=precision != "fp32")
     max_norm = config.training.max_grad_norm
@@ -112,16 +113,17 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(config.training.seed)
     model = build_model(config, device)
+    keep_embedding_on_cpu(model, config, device)
     optimizer = build_optimizer(config, _trainable(model))
     batches = full_length_batches(config, model.config.get_text_config().vocab_size, device)
     started = time.perf_counter()
     with tracker_for(device) as tracker:
-        tracker.add_module(model)
+        tracker.add_module(model, host=host_weights(model))
         tracker.add(batches)
         run_optimizer_steps(model, optimizer, batches, config, tracker, steps, target_tokens(batches))
     report = tracker.report
     return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
-                      getattr(tracker, "peak_reserved_bytes", 0))
+                      getattr(tracker, "peak_reserved_bytes", 0), tracker.host_bytes)
 
 
 # ---------------------------------------------------------------- simulation on fake tensors
@@ -142,11 +144,12 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
     started = time.perf_counter()
     with fake_mode, rows_are_unpadded(), experts_grouped_on_fake_tensors():
         with LiveTensorTracker() as tracker:
-            tracker.add_module(model)
+            tracker.add_module(model, host=host_weights(model))
             tracker.add(batches)
             run_optimizer_steps(model, optimizer, batches, config, tracker, steps, targets)
     report = tracker.report
-    return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started)
+    return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
+                      host_bytes=tracker.host_bytes)
 
 
 def fake_model(config: RunConfig, layers: int | None = None):
@@ -161,6 +164,7 @@ def fake_model(config: RunConfig, layers: int | None = None):
         model = build_model(config, torch.device("meta"))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     _materialize_fake(model, fake_mode)
+    keep_embedding_on_cpu(model, config, torch.device("cpu"))  # for the tracker: the fake tensors are on the CPU
     return model, fake_mode
 
 

@@ -37,6 +37,7 @@ from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_laun
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
+from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
 from studio.core.events import EventWriter
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.regime import loss_impl_for
@@ -46,19 +47,22 @@ from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.attention import attend_packed
 from studio.train.control import StopController
-from studio.train.data import collate, prepare_data
+from studio.train.data import PreparedData, collate, load_prepared, prepare_data, save_prepared
 from studio.train.layersplit import placement_of, run_scale_out
 from studio.train.loss import lean_output_layer, token_loss_sum
 from studio.train.memtrack import tracker_for
-from studio.train.metrics import describe_devices, library_versions, memory_snapshot
+from studio.train.metrics import LoadingMemory, describe_devices, library_versions, memory_snapshot
 from studio.train.distributed import leave_process_group, make_engine, process_rank
-from studio.train.launcher import launch, launched_by_studio, record_failure
+from studio.train.failure import FailureReporter, SilentEvents
+from studio.train.launcher import launch, launched_by_studio
 from studio.train.methods import adapter_regularization, after_optimizer_step
-from studio.train.model import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model import (adapted_module_names, build_model, count_parameters, host_weights,
+                                 keep_embedding_on_cpu, load_tokenizer)
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
 from studio.train.preflight import check_inputs
+from studio.train.rankwatch import is_lost_contact
 from studio.train.trace import write_trace
 
 log = logging.getLogger("studio.train")
@@ -89,6 +93,18 @@ class BatchPlan:
         start = offset * self.micro_batch_size
         return self._order[start:start + self.micro_batch_size]
 
+    @classmethod
+    def for_rows(cls, config: RunConfig, train_rows) -> "BatchPlan":
+        grouped = config.data.packing == "length_grouped"
+        lengths = [len(ids) for ids in train_rows["input_ids"]] if grouped else None
+        return cls(len(train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+
+    def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int, padded: bool) -> int:
+        """The most tokens any micro-batch of the whole run holds (studio.core.memory.run_data)."""
+        lengths = [len(ids) for ids in train_rows["input_ids"]]
+        batches = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
+        return largest_micro_batch_tokens(lengths, (self.rows_of(i) for i in range(batches)), padded)
+
     def total_steps(self, config: RunConfig, world_size: int = 1) -> int:
         t = config.training
         if t.max_steps:
@@ -112,28 +128,34 @@ class Worker:
         self.engine = make_engine(config, self.run_dir.path)
         self.device = self.engine.device
 
-        self.tokenizer = load_tokenizer(config)
-        data = prepare_data(config, self.tokenizer, reports)
+        data = self._prepare_data(reports)
         self.train_rows, self.eval_rows = data.train, data.eval
-        grouped = config.data.packing == "length_grouped"
-        lengths = [len(ids) for ids in self.train_rows["input_ids"]] if grouped else None
-        self.plan = BatchPlan(len(self.train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+        self.plan = BatchPlan.for_rows(config, self.train_rows)
         self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
-        model = build_model(config, self.device, self.total_steps)
-        if resume_from is not None:
-            ckpt.load_weights(resume_from, model)  # whole, before any sharding
+        with LoadingMemory(self.device) as loading, self.engine.loading():
+            model = build_model(config, self.device, self.total_steps)
+            if resume_from is not None:
+                ckpt.load_weights(resume_from, model)  # before the engine wraps it (under ZeRO-3: one tensor at a time)
         optimizer = self.engine.build_optimizer([p for p in model.parameters() if p.requires_grad])
         # The scheduler stays unprepared: accelerate would step it once per process.
         self.scheduler = build_scheduler(config, optimizer, self.total_steps)
         self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
         self.output_layer = self._lean_output_layer()
-        self.packed = self._packs(model)
-        trainable, total = count_parameters(model)  # before ZeRO-3 or FSDP shard the weights
+        if not self.engine.loads_sharded:  # sharded weights cannot run the packing probe's forward before the engine
+            self.packed = self._packs(model)
+        trainable, total = count_parameters(model)  # whole parameters, also of ZeRO-3's shards
+        if self.engine.loads_sharded:
+            held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())
+            log.info("loaded sharded (ZeRO-3): this process holds %s of the %s weights", f"{held:,}", f"{total:,}")
         adapted = adapted_module_names(model) if config.uses_adapter else []
         if config.training.torch_compile:
             model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
         self.model, self.optimizer = self.engine.prepare(model, optimizer)
+        keep_embedding_on_cpu(self.raw_model, config, self.device)  # prepare may have moved it to the GPU
+        if self.engine.loads_sharded:
+            self.packed = self._packs(self.raw_model)  # every rank probes: the engine gathers each layer's shards
+        loading_memory = self.engine.gather(loading.figures(self.engine.rank, self.engine.loads_sharded))
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
             self.step = self.start_step = state["step"]
@@ -145,10 +167,28 @@ class Worker:
             run_dir=str(self.run_dir.path), pid=os.getpid(), total_steps=self.total_steps,
             start_step=self.step, resumed_from=str(resume_from) if resume_from else None,
             trainable_params=trainable, total_params=total, data=data.stats, world_size=self.engine.world_size,
-            adapted_modules=adapted, placement=placement_of(self.raw_model),
+            adapted_modules=adapted, placement=placement_of(self.raw_model), loading_memory=loading_memory,
         )
         self.predicted_peak = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
+
+    def _prepare_data(self, reports) -> PreparedData:
+        """The tokenizer and the tokenized data, made once per machine: its first process downloads and
+        tokenizes, the others wait, then read the Hub cache and what it saved in ``prepared/``."""
+        engine = self.engine
+        prepared = self.run_dir.path / "prepared" / f"machine-{os.environ.get('GROUP_RANK', '0')}"
+        with engine.local_main_first():
+            started = time.perf_counter()
+            self.tokenizer = load_tokenizer(self.config)
+            if engine.is_local_main:
+                data = prepare_data(self.config, self.tokenizer, reports)
+                if engine.world_size > 1:
+                    save_prepared(data, prepared)
+            else:
+                data = load_prepared(prepared)
+        how = "tokenized" if engine.is_local_main else "read what this machine's first process tokenized"
+        log.info("data: %s in %.2f s (%d training rows)", how, time.perf_counter() - started, len(data.train))
+        return data
 
     def _packs(self, model) -> bool:
         """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
@@ -184,8 +224,19 @@ class Worker:
         except StudioError as exc:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
             return None
-        self.events.emit("estimate", **predicted.to_json())
+        self.events.emit("estimate", **predicted.to_json(), run_data=self._run_data_peak(model_config))
         return predicted.peak_bytes
+
+    def _run_data_peak(self, model_config: dict) -> dict | None:
+        """The estimate of the largest micro-batch this run will train (its data, its order), in tokens and bytes."""
+        config = self.config
+        tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.world_size, not self.packed)
+        try:
+            peak = estimate(model_config, config_for_tokens(config, tokens), self.device.type,
+                            run_scale_out(config)).peak_bytes
+        except StudioError:
+            return None
+        return {"tokens": tokens, "peak_bytes": peak}
 
     # ------------------------------------------------------------------ loop
     def train(self) -> str:
@@ -220,12 +271,14 @@ class Worker:
         """
         tracker = tracker_for(self.device)
         with tracker:
-            tracker.add_module(self.raw_model)
+            tracker.add_module(self.raw_model, host=host_weights(self.raw_model))
             tracker.add(self.engine.optimizer_state())
             metrics = self._optimizer_step(tracker.phase)
         report = tracker.report
         mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
                 "phase_bytes": dict(report.phase_peaks)}
+        if tracker.host_bytes:  # the embedding kept in CPU RAM (training.embedding_on_cpu)
+            mine["host_bytes"] = tracker.host_bytes
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
             self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
         if self.predicted_peak and self.engine.is_main:
@@ -389,16 +442,17 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
     use_expandable_segments()
     rank = process_rank() if inside_launcher() else None
-    if not rank and not launched_by_studio():  # the process the user (or the GUI) started
-        rd.clear_control_files()
-        rd.write_worker_info(sys.argv)
+    if not launched_by_studio():  # the process the user (or the GUI) started, or a rank of a cluster bundle
+        rd.clear_control_files()  # every rank: a stale STOP must not reach one before rank 0 clears it
+        if not rank:
+            rd.write_worker_info(sys.argv)
     _setup_logging(rd, rank)
     if resume and not rank and (torn := rd.remove_torn_checkpoints()):
         log.info("removed torn checkpoint folders left by an interrupted save: %s", ", ".join(torn))
     if needs_launcher(config.distributed.num_processes):
         return launch(rd, config.distributed.num_processes, resume, watch_stdin), rd
     events = EventWriter(rd.events) if not rank else SilentEvents()
-    reporter = FailureReporter(events, rd, rank)
+    reporter = FailureReporter(events, rd, rank, int(os.environ.get("WORLD_SIZE", "1")))  # ranks: watches the others
     control = StopController(rd, watch_stdin=watch_stdin and rank is None)
     log.info("run directory %s", rd.path)
     if resume and checkpoint is None:
@@ -423,9 +477,13 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         return EXIT_FAILED, rd
     except Exception as exc:  # report anything else readably; the traceback goes to the log
         log.error("%s", traceback.format_exc())
-        reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
+        if rank is not None and is_lost_contact(exc):  # another rank went away: report its cause
+            reporter.lost_contact(exc, worker.step)
+        else:
+            reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
         return EXIT_FAILED, rd
     finally:
+        reporter.close()
         control.close()
         events.close()
         if rank is not None:  # a rank started by torchrun: its process ends next
@@ -454,36 +512,3 @@ def use_expandable_segments() -> None:
     packed rows of varying width); read when CUDA allocates first. A user's own setting wins."""
     if torch.cuda.is_available() and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
-
-
-class FailureReporter:
-    """Where a failure or an abort is reported: the events, or for a rank under a studio parent,
-    a file the parent reads (it writes the run's single error and finished events)."""
-
-    def __init__(self, events: EventWriter, run_dir: RunDir, rank: int | None):
-        self.events, self.run_dir, self.rank = events, run_dir, rank
-        self.to_parent = rank is not None and launched_by_studio()
-
-    def failed(self, kind: str, message: str, hint: str, step: int | None = None, **details) -> None:
-        """``details`` (e.g. an out-of-memory fix) go into the error event."""
-        log.error("%s\n  hint: %s", message, hint)
-        if self.to_parent:
-            record_failure(self.run_dir, self.rank, kind, message, hint)
-            return
-        self.events.emit("error", kind=kind, message=message, hint=hint, **details)
-        self.events.emit("finished", status="failed", **({} if step is None else {"step": step}))
-
-    def aborted(self, step: int) -> None:
-        if not self.to_parent:
-            self.events.emit("finished", status="aborted", step=step)
-
-
-class SilentEvents:
-    """The event writer of ranks other than 0: rank 0 writes the run's events (other ranks'
-    memory reaches it through a gather), so one process appends to events.jsonl."""
-
-    def emit(self, type_: str, **fields) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass

@@ -59,7 +59,9 @@ def trace_settings(config: RunConfig) -> dict:
             "precision": config.training.precision, "checkpointing": config.training.gradient_checkpointing,
             "loss": loss_impl_for(config), "load_in": config.effective_load_in,
             "quantization": asdict(config.quantization), "lora": lora, "peft": asdict(config.peft),
-            "qat": asdict(config.qat)}
+            "qat": asdict(config.qat),
+            # k-bit runs only, so that the other runs' traces keep their keys
+            **({"lean_weights": config.training.lean_weights} if config.effective_load_in != "none" else {})}
 
 
 def trace_key(model_config: dict, config: RunConfig) -> str:

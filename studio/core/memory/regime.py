@@ -47,6 +47,9 @@ class Regime:
     feedforward_width: int = 0  # IA3 scales the input of linears this wide (the MLP's output projection)
     qat: bool = False  # torchao fake-quantizes the block linears' weights
     qat_activations: bool = False  # and their inputs
+    lean_embedding: bool = False  # k-bit preparation leaves the frozen input embedding 16-bit (lean_outer_weights)
+    lean_head: bool = False  # and the output layer
+    embedding_on_host: bool = False  # the frozen input embedding stays in CPU RAM (training.embedding_on_cpu)
 
     @property
     def kbit_prepared(self) -> bool:
@@ -56,6 +59,16 @@ class Regime:
     def outer_dtype(self) -> str:
         """Dtype of every non-quantized weight: k-bit preparation upcasts 16-bit ones to fp32."""
         return "fp32" if self.kbit_prepared else self.base_dtype
+
+    @property
+    def embedding_dtype(self) -> str:
+        """Dtype of the input embedding's weight (its output is cast to ``outer_dtype`` when they differ)."""
+        return self.base_dtype if self.lean_embedding else self.outer_dtype
+
+    @property
+    def head_dtype(self) -> str:
+        """Dtype of the output layer's weight."""
+        return self.base_dtype if self.lean_head else self.outer_dtype
 
     @property
     def tokens(self) -> int:
@@ -77,6 +90,40 @@ def loss_impl_for(config: RunConfig) -> str:
     only gathered inside the model's own forward, not for a separate output layer)."""
     chunked = config.training.chunked_loss and not config.distributed.shards_weights
     return "chunked" if chunked else "full_fp32"
+
+
+def lean_weights_apply(config: RunConfig) -> bool:
+    """Whether ``training.lean_weights`` changes anything: with 4/8-bit loading, whose preparation freezes the
+    weights it upcasts."""
+    kbit = config.effective_load_in != "none"
+    return config.training.lean_weights and kbit and not config.method_spec.trains_every_weight
+
+
+def embedding_on_cpu_allowed(config: RunConfig) -> bool:
+    """Where the input embedding may stay in CPU RAM: frozen (an adapter on linear layers), in one process that
+    holds the whole model (no sharding, no layer split)."""
+    d = config.distributed
+    return config.adapts_linears and d.num_processes == 1 and d.sharding == "none" and not d.layer_split
+
+
+def embedding_on_host(config: RunConfig, tied: bool) -> bool:
+    """Whether the worker keeps the input embedding in CPU RAM: asked for, allowed, and not the output layer's
+    weight too (a tied head computes on the GPU)."""
+    return config.training.embedding_on_cpu and embedding_on_cpu_allowed(config) and not tied
+
+
+def lean_outer_weights(lean: bool, autocast: bool, embedding_scales: bool, tied: bool) -> tuple[bool, bool]:
+    """Which frozen weights k-bit preparation leaves 16-bit instead of upcasting them: (input embedding, output
+    layer). studio.train.model asks the same, from the modules it holds.
+
+    An upcast lookup equals the lookup upcast, so the embedding stays 16-bit and its output is cast to fp32,
+    unless its module scales the rows in the weight's dtype (Gemma's). Under autocast the output layer's matmul
+    runs on a 16-bit copy of an fp32 weight, which is the 16-bit weight itself; without autocast it must stay
+    fp32. A tied head is the embedding's weight: both or neither.
+    """
+    head = lean and autocast
+    embedding = lean and not embedding_scales and (head or not tied)
+    return embedding, embedding if tied else head
 
 
 def weight_dtype_name(config: RunConfig) -> str:
@@ -112,6 +159,8 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
                if config.adapts_linears else ())
     virtual = config.peft.num_virtual_tokens if spec.trains_virtual_tokens else 0
     prompt = virtual if spec.token_entry == INPUT_TOKENS else 0  # the virtual tokens run through the whole model
+    lean_embedding, lean_head = lean_outer_weights(lean_weights_apply(config), autocast,
+                                                   shape.family.embedding_module_scales, shape.tie_embeddings)
     return Regime(
         device_type=device_type, compute=precision if autocast else base, autocast=autocast, base_dtype=base,
         quantization=config.effective_load_in, double_quant=config.quantization.double_quant,
@@ -123,5 +172,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
+        lean_embedding=lean_embedding, lean_head=lean_head,
+        embedding_on_host=embedding_on_host(config, shape.tie_embeddings),
     )
 

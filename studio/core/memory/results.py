@@ -47,6 +47,19 @@ class DeviceEstimate:
 
 
 @dataclass(frozen=True)
+class LoadingEstimate:
+    """What the processes named by ``processes`` hold while the model loads: their weights once built
+    (``weights_bytes``), and the checkpoint each reads into CPU RAM on the way (``checkpoint_bytes``)."""
+
+    processes: str
+    weights_bytes: int
+    checkpoint_bytes: int
+
+    def to_json(self) -> dict:
+        return {"processes": self.processes, "weights_bytes": self.weights_bytes, "checkpoint_bytes": self.checkpoint_bytes}
+
+
+@dataclass(frozen=True)
 class Verdict:
     """Whether the estimate fits a GPU: fits, tight (within 10 % of its size) or does not fit."""
 
@@ -113,6 +126,8 @@ class Estimate:
     # "described" (the model's family, by hand) or "derived" (a traced step); left out of repr, which
     # fit results print, so that described estimates read as they always did
     kind: str = field(default="described", repr=False)
+    # with several processes: what each holds while the model loads (whole, or ZeRO-3's shards)
+    loading: tuple[LoadingEstimate, ...] = field(default=(), repr=False)
 
     @property
     def peak_device(self) -> DeviceEstimate:
@@ -141,6 +156,8 @@ class Estimate:
             out["placement"] = self.placement.to_json()
         if self.kind != "described":  # absent: described, as every estimate was before derived ones
             out["kind"] = self.kind
+        if self.loading:
+            out["loading"] = [entry.to_json() for entry in self.loading]
         if gpu_bytes:
             out["verdict"] = self.verdict(gpu_bytes).to_json()
         return out

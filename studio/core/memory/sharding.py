@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.results import GIB, DeviceEstimate, complete_parts
+from studio.core.memory.results import GIB, DeviceEstimate, LoadingEstimate, complete_parts
 from studio.core.memory.states import ModelStates
 
 
@@ -164,3 +164,18 @@ def _bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
     if scale_out.zero_stage == 0:  # DDP copies every gradient into its buckets
         return states.gradients
     return min(states.gradients, 2 * 500_000_000 * 2)  # reduce and allgather buckets of 5e8 16-bit elements
+
+
+def loading_per_process(states: ModelStates, scale_out: ScaleOut, sharded: bool) -> tuple[LoadingEstimate, ...]:
+    """What each of several processes holds while the model loads. Whole (DDP, ZeRO-1/2, FSDP): every process
+    reads the checkpoint and builds every weight. Sharded (ZeRO-3 under zero.Init): each builds 1/N of the
+    weights, and rank 0 alone reads the checkpoint (the others read only its names and shapes)."""
+    n = scale_out.num_gpus
+    if n == 1:
+        return ()
+    whole = states.weights + states.adapters
+    if not sharded:
+        return (LoadingEstimate("every rank", whole, states.weights),)
+    shard = -(-whole // n)
+    others = "rank 1" if n == 2 else f"ranks 1-{n - 1}"
+    return LoadingEstimate("rank 0", shard, states.weights), LoadingEstimate(others, shard, 0)

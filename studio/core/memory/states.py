@@ -75,17 +75,31 @@ def block_weight_bytes(shape: ModelShape, regime: Regime) -> int:
 def outer_weight_bytes(shape: ModelShape, regime: Regime) -> dict[str, int]:
     """The weights outside the blocks by module (``model.embed_tokens``, ``model.norm``, ``lm_head``), and
     those of towers text training never runs (Gemma 3's vision tower)."""
+    input_embedding = shape.family.embeddings[0][0]
     modules: dict[str, int] = {}
     for p in shape.outer_parameters + shape.attached:
         module = ".".join(p.name.split(".")[:2]) if p.kind == "attached" else p.name.rsplit(".", 1)[0]
-        modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[regime.outer_dtype]
+        if p.name == input_embedding:
+            dtype = regime.embedding_dtype
+        else:
+            dtype = regime.head_dtype if p.kind in ("head", "head_bias") else regime.outer_dtype
+        modules[module] = modules.get(module, 0) + p.elements * DTYPE_BYTES[dtype]
     return modules
 
 
 def weight_bytes(shape: ModelShape, regime: Regime) -> int:
-    """The base model as loaded and prepared, with its buffers (adapters excluded)."""
+    """The base model as loaded and prepared on the device, with its buffers (adapters excluded)."""
     rotary_buffers = 4 * int(shape.head_dim * shape.rotary_fraction)  # inv_freq and its original copy, fp32
-    return sum(outer_weight_bytes(shape, regime).values()) + shape.layers * block_weight_bytes(shape, regime) + rotary_buffers
+    device = sum(outer_weight_bytes(shape, regime).values()) - host_weight_bytes(shape, regime)
+    return device + shape.layers * block_weight_bytes(shape, regime) + rotary_buffers
+
+
+def host_weight_bytes(shape: ModelShape, regime: Regime) -> int:
+    """The input embedding kept in CPU RAM (training.embedding_on_cpu), else 0."""
+    if not regime.embedding_on_host:
+        return 0
+    _, rows = shape.family.embeddings[0]
+    return rows(shape) * shape.hidden * DTYPE_BYTES[regime.embedding_dtype]
 
 
 def _block_parameter_width(p, regime: Regime) -> int:

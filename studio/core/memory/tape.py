@@ -450,7 +450,7 @@ class ActivationTape:
         regime = self.regime
         x = self.norm(x)
         bias = self.shape.vocab if self.shape.family.head_bias else 0
-        return self._dense(x, self.shape.head_elements, regime.outer_dtype, regime.full,
+        return self._dense(x, self.shape.head_elements, regime.head_dtype, regime.full,
                            self.tokens * self.shape.vocab, bias)
 
 
