@@ -57,8 +57,18 @@ def smoke(home: Path) -> str:
     refused = run_app(["-m", "studio.train.runtime_check"], home)
     if refused.returncode == 0 or "Training runtime" not in refused.stderr:
         raise SystemExit(f"without a runtime, `-m` should refuse with the fix; it said:\n{refused.stderr[-2000:]}")
-    return f"{done.stdout.strip()} (started and quit in {seconds:.1f} s); without a runtime `-m` refuses: " \
-           f"{refused.stderr.splitlines()[0]}"
+    report = f"{done.stdout.strip()} (started and quit in {seconds:.1f} s); without a runtime `-m` refuses: " \
+             f"{refused.stderr.splitlines()[0]}"
+    return report + (f"; {menu_entry(home)}" if sys.platform == "linux" else "")
+
+
+def menu_entry(home: Path) -> str:
+    """``--install-menu-entry`` writes a desktop entry that starts this very program, and its icons."""
+    done = run_app(["--install-menu-entry"], home)
+    entry = home / "data" / "applications" / f"{NAME}.desktop"
+    if done.returncode != 0 or not entry.is_file() or f'Exec="{program()}"' not in entry.read_text():
+        raise SystemExit(f"--install-menu-entry did not write {entry}:\n{done.stdout}\n{done.stderr[-2000:]}")
+    return f"menu entry: {entry.name} with Exec={program().name}"
 
 
 def demo_through(runtime: Path, home: Path) -> str:

@@ -36,6 +36,8 @@ def smoke() -> int:
     from PySide6.QtCore import QTimer
 
     from studio import __version__
+    from studio.core.dataset import iter_records
+    from studio.core.presets import DEMO_DATASETS
     from studio.core.runtime import find_uv, plan_for_this_machine, runtime_state
     from studio.gui.app import create_app
     from studio.gui.main_window import MainWindow
@@ -44,10 +46,11 @@ def smoke() -> int:
     window = MainWindow(attach_live_runs=False)
     window.show()
     plan = plan_for_this_machine()
+    parquet_rows = sum(1 for _ in iter_records(DEMO_DATASETS / "categories_prompt_completion.parquet"))  # pyarrow
 
     def report() -> None:
         print(f"Finetune Studio {__version__}: window shown ({window.width()}x{window.height()}), "
-              f"uv: {find_uv()}, runtime: {runtime_state(plan).message}", flush=True)
+              f"uv: {find_uv()}, parquet rows read: {parquet_rows}, runtime: {runtime_state(plan).message}", flush=True)
         window.close()
         app.quit()
 

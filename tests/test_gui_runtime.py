@@ -1,14 +1,16 @@
-"""The Training runtime dialog: what it offers in each state, and an offline setup that says what it needs."""
+"""The Training runtime dialog: what it offers in each state, an offline setup that says what it needs, and the
+check the desktop download runs at start."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
 
-from studio.core.runtime import (Machine, RuntimePlan, State, TorchBuild, begin_setup, find_uv, record_ready,
-                                 runtime_state, torch_build)
-from studio.gui.runtime_dialog import RuntimeDialog, open_runtime_dialog
+from studio.core.runtime import (Machine, RuntimePlan, State, TorchBuild, begin_setup, find_uv, plan_for_this_machine,
+                                 record_ready, runtime_state, torch_build)
+from studio.gui.runtime_dialog import RuntimeDialog, check_runtime_at_start, open_runtime_dialog
 
 GPU_MACHINE = Machine("Linux", (12, 9), ("NVIDIA GeForce RTX 4090",))
 CUDA_BUILD = TorchBuild("cuda", "CUDA 12.8", "https://download.pytorch.org/whl/cu128")
@@ -75,3 +77,41 @@ def test_the_window_has_the_runtime_menu_item(qtbot, tmp_path, monkeypatch):
 def test_machines_without_nvidia_say_so(qtbot, tmp_path, machine):
     dialog = dialog_for(qtbot, RuntimePlan(tmp_path, torch_build(machine)), machine)
     assert ("no NVIDIA GPU" in dialog.machine_label.text()) == (machine.system == "Linux")
+
+
+def ready_runtime_running(python: str) -> RuntimePlan:
+    """This machine's runtime (in the tests' STUDIO_RUNTIME_DIR) marked ready, its Python being ``python``."""
+    plan = plan_for_this_machine()
+    shutil.rmtree(plan.root, ignore_errors=True)
+    plan.python.parent.mkdir(parents=True)
+    plan.python.symlink_to(python)
+    record_ready(plan, {"torch": "2.13.0+cpu", "python": "3.11.7"})
+    return plan
+
+
+def start_window(qtbot, tmp_path):
+    from studio.gui.main_window import MainWindow
+
+    window = MainWindow(tmp_path / "runs", attach_live_runs=False)
+    qtbot.addWidget(window)
+    check_runtime_at_start(window)
+    return window
+
+
+def test_a_ready_runtime_that_fails_its_check_at_start_is_unmarked_and_shown(qtbot, tmp_path):
+    plan = ready_runtime_running(shutil.which("false"))  # a Python that prints nothing
+    window = start_window(qtbot, tmp_path)
+    qtbot.waitUntil(lambda: window.findChild(RuntimeDialog) is not None, timeout=30_000)
+    dialog = window.findChild(RuntimeDialog)
+    assert "did not answer its check" in dialog.result.text.text() and "Repair" in dialog.result.text.text()
+    assert runtime_state(plan).state is State.INCOMPLETE  # never used while broken
+    assert dialog.action_button.text() == "Resume"
+
+
+@pytest.mark.slow
+def test_a_healthy_runtime_says_so_in_the_status_bar_at_start(qtbot, tmp_path):
+    ready_runtime_running(sys.executable)  # this Python has the whole ML stack
+    window = start_window(qtbot, tmp_path)
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("Training runtime ready"), timeout=300_000)
+    assert "PyTorch 2.13.0" in window.statusBar().currentMessage()
+    assert window.findChild(RuntimeDialog) is None

@@ -58,10 +58,11 @@ def test_nvml_driver_version_reads_as_major_minor():
 
 
 def test_pins_are_the_pip_route_without_the_window_and_inside_its_ranges():
-    """The runtime holds what `pip install finetune-studio` holds, minus the GUI, at versions its ranges admit."""
+    """The runtime holds what `pip install finetune-studio[gguf]` holds, minus the GUI, at versions its ranges admit."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {canonicalize_name(Requirement(text).name): Requirement(text)
-                for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+                for text in project["dependencies"] + project["optional-dependencies"]["gguf"]}
     pinned = {canonicalize_name(Requirement(text).name): Requirement(text) for text in RUNTIME_PINS}
     assert set(pinned) == set(declared) - GUI_ONLY - {"torch"}
     for name, requirement in pinned.items():
