@@ -65,7 +65,8 @@ BEFORE = {"training": {"lean_weights": False}}  # the defaults before lean weigh
 # gradients unchanged); the last two change the training as Unsloth's own setup does (its notebooks train with
 # no LoRA dropout and 8-bit AdamW).
 LEAN_SETTINGS = {
-    "training": {"lean_weights": True, "chunked_loss": True, "embedding_on_cpu": True, "optimizer": "adamw_8bit"},
+    "training": {"lean_weights": True, "chunked_loss": True, "embedding_on_cpu": True, "optimizer": "adamw_8bit",
+                 "activation_offload": True, "tiled_mlp": True},
     "lora": {"dropout": 0.0},
 }
 
