@@ -9,7 +9,6 @@ runs the training step on fake tensors in a child process, and so does
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -164,17 +163,14 @@ def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:
 
 def _fit(args) -> int:
     from studio.core.config import save_config
-    from studio.core.fit import fit
+    from studio.core.fit import fit, fit_own_data
 
     config, model_config, scale_out = _load(args)
-    planned = config
-    if args.data:  # no micro-batch fit may choose holds more than its size times the longest row
-        from studio.core.memory.run_data import config_for_longest_row
-
-        planned = config_for_longest_row(config, run_data_tokens(config)[1])
-    result = fit(model_config, planned, args.gpu_memory, scale_out=scale_out, allow_offload=args.allow_offload)
-    if planned is not config:  # the run keeps its max_length
-        result = dataclasses.replace(result, config=result.config.replace(data={"max_length": config.data.max_length}))
+    options = {"scale_out": scale_out, "allow_offload": args.allow_offload}
+    if args.data:
+        result = fit_own_data(model_config, config, args.gpu_memory, run_data_tokens(config)[1], **options)
+    else:
+        result = fit(model_config, config, args.gpu_memory, **options)
     if args.write:
         save_config(result.config, args.write)
     if args.json:

@@ -202,6 +202,7 @@ def test_every_memory_part_has_its_colour():
 def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):
     window.store.update(training={"micro_batch_size": 64}, data={"max_length": 256})
     panel = window.estimate_panel
+    panel.set_data_lengths(None, complete=False)  # the worst case: every row max_length tokens
     target_gib = 0.8 * panel.estimate.peak_bytes / GIB
     panel.picker.select_custom(target_gib)
     assert panel.verdict_status == "does not fit"
@@ -209,6 +210,24 @@ def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):
     assert panel.verdict_status in ("fits", "tight")
     assert window.store.config != demo_config().replace(training={"micro_batch_size": 64}, data={"max_length": 256})
     assert "Now it fits" in panel.result.text() and "saves" in panel.result.text()
+
+
+def test_fit_to_my_gpu_fits_the_data_s_own_rows_and_keeps_max_length(window):
+    from studio.core.estimate import estimate
+    from studio.core.memory.run_data import config_for_longest_row
+    from studio.gui.memory import model_config_of
+
+    window.store.update(training={"micro_batch_size": 64}, data={"max_length": 2048})
+    panel = window.estimate_panel
+    panel.set_data_lengths((120,) * 40 + (300,), complete=True)  # every row's length known, none near 2,048
+    config = window.store.config
+    own = estimate(model_config_of(config), config_for_longest_row(config, 300)).peak_bytes
+    panel.picker.select_custom(0.8 * own / GIB)  # too small for the data as set up, far too small for 2,048
+    panel.fit_button.click()
+    assert "Now your data fits" in panel.result.text()
+    fitted = window.store.config
+    assert fitted.data.max_length == 2048 and fitted != config
+    assert estimate(model_config_of(fitted), config_for_longest_row(fitted, 300)).peak_bytes <= 0.8 * own
 
 
 def test_simulate_runs_in_a_subprocess_with_progress(window, qtbot):

@@ -39,6 +39,7 @@ from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.memory.parts import PARTS
 from studio.core.memory.regime import embedding_on_cpu_allowed
+from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.tiled import tiles_its_mlp
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, model_shape
 
@@ -327,3 +328,11 @@ def _what_stands_in_the_way(result: FitResult, shape: ModelShape) -> str:
     elif largest in ("activations", "logits_loss"):
         reason += "; a shorter data.max_length shrinks it in proportion"
     return reason + "; or use a GPU with more memory."
+
+
+def fit_own_data(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, longest_row: int,
+                 **options: Any) -> FitResult:
+    """``fit`` for the run's own data rather than every row at ``data.max_length``: no micro-batch a fit may
+    choose holds more than its size times the data's longest row. The run keeps its ``max_length``."""
+    result = fit(model_config, config_for_longest_row(config, longest_row), gpu_bytes, **options)
+    return replace(result, config=result.config.replace(data={"max_length": config.data.max_length}))

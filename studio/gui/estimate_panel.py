@@ -284,6 +284,10 @@ class EstimatePanel(QGroupBox):
         self.data_lengths, self.data_complete = lengths, complete
         self.recompute()
 
+    def _longest_row(self) -> int | None:
+        """The data's longest row when every row's length is known (fit then fits the data itself)."""
+        return max(self.data_lengths) if self.data_complete and self.data_lengths else None
+
     def _data_peak_text(self, worst: Estimate) -> str:
         """The peak of the data's largest possible micro-batch, when its rows make it smaller than the worst case."""
         config = self.store.config
@@ -343,8 +347,9 @@ class EstimatePanel(QGroupBox):
     # ------------------------------------------------------------ fit
     def fit_to_gpu(self) -> None:
         """Apply the solver's fastest configuration that fits, and list what it changed and what each saves."""
+        longest_row = self._longest_row()
         try:
-            suggestion = memory.suggest_fit(self.store.config, self.picker.capacity_bytes)
+            suggestion = memory.suggest_fit(self.store.config, self.picker.capacity_bytes, longest_row)
         except StudioError as exc:
             self.result.setText(f"<span style='color:{BAD}'>Cannot fit: {html.escape(exc.message)}</span>")
             return
@@ -357,7 +362,9 @@ class EstimatePanel(QGroupBox):
         finally:
             self._applying_fit = False
         lines = "".join(f"<li>{html.escape(change)}</li>" for change in suggestion.changes)
-        outcome = {"fits": "Now it fits", "tight": "Now it fits, tightly"}.get(suggestion.verdict, "Still does not fit")
+        what = "your data" if longest_row is not None and longest_row < self.store.config.data.max_length else "it"
+        outcome = {"fits": f"Now {what} fits", "tight": f"Now {what} fits, tightly"}.get(suggestion.verdict,
+                                                                                         "Still does not fit")
         slower = (f"; steps about {suggestion.relative_step_time:.2f}x as long"
                   if suggestion.relative_step_time > 1.005 else "")
         advice = "" if suggestion.verdict != "does not fit" else \

@@ -16,7 +16,7 @@ from pathlib import Path
 from studio.core.commands import estimate_simulation_command, last_json_object, trace_command
 from studio.core.config import RunConfig, save_config
 from studio.core.estimate import Estimate, ScaleOut, estimate
-from studio.core.fit import fit
+from studio.core.fit import fit, fit_own_data
 from studio.core.modelinfo import load_model_config
 
 
@@ -90,12 +90,15 @@ class FitSuggestion:
     relative_step_time: float
 
 
-def suggest_fit(config: RunConfig, gpu_bytes: int) -> FitSuggestion:
-    """The fastest configuration that fits ``gpu_bytes`` (studio.core.fit), keeping the effective batch.
+def suggest_fit(config: RunConfig, gpu_bytes: int, longest_row: int | None = None) -> FitSuggestion:
+    """The fastest configuration that fits ``gpu_bytes`` (studio.core.fit), keeping the effective batch; for
+    the data's own rows when ``longest_row`` (the longest of all of them, in tokens) is known.
 
     Offload is not offered: it needs a ZeRO setup the run config cannot express yet.
     """
-    result = fit(model_config_of(config), config, gpu_bytes)
+    model_config = model_config_of(config)
+    result = (fit(model_config, config, gpu_bytes) if longest_row is None
+              else fit_own_data(model_config, config, gpu_bytes, longest_row))
     return FitSuggestion(result.config, tuple(str(change) for change in result.changes),
                          result.estimate.verdict(gpu_bytes).status, result.estimate.peak_bytes, result.explanation,
                          result.relative_step_time)
