@@ -14,18 +14,30 @@ batch x length² (attention probabilities, where the trace says they are kept).
 
 ``derived_estimate`` scales the trace to the real depth, micro-batch and length
 and recounts the model states for the chosen optimizer, accumulation and ZeRO
-with ``states`` and ``sharding``: pure Python, well under a millisecond. Every
-setting that changes what a step keeps (method, LoRA rank and targets,
-precision, weight dtype, checkpointing, attention, loss, quantization, QAT) is
-part of the trace's key instead: a new combination is traced anew.
+with ``states`` and ``sharding``: pure Python, well under a millisecond.
 
-The trace is a JSON file in the user's cache folder, named by ``trace_key``.
+The common toggles need no new trace either:
+
+* LoRA's rank, targets and dropout are recounted from a record of one block
+  (``recount``): what each linear's adapter saves, per token.
+* Precision, gradient checkpointing and 4/8-bit loading change which kernels run
+  (autocast's op lists and casts, bitsandbytes' own saved tensors, k-bit
+  preparation's fp32 copies, a recomputed block): they are not recounted from a
+  record but traced as regimes, in the same subprocess when the model is picked:
+  the picked settings and each one-toggle neighbour (``neighbour_configs``). A
+  combination two or more toggles away adds up the neighbours' differences
+  from a traced regime (``Trace.step``).
+
+What else changes a step (method, weight dtype, attention, loss, quantization
+type, PEFT settings, QAT; LoRA settings where they are not recounted) is part of
+the trace's key: a new combination is traced anew.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,12 +46,13 @@ import platformdirs
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import CHUNKED_LOSS_BYTES, loss_impl_for
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl_for
+from studio.core.memory.recount import adapter_tensors, lora_block_bytes, lora_settings, recounts_lora
 from studio.core.memory.results import Estimate
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import OPTIMIZERS, ModelStates, TensorGroup
 
-TRACE_VERSION = 3
+TRACE_VERSION = 4
 # The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
 # (a phase's peak alone moves from one moment to another as they change)
 PHASE_MOMENTS = {"forward": ("forward", "forward_head"), "backward": ("backward", "backward_last", "backward_first")}
@@ -51,15 +64,46 @@ DESCRIBED_ACCURACY = "measured: median 0.34 %, worst 8.40 %"
 DERIVED_ACCURACY = "measured: median 0.10 %, worst 2.89 %"
 
 
+TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.methods): the base's loading is a regime
+
+
 def trace_settings(config: RunConfig) -> dict:
-    """The run settings that change what a training step keeps alive (not the sizes the trace scales)."""
+    """The run settings that change what a training step keeps alive, other than the sizes the trace scales,
+    the regimes it traces side by side (``regime_axes``) and the LoRA settings it recounts."""
     lora = asdict(config.lora)
-    del lora["alpha"]  # a scale factor: no memory
-    return {"method": config.method, "dtype": config.model.dtype, "attention": config.model.attn_implementation,
-            "precision": config.training.precision, "checkpointing": config.training.gradient_checkpointing,
-            "loss": loss_impl_for(config), "load_in": config.effective_load_in,
-            "quantization": asdict(config.quantization), "lora": lora, "peft": asdict(config.peft),
+    for recounted in ("alpha", "use_rslora") + (("r", "target_modules", "dropout") if recounts_lora(config) else ()):
+        del lora[recounted]  # a scale factor costs no memory
+    quantization = asdict(config.quantization)
+    del quantization["load_in"]
+    return {"method": TRAINS_ALIKE.get(config.method, config.method), "dtype": config.model.dtype, "attention": config.model.attn_implementation,
+            "loss": loss_impl_for(config), "quantization": quantization, "lora": lora, "peft": asdict(config.peft),
             "qat": asdict(config.qat)}
+
+
+def regime_axes(config: RunConfig, lora_axis: bool = False) -> dict:
+    """The settings traced as regimes of one trace; with ``lora_axis`` (a model whose LoRA is not recounted,
+    see ``recount``) the LoRA settings too."""
+    axes = {"precision": config.training.precision, "checkpointing": config.training.gradient_checkpointing,
+            "load_in": config.effective_load_in}
+    return {**axes, "lora": lora_settings(config)} if lora_axis else axes
+
+
+def regime_id(axes: dict) -> str:
+    return json.dumps(axes, sort_keys=True)
+
+
+PRECISIONS = ("bf16", "fp32")  # the precisions traced at pick time, besides the picked one (fp16 only when picked)
+LOAD_INS = {"no": ("none",), "allowed": ("none", "4bit", "8bit"), "required": ("4bit", "8bit")}
+
+
+def neighbour_configs(config: RunConfig) -> list[RunConfig]:
+    """``config`` and each configuration one toggle away along ``regime_axes``: what a pick-time trace covers."""
+    t = config.training
+    configs = [config, config.replace(training={"gradient_checkpointing": not t.gradient_checkpointing})]
+    configs += [config.replace(training={"precision": p}) for p in PRECISIONS if p != t.precision]
+    configs += [config.replace(quantization={"load_in": load_in})
+                for load_in in LOAD_INS[config.method_spec.kbit_base] if load_in != config.effective_load_in]
+    return configs
 
 
 def trace_key(model_config: dict, config: RunConfig) -> str:
@@ -139,11 +183,19 @@ def value_at(coefficients, batch: int, length: int) -> float:
     return sum(c * term for c, term in zip(coefficients, _size_terms(batch, length, len(coefficients) == 5)))
 
 
+def record_id(axes: dict) -> str:
+    """A block record serves every regime of its precision and weight loading (checkpointing recomputes the
+    same block)."""
+    return f"{axes['precision']}/{axes['load_in']}"
+
+
 @dataclass(frozen=True)
 class Trace:
-    """A traced model: its real depth and the measured steps of its few-block copies (see the module doc)."""
+    """A traced model: its real depth, and per regime the measured steps of its few-block copies and the
+    LoRA settings they ran with; per precision and weight loading a block's record (see the module doc)."""
 
     data: dict
+    path: Path | None = None
 
     @classmethod
     def load(cls, path: Path) -> "Trace":
@@ -154,21 +206,75 @@ class Trace:
                               kind="model") from exc
         if data.get("version") != TRACE_VERSION:
             raise StudioError(f"the memory trace {path} is of an older version", "trace the model again", kind="model")
-        return cls(data)
+        return cls(data, path)
 
     @property
     def layers(self) -> int:
         return self.data["layers"]
 
-    def _by_depth(self, depth: int) -> dict:
-        return self.data["depths"][str(depth)]
+    def axes_of(self, config: RunConfig) -> dict:
+        return regime_axes(config, lora_axis=recounts_lora(config) and not self.data["lora_recount"])
+
+    def regime(self, axes: dict) -> dict | None:
+        """A traced regime (``None`` if not traced; a failed one raises its error)."""
+        regime = self.data["regimes"].get(regime_id(axes))
+        if regime is not None and "error" in regime:
+            raise StudioError(f"the model's code failed in the traced step with {regime_id(axes)}: {regime['error']}",
+                              "these settings have no estimate", kind="model")
+        return regime
+
+    def record(self, axes: dict) -> dict:
+        return self.data["records"][record_id(axes)]
+
+    def step(self, config: RunConfig) -> "TracedStep":
+        """The step of ``config`` from its own regime, or from a traced regime plus each differing toggle's
+        difference (``TraceNeededError`` when neither is traced)."""
+        axes = self.axes_of(config)
+        weighted = self._composition(axes)
+        if weighted is None:
+            raise TraceNeededError(self.data["model_type"], self.path, regime_id(axes))
+        lora = lora_settings(config) if recounts_lora(config) and self.data["lora_recount"] else None
+        return TracedStep(self, tuple(weighted), axes, lora)
+
+    def _composition(self, axes: dict) -> list[tuple[int, dict]] | None:
+        """[(weight, regime)] whose weighted sum is the step of ``axes``: itself, or a base B and its neighbours
+        N_i along each differing axis (sum N_i - (k - 1) B), the base with the fewest differences first."""
+        exact = self.regime(axes)
+        if exact is not None:
+            return [(1, exact)]
+        bases = sorted((json.loads(key) for key, regime in self.data["regimes"].items() if "error" not in regime),
+                       key=lambda base: sum(base[a] != axes[a] for a in axes))
+        for base in bases:
+            differing = [a for a in axes if base[a] != axes[a]]
+            neighbours = [self.regime({**base, a: axes[a]}) for a in differing]
+            if len(differing) > 1 and all(n is not None for n in neighbours):
+                return [(1, n) for n in neighbours] + [(1 - len(differing), self.regime(base))]
+        return None
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """The traced step of one configuration: the weighted regimes it is made of and, where LoRA is recounted,
+    the run's LoRA settings (``lora``)."""
+
+    trace: Trace
+    weighted: tuple[tuple[int, dict], ...]
+    axes: dict
+    lora: dict | None
+
+    @property
+    def layers(self) -> int:
+        return self.trace.layers
 
     def once_and_per_block(self, value) -> tuple[float, float]:
-        """(once, per block) of a quantity measured at both depths."""
+        """(once, per block) of a quantity measured at both depths of every regime."""
         low, high = TRACE_DEPTHS
-        a, b = value(self._by_depth(low)), value(self._by_depth(high))
-        per_block = (b - a) / (high - low)
-        return a - low * per_block, per_block
+        once = per_block = 0.0
+        for weight, regime in self.weighted:
+            a, b = value(regime["depths"][str(low)]), value(regime["depths"][str(high)])
+            slope = (b - a) / (high - low)
+            once, per_block = once + weight * (a - low * slope), per_block + weight * slope
+        return once, per_block
 
     def at_depth(self, value, layers: int) -> float:
         once, per_block = self.once_and_per_block(value)
@@ -176,9 +282,9 @@ class Trace:
 
     def excess(self, moment: str, batch: int, length: int) -> tuple[int, int]:
         """(fixed, blocks) bytes a moment of the step holds over the model states, at the real depth."""
-        points = [tuple(p) for p in self.data["points"]]
+        points = [tuple(p) for p in self.trace.data["points"]]
         size = len(_size_terms(1, 1))
-        scores = self.data["scores"]
+        scores = self.trace.data["scores"]
         scales = self._scales_like(batch * length, range(0, len(points), size))
 
         def fitted(depth_data):
@@ -189,26 +295,58 @@ class Trace:
                        for i in scales)
 
         once, per_block = self.once_and_per_block(fitted)
-        return max(0, round(once)), max(0, round(per_block * self.layers))
+        blocks = per_block * self.layers + self._lora_change(moment, batch * length)
+        return max(0, round(once)), max(0, round(blocks))
 
     def _scales_like(self, tokens: int, starts) -> list[int]:
         """The scales (by first point) on the same side of a loss chunk as ``tokens`` (all if none is)."""
-        chunk = loss_chunk_tokens(self.data["vocab"], self.data["chunked"])
-        points = self.data["points"]
+        chunk = loss_chunk_tokens(self.trace.data["vocab"], self.trace.data["chunked"])
+        points = self.trace.data["points"]
         alike = [i for i in starts if (points[i][0] * points[i][1] >= chunk) == (tokens >= chunk)]
         return alike or list(starts)
+
+    def _lora_change(self, moment: str, tokens: int) -> float:
+        """What the adapters of the blocks alive at a moment save with the run's LoRA settings, less what the
+        traced ones saved: every block until the first block's backward, that one then; with checkpointing none
+        in the forward pass and the recomputed one in the backward."""
+        if self.lora is None or (self.axes["checkpointing"] and moment.startswith("forward")):
+            return 0.0
+        record = self.trace.record(self.axes)
+
+        def change(block: str) -> float:
+            return sum(weight * (lora_block_bytes(record, self.lora, tokens, block)
+                                 - lora_block_bytes(record, regime["lora"], tokens, block))
+                       for weight, regime in self.weighted)
+
+        if self.axes["checkpointing"]:
+            return change("typical")
+        return change("first") + (0 if moment == "backward_first" else (self.layers - 1) * change("typical"))
+
+    def adapter_change(self) -> tuple[dict, int, int]:
+        """The whole model's adapter tensors with the run's LoRA settings less the traced ones: counts by
+        (shape, dtype), and their bytes and elements."""
+        counts: dict = {}
+        if self.lora is not None:
+            record = self.trace.record(self.axes)
+            for weight, regime in self.weighted:
+                for sign, settings in ((1, self.lora), (-1, regime["lora"])):
+                    for key, count in adapter_tensors(record, settings).items():
+                        counts[key] = counts.get(key, 0) + weight * sign * count * self.layers
+        elements = sum(math.prod(shape) * count for (shape, _), count in counts.items())
+        nbytes = sum(math.prod(shape) * DTYPE_BYTES[dtype] * count for (shape, dtype), count in counts.items())
+        return counts, nbytes, elements
 
     def trainable_groups(self) -> tuple[TensorGroup, ...]:
         """The trainable tensors of the whole model: the outer ones once, a block's ``layers`` times."""
         low, high = TRACE_DEPTHS
-        counts = [_group_counts(self._by_depth(depth)["trainable"]) for depth in (low, high)]
-        groups = []
-        for key in set(counts[0]) | set(counts[1]):
-            per_block = (counts[1].get(key, 0) - counts[0].get(key, 0)) // (high - low)
-            once = counts[0].get(key, 0) - low * per_block
-            count = once + per_block * self.layers
-            if count:
-                groups.append(TensorGroup(tuple(key[0]), key[1], count))
+        totals = self.adapter_change()[0]
+        for weight, regime in self.weighted:
+            counts = [_group_counts(regime["depths"][str(depth)]["trainable"]) for depth in (low, high)]
+            for key in set(counts[0]) | set(counts[1]):
+                per_block = (counts[1].get(key, 0) - counts[0].get(key, 0)) // (high - low)
+                once = counts[0].get(key, 0) - low * per_block
+                totals[key] = totals.get(key, 0) + weight * (once + per_block * self.layers)
+        groups = [TensorGroup(tuple(shape), dtype, count) for (shape, dtype), count in totals.items() if count]
         return tuple(sorted(groups, key=lambda g: (g.shape, g.dtype)))
 
 
@@ -220,12 +358,12 @@ def _group_counts(tensors) -> dict:
     return counts
 
 
-def _states(trace: Trace, config: RunConfig, device_type: str) -> ModelStates:
-    groups = trace.trainable_groups()
+def _states(step: TracedStep, config: RunConfig, device_type: str) -> ModelStates:
+    groups = step.trainable_groups()
     optimizer = OPTIMIZERS[config.training.optimizer]
     trainable_bytes = sum(g.nbytes * g.count for g in groups)
     full = config.method_spec.trains_every_weight
-    model_bytes = round(trace.at_depth(lambda d: d["model_bytes"], trace.layers))
+    model_bytes = round(step.at_depth(lambda d: d["model_bytes"], step.layers)) + step.adapter_change()[1]
     shared = optimizer.shared_state if groups else 0
     return ModelStates(
         weights=model_bytes - (0 if full else trainable_bytes), adapters=0 if full else trainable_bytes,
@@ -242,20 +380,21 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
     if scale_out.layer_split:
         raise StudioError("a layer split needs a model family the estimate describes",
                           "estimate without distributed.layer_split", kind="config")
+    step = trace.step(config)
     t = config.training
-    states = _states(trace, config, device_type)
+    states = _states(step, config, device_type)
     inputs = 3 * 8 * t.micro_batch_size * config.data.max_length * t.gradient_accumulation_steps
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state}
     accumulated = states.gradients if t.gradient_accumulation_steps > 1 else 0
     phases = {}
     for phase, moments in PHASE_MOMENTS.items():
-        fixed, blocks = max((trace.excess(moment, t.micro_batch_size, config.data.max_length) for moment in moments),
+        fixed, blocks = max((step.excess(moment, t.micro_batch_size, config.data.max_length) for moment in moments),
                             key=sum)
         phases[phase] = {**persistent, "gradients": accumulated, "activations": inputs + blocks, "logits_loss": fixed}
     phases["optimizer"] = {**persistent, "gradients": states.gradients, "activations": inputs,
                            "temporaries": states.optimizer_temporaries}
-    block_parameters = round(trace.once_and_per_block(lambda d: d["parameters"])[1])
+    block_parameters = round(step.once_and_per_block(lambda d: d["parameters"])[1])
     devices, host = sharded_devices(phases, device_type, block_parameters, states, scale_out)
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
@@ -264,7 +403,7 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
         devices.append(host)
     # the base model's parameters, as a described estimate counts them (an adapter's are trained apart)
     adapter = 0 if states.full else states.trainable_parameters
-    parameters = round(trace.at_depth(lambda d: d["parameters"], trace.layers)) - adapter
+    parameters = round(step.at_depth(lambda d: d["parameters"], step.layers)) + step.adapter_change()[2] - adapter
     note = ("traced estimate: activations are what the decoder blocks add, logits and loss what the model adds "
             "once (embeddings' output, head, loss)")
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=parameters,
@@ -287,11 +426,12 @@ def kind_text(estimate: Estimate) -> str:
 class TraceNeededError(StudioError):
     """The model's family is not described and its step has not been traced for these settings yet."""
 
-    def __init__(self, model_type: str, path: Path):
+    def __init__(self, model_type: str, path: Path, regime: str = ""):
         super().__init__(
             f"the estimate does not describe '{model_type}' models and has not traced this one with these settings yet",
-            "run `studio estimate CONFIG` once (it traces one training step of a small copy, about a minute), "
+            "run `studio estimate CONFIG` once (it traces a training step of a small copy and of the settings one "
+            "toggle away, a minute or a few), "
             "or wait for the window's measurement", kind="model")
         self.model_type = model_type
         self.path = path
-
+        self.regime = regime  # regime_id of the settings, or "" when the model has no trace at all
