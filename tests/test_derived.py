@@ -277,12 +277,18 @@ def _no_subprocess(*args, **kwargs):
     raise AssertionError("no subprocess may start for a toggle")
 
 
-@pytest.mark.slow
-def test_after_one_trace_each_toggle_estimates_in_milliseconds_with_no_new_trace(picked_trace, monkeypatch):
+@pytest.fixture
+def no_new_trace(picked_trace, monkeypatch):
+    """The picked trace's cache in use, and no subprocess allowed: (model folder, its config.json, the cache)."""
     folder, cache = picked_trace
     monkeypatch.setenv("STUDIO_TRACE_CACHE", str(cache))
     monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
-    model_config = json.loads((folder / "config.json").read_text())
+    return folder, json.loads((folder / "config.json").read_text()), cache
+
+
+@pytest.mark.slow
+def test_after_one_trace_each_toggle_estimates_in_milliseconds_with_no_new_trace(no_new_trace):
+    folder, model_config, cache = no_new_trace
     traced = {path: path.stat().st_mtime_ns for path in cache.iterdir()}
     picked = run(model={"name_or_path": str(folder)})
     peaks = set()
@@ -322,13 +328,10 @@ def test_toggled_estimates_agree_with_a_fresh_trace_of_those_settings(picked_tra
 
 
 @pytest.mark.slow
-def test_fit_searches_a_derived_model_over_the_traced_toggles(picked_trace, monkeypatch):
+def test_fit_searches_a_derived_model_over_the_traced_toggles(no_new_trace):
     from studio.core.fit import fit
 
-    folder, cache = picked_trace
-    monkeypatch.setenv("STUDIO_TRACE_CACHE", str(cache))
-    monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
-    model_config = json.loads((folder / "config.json").read_text())
+    folder, model_config, _ = no_new_trace
     config = run(model={"name_or_path": str(folder)}, training={"micro_batch_size": 8}, data={"max_length": 512})
     needed = estimate(model_config, config, "cuda").peak_bytes
     result = fit(model_config, config, int(needed * 0.75))

@@ -78,9 +78,7 @@ def trace_model(config: RunConfig, existing: dict | None = None, written=lambda 
 
 def _trace_regime(config: RunConfig, data: dict, points) -> None:
     """Trace one regime into ``data`` unless it is there (and, for LoRA, its block record)."""
-    if recounts_lora(config) and "lora_recount" not in data:
-        data["lora_recount"] = True  # until the first record finds parameters that peft wraps
-    data.setdefault("lora_recount", False)
+    data.setdefault("lora_recount", recounts_lora(config))  # until a record finds parameters that peft wraps
     recount = recounts_lora(config) and data["lora_recount"]
     axes = regime_axes(config, lora_axis=recounts_lora(config) and not recount)
     if regime_id(axes) in data["regimes"]:

@@ -70,14 +70,13 @@ TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.meth
 def trace_settings(config: RunConfig) -> dict:
     """The run settings that change what a training step keeps alive, other than the sizes the trace scales,
     the regimes it traces side by side (``regime_axes``) and the LoRA settings it recounts."""
-    lora = asdict(config.lora)
-    for recounted in ("alpha", "use_rslora") + (("r", "target_modules", "dropout") if recounts_lora(config) else ()):
-        del lora[recounted]  # a scale factor costs no memory
-    quantization = asdict(config.quantization)
-    del quantization["load_in"]
-    return {"method": TRAINS_ALIKE.get(config.method, config.method), "dtype": config.model.dtype, "attention": config.model.attn_implementation,
-            "loss": loss_impl_for(config), "quantization": quantization, "lora": lora, "peft": asdict(config.peft),
-            "qat": asdict(config.qat)}
+    scales = ("alpha", "use_rslora")  # scale factors cost no memory
+    lora = {key: value for key, value in asdict(config.lora).items()
+            if key not in scales and not (recounts_lora(config) and key in ("r", "target_modules", "dropout"))}
+    quantization = {key: value for key, value in asdict(config.quantization).items() if key != "load_in"}
+    return {"method": TRAINS_ALIKE.get(config.method, config.method), "dtype": config.model.dtype,
+            "attention": config.model.attn_implementation, "loss": loss_impl_for(config),
+            "quantization": quantization, "lora": lora, "peft": asdict(config.peft), "qat": asdict(config.qat)}
 
 
 def regime_axes(config: RunConfig, lora_axis: bool = False) -> dict:
@@ -122,7 +121,7 @@ def trace_path(model_config: dict, config: RunConfig) -> Path:
 
 
 def trace_points(vocab: int, chunked: bool, positions: int = 0) -> tuple[tuple[int, int], ...]:
-    """(micro-batch, length) of the traced steps: five at each of two scales (see ``Trace.excess``), none
+    """(micro-batch, length) of the traced steps: five at each of two scales (see ``TracedStep.excess``), none
     longer than the model's ``positions`` (0: no limit).
 
     The chunked loss computes the logits of at most ``chunk_tokens`` at a time: no scale's points straddle
