@@ -89,7 +89,9 @@ def test_a_pick_time_trace_covers_each_toggle_one_step_away():
     assert axes[0] == regime_axes(run())
     assert {a["checkpointing"] for a in axes} == {False, True} and {a["precision"] for a in axes} == {"bf16", "fp32"}
     assert {a["load_in"] for a in axes} == {"none", "4bit", "8bit"}
-    assert len(axes) == 5  # the picked settings and four neighbours, not every combination
+    # precision and loading one toggle away, each with and without checkpointing: not every combination
+    assert len(axes) == 8 and len({regime_id(a) for a in axes}) == 8
+    assert axes[1] == {**axes[0], "checkpointing": True}  # the commonest toggle right after the picked settings
     assert {a["load_in"] for a in map(regime_axes, neighbour_configs(run(method="full")))} == {"none"}
 
 

@@ -24,8 +24,9 @@ The common toggles need no new trace either:
   (autocast's op lists and casts, bitsandbytes' own saved tensors, k-bit
   preparation's fp32 copies, a recomputed block): they are not recounted from a
   record but traced as regimes, in the same subprocess when the model is picked:
-  the picked settings and each one-toggle neighbour (``neighbour_configs``). A
-  combination two or more toggles away adds up the neighbours' differences
+  the picked settings, each precision and weight loading one toggle away, and
+  each of those with checkpointing flipped (``neighbour_configs``). A
+  combination that is not traced adds up the traced neighbours' differences
   from a traced regime (``Trace.step``).
 
 What else changes a step (method, weight dtype, attention, loss, quantization
@@ -47,7 +48,8 @@ import platformdirs
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl_for
-from studio.core.memory.recount import adapter_tensors, lora_block_bytes, lora_settings, recounts_lora
+from studio.core.memory.recount import (adapter_bytes, adapter_tensors, lora_block_bytes, lora_settings,
+                                        recounts_lora)
 from studio.core.memory.results import Estimate
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.states import OPTIMIZERS, ModelStates, TensorGroup
@@ -96,13 +98,16 @@ LOAD_INS = {"no": ("none",), "allowed": ("none", "4bit", "8bit"), "required": ("
 
 
 def neighbour_configs(config: RunConfig) -> list[RunConfig]:
-    """``config`` and each configuration one toggle away along ``regime_axes``: what a pick-time trace covers."""
+    """What a pick-time trace covers: ``config``, each precision and weight loading one toggle away, and each of
+    these with checkpointing flipped. Checkpointing removes a share of what the others change, so its
+    combinations are traced rather than added up (adding up fp32 and checkpointing, each traced alone, was
+    75 % over a trace of both); precision and loading, which change different tensors, are added up."""
     t = config.training
-    configs = [config, config.replace(training={"gradient_checkpointing": not t.gradient_checkpointing})]
-    configs += [config.replace(training={"precision": p}) for p in PRECISIONS if p != t.precision]
-    configs += [config.replace(quantization={"load_in": load_in})
-                for load_in in LOAD_INS[config.method_spec.kbit_base] if load_in != config.effective_load_in]
-    return configs
+    flips = [config] + [config.replace(training={"precision": p}) for p in PRECISIONS if p != t.precision]
+    flips += [config.replace(quantization={"load_in": load_in})
+              for load_in in LOAD_INS[config.method_spec.kbit_base] if load_in != config.effective_load_in]
+    checkpointing = [c.replace(training={"gradient_checkpointing": not t.gradient_checkpointing}) for c in flips]
+    return [config, checkpointing[0], *flips[1:], *checkpointing[1:]]
 
 
 def trace_key(model_config: dict, config: RunConfig) -> str:
@@ -305,21 +310,42 @@ class TracedStep:
         return alike or list(starts)
 
     def _lora_change(self, moment: str, tokens: int) -> float:
-        """What the adapters of the blocks alive at a moment save with the run's LoRA settings, less what the
-        traced ones saved: every block until the first block's backward, that one then; with checkpointing none
-        in the forward pass and the recomputed one in the backward."""
-        if self.lora is None or (self.axes["checkpointing"] and moment.startswith("forward")):
+        """What the adapters hold at a moment with the run's LoRA settings, less with the traced ones.
+
+        Their saved tensors (S, of the first block and of typical ones) live in every block until each block's
+        backward; the gradients of their tensors (G a block) gather from the last block to the first; with
+        checkpointing only the recomputed block saves anything, but autocast's cache keeps every block's cast
+        weights (W) through the forward pass. As measured on traced steps, a moment's peak holds:
+
+        ======================================  ================================  =======================
+        moment                                  without checkpointing             with checkpointing
+        ======================================  ================================  =======================
+        forward, forward_head                   S_first + (L - 1) S               W_first + (L - 1) W
+        backward (the head's)                   S_first + (L - 1) S               nothing
+        backward_last (its start / its end)     S_first + (L - 1) S               S + (L - 2) G
+        backward_first (all gradients but one)  S_first + (L - 1) G               S + (L - 1) G
+        ======================================  ================================  =======================
+        """
+        if self.lora is None:
             return 0.0
-        record = self.trace.record(self.axes)
+        record, layers, checkpointing = self.trace.record(self.axes), self.layers, self.axes["checkpointing"]
 
-        def change(block: str) -> float:
-            return sum(weight * (lora_block_bytes(record, self.lora, tokens, block)
-                                 - lora_block_bytes(record, regime["lora"], tokens, block))
-                       for weight, regime in self.weighted)
+        def held(settings: dict) -> float:
+            def saved(block: str, weights_only: bool = False) -> float:
+                return lora_block_bytes(record, settings, tokens, block, weights_only)
 
-        if self.axes["checkpointing"]:
-            return change("typical")
-        return change("first") + (0 if moment == "backward_first" else (self.layers - 1) * change("typical"))
+            gradients = adapter_bytes(record, settings)
+            if not checkpointing:
+                if moment == "backward_first":
+                    return saved("first") + (layers - 1) * gradients
+                return saved("first") + (layers - 1) * saved("typical")
+            return {"forward": saved("first", True) + (layers - 1) * saved("typical", True),
+                    "forward_head": saved("first", True) + (layers - 1) * saved("typical", True),
+                    "backward": 0.0,
+                    "backward_last": saved("typical") + (layers - 2) * gradients,
+                    "backward_first": saved("typical") + (layers - 1) * gradients}[moment]
+
+        return sum(weight * (held(self.lora) - held(regime["lora"])) for weight, regime in self.weighted)
 
     def adapter_change(self) -> tuple[dict, int, int]:
         """The whole model's adapter tensors with the run's LoRA settings less the traced ones: counts by

@@ -31,8 +31,11 @@ is traced as its own regime.
 
 from __future__ import annotations
 
+import math
+
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.regime import DTYPE_BYTES
 
 RECORD_RANK = 7  # a rank no layer width equals, so the rank-wide tensors are told apart by their width
 RECORD_LENGTH = 97  # and a length none equals either, so what grows with the tokens is told apart from weights
@@ -63,15 +66,27 @@ def adapted_linears(record: dict, targets) -> list[str]:
     return adapted
 
 
-def lora_block_bytes(record: dict, settings: dict, tokens: int, block: str = "typical") -> float:
+def lora_block_bytes(record: dict, settings: dict, tokens: int, block: str = "typical",
+                     weights_only: bool = False) -> float:
     """Bytes a block's adapters save for backward with these settings, at ``tokens`` tokens per micro-batch:
-    the ``first`` block's (its input needs no gradient, so dropout keeps no noise there) or a ``typical`` one's."""
+    the ``first`` block's (its input needs no gradient, so dropout keeps no noise there) or a ``typical`` one's;
+    ``weights_only``: only their weights cast for autocast (which autocast's cache holds through a checkpointed
+    forward pass too)."""
     costs = record["costs"][block]["dropout" if settings["dropout"] else "none"]
     adapted = adapted_linears(record, settings["target_modules"])
+    weights = sum(settings["r"] * costs["weights"][name] for name in adapted)
+    if weights_only:
+        return weights
     groups = {record["linears"][name]["group"] for name in adapted}
     per_token = sum(settings["r"] * costs["rank"][name] + costs["own"][name] for name in adapted)
     per_token += sum(costs["groups"].get(str(group), 0.0) for group in groups)
-    return per_token * tokens + sum(settings["r"] * costs["weights"][name] for name in adapted)
+    return per_token * tokens + weights
+
+
+def adapter_bytes(record: dict, settings: dict) -> int:
+    """One block's adapter tensors' bytes (and so their gradients')."""
+    return sum(math.prod(shape) * DTYPE_BYTES[dtype] * count
+               for (shape, dtype), count in adapter_tensors(record, settings).items())
 
 
 def adapter_tensors(record: dict, settings: dict) -> dict[tuple[tuple[int, ...], str], int]:
