@@ -259,6 +259,7 @@ TOGGLES = [
     {"training": {"optimizer": "adamw_8bit", "gradient_accumulation_steps": 4, "micro_batch_size": 1}},
     {"training": {"gradient_checkpointing": True}, "quantization": {"load_in": "4bit"}, "lora": {"r": 8}},
     {"training": {"precision": "fp32", "gradient_checkpointing": True}, "lora": {"dropout": 0.0}},
+    {"training": {"precision": "fp32"}, "quantization": {"load_in": "4bit"}, "lora": {"r": 8}},  # added up
 ]
 
 

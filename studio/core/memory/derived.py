@@ -240,29 +240,30 @@ class Trace:
         lora = lora_settings(config) if recounts_lora(config) and self.data["lora_recount"] else None
         return TracedStep(self, tuple(weighted), axes, lora)
 
-    def _composition(self, axes: dict) -> list[tuple[int, dict]] | None:
-        """[(weight, regime)] whose weighted sum is the step of ``axes``: itself, or a base B and its neighbours
-        N_i along each differing axis (sum N_i - (k - 1) B), the base with the fewest differences first."""
+    def _composition(self, axes: dict) -> list[tuple[int, dict, dict]] | None:
+        """[(weight, regime, its axes)] whose weighted sum is the step of ``axes``: itself, or a base B and its
+        neighbours N_i along each differing axis (sum N_i - (k - 1) B), the base with the fewest differences
+        first."""
         exact = self.regime(axes)
         if exact is not None:
-            return [(1, exact)]
+            return [(1, exact, axes)]
         bases = sorted((json.loads(key) for key, regime in self.data["regimes"].items() if "error" not in regime),
                        key=lambda base: sum(base[a] != axes[a] for a in axes))
         for base in bases:
             differing = [a for a in axes if base[a] != axes[a]]
-            neighbours = [self.regime({**base, a: axes[a]}) for a in differing]
-            if len(differing) > 1 and all(n is not None for n in neighbours):
-                return [(1, n) for n in neighbours] + [(1 - len(differing), self.regime(base))]
+            neighbours = [{**base, a: axes[a]} for a in differing]
+            if len(differing) > 1 and all(self.regime(n) is not None for n in neighbours):
+                return [(1, self.regime(n), n) for n in neighbours] + [(1 - len(differing), self.regime(base), base)]
         return None
 
 
 @dataclass(frozen=True)
 class TracedStep:
-    """The traced step of one configuration: the weighted regimes it is made of and, where LoRA is recounted,
-    the run's LoRA settings (``lora``)."""
+    """The traced step of one configuration: the weighted regimes it is made of (with their axes) and, where
+    LoRA is recounted, the run's LoRA settings (``lora``)."""
 
     trace: Trace
-    weighted: tuple[tuple[int, dict], ...]
+    weighted: tuple[tuple[int, dict, dict], ...]
     axes: dict
     lora: dict | None
 
@@ -274,7 +275,7 @@ class TracedStep:
         """(once, per block) of a quantity measured at both depths of every regime."""
         low, high = TRACE_DEPTHS
         once = per_block = 0.0
-        for weight, regime in self.weighted:
+        for weight, regime, _ in self.weighted:
             a, b = value(regime["depths"][str(low)]), value(regime["depths"][str(high)])
             slope = (b - a) / (high - low)
             once, per_block = once + weight * (a - low * slope), per_block + weight * slope
@@ -328,9 +329,9 @@ class TracedStep:
         """
         if self.lora is None:
             return 0.0
-        record, layers, checkpointing = self.trace.record(self.axes), self.layers, self.axes["checkpointing"]
+        layers, checkpointing = self.layers, self.axes["checkpointing"]
 
-        def held(settings: dict) -> float:
+        def held(settings: dict, record: dict) -> float:
             def saved(block: str, weights_only: bool = False) -> float:
                 return lora_block_bytes(record, settings, tokens, block, weights_only)
 
@@ -345,17 +346,17 @@ class TracedStep:
                     "backward_last": saved("typical") + (layers - 2) * gradients,
                     "backward_first": saved("typical") + (layers - 1) * gradients}[moment]
 
-        return sum(weight * (held(self.lora) - held(regime["lora"])) for weight, regime in self.weighted)
+        return sum(weight * (held(self.lora, self.trace.record(axes)) - held(regime["lora"], self.trace.record(axes)))
+                   for weight, regime, axes in self.weighted)
 
     def adapter_change(self) -> tuple[dict, int, int]:
         """The whole model's adapter tensors with the run's LoRA settings less the traced ones: counts by
         (shape, dtype), and their bytes and elements."""
         counts: dict = {}
         if self.lora is not None:
-            record = self.trace.record(self.axes)
-            for weight, regime in self.weighted:
+            for weight, regime, axes in self.weighted:
                 for sign, settings in ((1, self.lora), (-1, regime["lora"])):
-                    for key, count in adapter_tensors(record, settings).items():
+                    for key, count in adapter_tensors(self.trace.record(axes), settings).items():
                         counts[key] = counts.get(key, 0) + weight * sign * count * self.layers
         elements = sum(math.prod(shape) * count for (shape, _), count in counts.items())
         nbytes = sum(math.prod(shape) * DTYPE_BYTES[dtype] * count for (shape, dtype), count in counts.items())
@@ -365,7 +366,7 @@ class TracedStep:
         """The trainable tensors of the whole model: the outer ones once, a block's ``layers`` times."""
         low, high = TRACE_DEPTHS
         totals = self.adapter_change()[0]
-        for weight, regime in self.weighted:
+        for weight, regime, _ in self.weighted:
             counts = [_group_counts(regime["depths"][str(depth)]["trainable"]) for depth in (low, high)]
             for key in set(counts[0]) | set(counts[1]):
                 per_block = (counts[1].get(key, 0) - counts[0].get(key, 0)) // (high - low)
