@@ -255,7 +255,7 @@ def test_fit_skips_and_names_the_candidates_a_trace_holds_no_step_for(trace_cach
 TOGGLES = [
     {"lora": {"r": 64}}, {"lora": {"r": 4}}, {"lora": {"target_modules": ("q_proj", "v_proj")}},
     {"lora": {"dropout": 0.0}}, {"training": {"precision": "fp32"}}, {"training": {"gradient_checkpointing": True}},
-    {"quantization": {"load_in": "4bit"}}, {"method": "qlora"}, {"quantization": {"load_in": "8bit"}},
+    {"quantization": {"load_in": "4bit"}}, {"quantization": {"load_in": "8bit"}},
     {"training": {"optimizer": "adamw_8bit", "gradient_accumulation_steps": 4, "micro_batch_size": 1}},
     {"training": {"gradient_checkpointing": True}, "quantization": {"load_in": "4bit"}, "lora": {"r": 8}},
     {"training": {"precision": "fp32", "gradient_checkpointing": True}, "lora": {"dropout": 0.0}},
@@ -302,6 +302,8 @@ def test_after_one_trace_each_toggle_estimates_in_milliseconds_with_no_new_trace
         assert derived.kind == DERIVED
         peaks.add(derived.peak_bytes)
     assert len(peaks) == len(TOGGLES)  # each toggle moves the estimate
+    qlora = estimate(model_config, picked.replace(method="qlora"), "cpu")  # LoRA on a 4-bit base, by its name
+    assert qlora.peak_bytes == estimate(model_config, picked.replace(quantization={"load_in": "4bit"}), "cpu").peak_bytes
     assert {path: path.stat().st_mtime_ns for path in cache.iterdir()} == traced
 
 
@@ -336,8 +338,8 @@ def test_fit_searches_a_derived_model_over_the_traced_toggles(no_new_trace):
 
     folder, model_config, _ = no_new_trace
     config = run(model={"name_or_path": str(folder)}, training={"micro_batch_size": 8}, data={"max_length": 512})
-    needed = estimate(model_config, config, "cuda").peak_bytes
-    result = fit(model_config, config, int(needed * 0.75))
+    needed = estimate(model_config, config, "cpu").peak_bytes  # a tiny model: no CUDA context to outweigh it
+    result = fit(model_config, config, int(needed * 0.75), device_type="cpu")
     assert result.fits and result.estimate.kind == DERIVED and result.changes
-    assert result.estimate.peak_bytes == estimate(model_config, result.config, "cuda").peak_bytes
+    assert result.estimate.peak_bytes == estimate(model_config, result.config, "cpu").peak_bytes
     assert "Not tried" not in result.explanation  # checkpointing and 4-bit were traced with the pick
