@@ -247,7 +247,7 @@ DERIVED_CASES = [
 # record, precision, checkpointing and 4/8-bit loading from the traced regimes (precision and loading at once:
 # added up).
 _PICKED = {"training": {"precision": "bf16", "gradient_checkpointing": False},
-           "lora": {"r": 16, "dropout": 0.05, "target_modules": ["all-linear"]}}
+           "lora": {"r": 16, "dropout": 0.05, "target_modules": ("all-linear",)}}
 TOGGLE_CASES = [
     Case("stablelm-20M", "lora", "bf16", 4, 256, changes={"lora": {"r": 64}}, derived=True, traced_as=_PICKED,
          quick=True),
