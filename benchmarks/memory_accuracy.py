@@ -244,8 +244,7 @@ DERIVED_CASES = [
 
 # Toggles after the pick: a trace of the first settings (with its neighbours, as when a model is picked)
 # estimates each row's own settings with no new trace: LoRA's rank, targets and dropout recounted from the block
-# record, precision, checkpointing and 4/8-bit loading from the traced regimes (precision and loading at once:
-# added up).
+# record, precision, checkpointing and 4/8-bit loading from the traced regimes.
 _PICKED = {"training": {"precision": "bf16", "gradient_checkpointing": False},
            "lora": {"r": 16, "dropout": 0.05, "target_modules": ("all-linear",)}}
 TOGGLE_CASES = [
@@ -261,7 +260,6 @@ TOGGLE_CASES = [
          derived=True, traced_as=_PICKED),
     Case("stablelm-20M", "lora", "fp32", 4, 256, checkpointing=True, changes={"lora": {"r": 32}}, derived=True,
          traced_as=_PICKED),
-    Case("stablelm-20M", "qlora", "fp32", 2, 256, derived=True, traced_as=_PICKED),  # fp32 and 4-bit: added up
     Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True,
          changes={"lora": {"r": 64, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}}, derived=True,
          traced_as=_PICKED),

@@ -25,9 +25,9 @@ The common toggles need no new trace either:
   preparation's fp32 copies, a recomputed block): they are not recounted from a
   record but traced as regimes, in the same subprocess when the model is picked:
   the picked settings, each precision and weight loading one toggle away, and
-  each of those with checkpointing flipped (``neighbour_configs``). A
-  combination that is not traced adds up the traced neighbours' differences
-  from a traced regime (``Trace.step``).
+  each of those with checkpointing flipped (``neighbour_configs``). Regimes are
+  not added up (``Trace.step``): a combination the pick-time trace lacks (a new
+  precision together with a new loading) is traced anew, into the same file.
 
 What else changes a step (method, weight dtype, attention, loss, quantization
 type, PEFT settings, QAT; LoRA settings where they are not recounted) is part of
@@ -99,9 +99,8 @@ LOAD_INS = {"no": ("none",), "allowed": ("none", "4bit", "8bit"), "required": ("
 
 def neighbour_configs(config: RunConfig) -> list[RunConfig]:
     """What a pick-time trace covers: ``config``, each precision and weight loading one toggle away, and each of
-    these with checkpointing flipped. Checkpointing removes a share of what the others change, so its
-    combinations are traced rather than added up (adding up fp32 and checkpointing, each traced alone, was
-    75 % over a trace of both); precision and loading, which change different tensors, are added up."""
+    these with checkpointing flipped (the commonest toggle, and one that does not add up with the others: see
+    ``Trace.step``)."""
     t = config.training
     flips = [config] + [config.replace(training={"precision": p}) for p in PRECISIONS if p != t.precision]
     flips += [config.replace(quantization={"load_in": load_in})
@@ -231,39 +230,26 @@ class Trace:
         return self.data["records"][record_id(axes)]
 
     def step(self, config: RunConfig) -> "TracedStep":
-        """The step of ``config`` from its own regime, or from a traced regime plus each differing toggle's
-        difference (``TraceNeededError`` when neither is traced)."""
+        """The step of ``config`` from its traced regime (``TraceNeededError`` when it is not traced).
+
+        Regimes are not added up: toggles that change the same tensors do not add (fp32 and checkpointing,
+        each traced alone, added up to 75 % over a trace of both; fp32 and a 4-bit base to 27 % over a real
+        step), so a combination the pick-time trace lacks is traced, into the same file."""
         axes = self.axes_of(config)
-        weighted = self._composition(axes)
-        if weighted is None:
+        regime = self.regime(axes)
+        if regime is None:
             raise TraceNeededError(self.data["model_type"], self.path, regime_id(axes))
         lora = lora_settings(config) if recounts_lora(config) and self.data["lora_recount"] else None
-        return TracedStep(self, tuple(weighted), axes, lora)
-
-    def _composition(self, axes: dict) -> list[tuple[int, dict, dict]] | None:
-        """[(weight, regime, its axes)] whose weighted sum is the step of ``axes``: itself, or a base B and its
-        neighbours N_i along each differing axis (sum N_i - (k - 1) B), the base with the fewest differences
-        first."""
-        exact = self.regime(axes)
-        if exact is not None:
-            return [(1, exact, axes)]
-        bases = sorted((json.loads(key) for key, regime in self.data["regimes"].items() if "error" not in regime),
-                       key=lambda base: sum(base[a] != axes[a] for a in axes))
-        for base in bases:
-            differing = [a for a in axes if base[a] != axes[a]]
-            neighbours = [{**base, a: axes[a]} for a in differing]
-            if len(differing) > 1 and all(self.regime(n) is not None for n in neighbours):
-                return [(1, self.regime(n), n) for n in neighbours] + [(1 - len(differing), self.regime(base), base)]
-        return None
+        return TracedStep(self, regime, axes, lora)
 
 
 @dataclass(frozen=True)
 class TracedStep:
-    """The traced step of one configuration: the weighted regimes it is made of (with their axes) and, where
-    LoRA is recounted, the run's LoRA settings (``lora``)."""
+    """The traced step of one configuration: its regime (traced with ``regime["lora"]``) and, where LoRA is
+    recounted, the run's LoRA settings (``lora``)."""
 
     trace: Trace
-    weighted: tuple[tuple[int, dict, dict], ...]
+    regime: dict
     axes: dict
     lora: dict | None
 
@@ -272,14 +258,11 @@ class TracedStep:
         return self.trace.layers
 
     def once_and_per_block(self, value) -> tuple[float, float]:
-        """(once, per block) of a quantity measured at both depths of every regime."""
+        """(once, per block) of a quantity measured at both depths."""
         low, high = TRACE_DEPTHS
-        once = per_block = 0.0
-        for weight, regime, _ in self.weighted:
-            a, b = value(regime["depths"][str(low)]), value(regime["depths"][str(high)])
-            slope = (b - a) / (high - low)
-            once, per_block = once + weight * (a - low * slope), per_block + weight * slope
-        return once, per_block
+        a, b = value(self.regime["depths"][str(low)]), value(self.regime["depths"][str(high)])
+        per_block = (b - a) / (high - low)
+        return a - low * per_block, per_block
 
     def at_depth(self, value, layers: int) -> float:
         once, per_block = self.once_and_per_block(value)
@@ -329,9 +312,9 @@ class TracedStep:
         """
         if self.lora is None:
             return 0.0
-        layers, checkpointing = self.layers, self.axes["checkpointing"]
+        record, layers, checkpointing = self.trace.record(self.axes), self.layers, self.axes["checkpointing"]
 
-        def held(settings: dict, record: dict) -> float:
+        def held(settings: dict) -> float:
             def saved(block: str, weights_only: bool = False) -> float:
                 return lora_block_bytes(record, settings, tokens, block, weights_only)
 
@@ -346,18 +329,17 @@ class TracedStep:
                     "backward_last": saved("typical") + (layers - 2) * gradients,
                     "backward_first": saved("typical") + (layers - 1) * gradients}[moment]
 
-        return sum(weight * (held(self.lora, self.trace.record(axes)) - held(regime["lora"], self.trace.record(axes)))
-                   for weight, regime, axes in self.weighted)
+        return held(self.lora) - held(self.regime["lora"])
 
     def adapter_change(self) -> tuple[dict, int, int]:
         """The whole model's adapter tensors with the run's LoRA settings less the traced ones: counts by
         (shape, dtype), and their bytes and elements."""
         counts: dict = {}
         if self.lora is not None:
-            for weight, regime, axes in self.weighted:
-                for sign, settings in ((1, self.lora), (-1, regime["lora"])):
-                    for key, count in adapter_tensors(self.trace.record(axes), settings).items():
-                        counts[key] = counts.get(key, 0) + weight * sign * count * self.layers
+            record = self.trace.record(self.axes)
+            for sign, settings in ((1, self.lora), (-1, self.regime["lora"])):
+                for key, count in adapter_tensors(record, settings).items():
+                    counts[key] = counts.get(key, 0) + sign * count * self.layers
         elements = sum(math.prod(shape) * count for (shape, _), count in counts.items())
         nbytes = sum(math.prod(shape) * DTYPE_BYTES[dtype] * count for (shape, dtype), count in counts.items())
         return counts, nbytes, elements
@@ -366,12 +348,11 @@ class TracedStep:
         """The trainable tensors of the whole model: the outer ones once, a block's ``layers`` times."""
         low, high = TRACE_DEPTHS
         totals = self.adapter_change()[0]
-        for weight, regime, _ in self.weighted:
-            counts = [_group_counts(regime["depths"][str(depth)]["trainable"]) for depth in (low, high)]
-            for key in set(counts[0]) | set(counts[1]):
-                per_block = (counts[1].get(key, 0) - counts[0].get(key, 0)) // (high - low)
-                once = counts[0].get(key, 0) - low * per_block
-                totals[key] = totals.get(key, 0) + weight * (once + per_block * self.layers)
+        counts = [_group_counts(self.regime["depths"][str(depth)]["trainable"]) for depth in (low, high)]
+        for key in set(counts[0]) | set(counts[1]):
+            per_block = (counts[1].get(key, 0) - counts[0].get(key, 0)) // (high - low)
+            once = counts[0].get(key, 0) - low * per_block
+            totals[key] = totals.get(key, 0) + once + per_block * self.layers
         groups = [TensorGroup(tuple(shape), dtype, count) for (shape, dtype), count in totals.items() if count]
         return tuple(sorted(groups, key=lambda g: (g.shape, g.dtype)))
 
