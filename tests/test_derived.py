@@ -150,6 +150,88 @@ def test_a_combination_the_trace_lacks_asks_for_its_trace_rather_than_adding_up_
     assert raised.value.regime == regime_id(regime_axes(both, lora_axis=True))
 
 
+# ---------------------------------------------------------------- against real steps
+
+# (traced settings, the sizes estimated: a depth, micro-batch and length none of the traced steps had)
+REAL_STEPS = [
+    ({"method": "lora", "training": {"precision": "bf16", "optimizer": "adamw"}}, 3, 96),
+    ({"method": "full", "training": {"precision": "fp32", "gradient_checkpointing": True, "optimizer": "adamw"},
+      "model": {"attn_implementation": "eager"}}, 2, 200),
+    ({"method": "lora", "training": {"precision": "fp32", "optimizer": "sgd", "gradient_accumulation_steps": 2},
+      "lora": {"r": 4}}, 3, 160),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["stablelm", "starcoder2"])
+def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family):
+    import torch
+
+    from studio.train.simulate import measure_step
+    from studio.train.trace import write_trace
+
+    folder = make_tiny_model(family, tmp_path / family, num_hidden_layers=5)
+    model_config = json.loads((folder / "config.json").read_text())
+    for sections, batch, length in REAL_STEPS:
+        config = run(model={"name_or_path": str(folder), **sections.get("model", {})},
+                     **{k: v for k, v in sections.items() if k != "model"})
+        write_trace(config, neighbours=False)
+        sized = config.replace(training={"micro_batch_size": batch}, data={"max_length": length})
+        started = time.perf_counter()
+        derived = estimate(model_config, sized, "cpu")
+        assert time.perf_counter() - started < 0.05
+        assert derived.kind == DERIVED
+        measured = measure_step(sized, torch.device("cpu"))
+        assert derived.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.03), (sections, measured)
+        assert derived.trainable_parameters == sum(p.numel() for p in _trainable(sized))
+
+
+def _trainable(config):
+    import torch
+
+    from studio.train.model import build_model
+
+    return [p for p in build_model(config, torch.device("cpu")).parameters() if p.requires_grad]
+
+
+@pytest.mark.slow
+def test_studio_estimate_traces_an_undescribed_model_once_and_says_which_kind_it_is(tmp_path, trace_cache):
+    folder = make_tiny_model("stablelm", tmp_path / "model", weights=False)  # config.json is all it needs
+    path = tmp_path / "run.yaml"
+    save_config(run(model={"name_or_path": str(folder)}, data={"max_length": 64}), path)
+    command = [sys.executable, "-m", "studio", "estimate", str(path)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "tracing one training step" in first.stderr
+    assert "kind: derived from a traced training step" in first.stdout and "measured" in first.stdout
+    assert len(list(trace_cache.glob("stablelm-*.json"))) == 1
+    again = subprocess.run(command + ["--json", "--simulate"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    result = json.loads(again.stdout)
+    assert result["kind"] == DERIVED and "tracing" not in again.stderr
+    tensors = result["peak_bytes"] - sum(result["devices"][0]["parts"][k] for k in ("cuda_context", "allocator_margin"))
+    assert result["simulated"]["peak_bytes"] == pytest.approx(tensors, rel=0.03)
+
+
+@pytest.mark.slow
+def test_a_training_run_of_an_undescribed_model_traces_it_and_records_the_estimate(tmp_path, story_data, trace_cache):
+    from helpers import quick_config, with_demo_tokenizer
+
+    from studio.core.events import read_events
+    from studio.train.worker import run as train
+
+    folder = with_demo_tokenizer(make_tiny_model("stablelm", tmp_path / "stablelm", vocab_size=1200))
+    config = quick_config(story_data, model={"name_or_path": str(folder)}, data={"format": "text"},
+                          training={"max_steps": 3})
+    code, run_dir = train(config, tmp_path / "run", watch_stdin=False)
+    events = read_events(run_dir.events)
+    assert code == 0, [e for e in events if e["type"] == "error"]
+    (predicted,) = [e for e in events if e["type"] == "estimate"]
+    assert predicted["kind"] == DERIVED and predicted["peak_bytes"] > 0
+    assert not [e for e in events if e["type"] == "warning" and "no memory estimate" in e["message"]]
+    assert list(trace_cache.glob("stablelm-*.json"))
+
+
 def test_fit_skips_and_names_the_candidates_a_trace_holds_no_step_for(trace_cache):
     from studio.core.fit import fit
     from studio.core.memory.derived import trace_path
