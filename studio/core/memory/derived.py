@@ -63,7 +63,7 @@ TRACE_DEPTHS = (2, 3)  # block 1 differs (its input needs no gradient): 3 - 2 is
 DERIVED = "derived"  # Estimate.kind of these estimates
 # benchmarks/memory_accuracy.py against real steps (docs/memory-accuracy.md)
 DESCRIBED_ACCURACY = "measured: median 0.34 %, worst 8.40 %"
-DERIVED_ACCURACY = "measured: median 0.23 %, worst 2.89 %; after a toggle median 0.31 %, worst 0.49 %"
+DERIVED_ACCURACY = "measured: median 0.19 %, worst 2.89 %; after a toggle median 0.31 %, worst 0.49 %"
 
 
 TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.methods): the base's loading is a regime
