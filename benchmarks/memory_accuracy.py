@@ -110,12 +110,18 @@ class Case:
     quick: bool = False
     changes: dict = field(default_factory=dict)  # further RunConfig sections, e.g. {"lora": {"r": 64}}
     derived: bool = False  # estimate from a traced step (studio.core.memory.derived), not the family's description
+    # traced with these settings instead (RunConfig sections) and the case's own recounted from that trace with no
+    # new trace: the toggles a pick-time trace answers (studio.core.memory.derived)
+    traced_as: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         parts = [self.model, self.method, self.precision, f"b{self.micro_batch}x{self.sequence}", self.optimizer]
         if self.derived:
             parts.insert(0, "derived:")
+        if self.traced_as:
+            parts.append("traced as " + ", ".join(f"{k}={v}" for section in self.traced_as.values()
+                                                  for k, v in section.items()))
         if self.checkpointing:
             parts.append("ckpt")
         if self.accumulation > 1:
@@ -268,6 +274,36 @@ DERIVED_CASES = [
     Case("stablelm-20M", "full", "bf16", 2, 512, checkpointing=True, derived=True),
     Case("starcoder2-24M", "lora", "fp32", 2, 384, derived=True),
     Case("starcoder2-24M", "qlora", "bf16", 4, 256, checkpointing=True, derived=True),
+    # a mixture of experts: all experts' weights, the routed tokens, LoRA on attention and (all-linear) the experts
+    Case("qwen3moe-16M", "lora", "bf16", 4, 256, derived=True),
+    Case("qwen3moe-16M", "qlora", "bf16", 2, 256, checkpointing=True, derived=True),
+    Case("qwen3moe-16M", "lora", "bf16", 2, 256, changes={"lora": {"target_modules": ["q_proj", "v_proj"]}},
+         derived=True),
+]
+
+# Toggles after the pick: a trace of the first settings (with its neighbours, as when a model is picked)
+# estimates each row's own settings with no new trace: LoRA's rank, targets and dropout recounted from the block
+# record, precision, checkpointing and 4/8-bit loading from the traced regimes.
+_PICKED = {"training": {"precision": "bf16", "gradient_checkpointing": False},
+           "lora": {"r": 16, "dropout": 0.05, "target_modules": ("all-linear",)}}
+TOGGLE_CASES = [
+    Case("stablelm-20M", "lora", "bf16", 4, 256, changes={"lora": {"r": 64}}, derived=True, traced_as=_PICKED,
+         quick=True),
+    Case("stablelm-20M", "lora", "bf16", 4, 256, changes={"lora": {"target_modules": ["q_proj", "v_proj"]}},
+         derived=True, traced_as=_PICKED),
+    Case("stablelm-20M", "lora", "bf16", 4, 256, changes={"lora": {"dropout": 0.0}}, derived=True, traced_as=_PICKED),
+    Case("stablelm-20M", "lora", "fp32", 2, 384, derived=True, traced_as=_PICKED),
+    Case("stablelm-20M", "lora", "bf16", 4, 256, checkpointing=True, derived=True, traced_as=_PICKED),
+    Case("stablelm-20M", "qlora", "bf16", 4, 256, derived=True, traced_as=_PICKED),
+    Case("stablelm-20M", "qlora", "bf16", 2, 512, checkpointing=True, changes={"lora": {"r": 8, "dropout": 0.0}},
+         derived=True, traced_as=_PICKED),
+    Case("stablelm-20M", "lora", "fp32", 4, 256, checkpointing=True, changes={"lora": {"r": 32}}, derived=True,
+         traced_as=_PICKED),
+    Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True,
+         changes={"lora": {"r": 64, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}}, derived=True,
+         traced_as=_PICKED),
+    Case("llama-55M", "qlora", "bf16", 2, 256, changes={"quantization": {"load_in": "8bit"}}, derived=True,
+         traced_as=_PICKED),
 ]
 
 
@@ -313,15 +349,14 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
 
     from studio.core.estimate import estimate
     from studio.train.simulate import measure_step
-    from studio.core.memory.derived import Trace, derived_estimate
-    from studio.train.trace import trace_model
+    from studio.core.memory.derived import derived_estimate
 
     started = time.perf_counter()
     folder = model_folder(case.model, cache)
     config = case.run_config(folder)
     model_config = json.loads((folder / "config.json").read_text())
     on_cuda = device.type == "cuda"
-    analytic = derived_estimate(Trace(trace_model(config)), config, device.type) if case.derived \
+    analytic = derived_estimate(traced(case, config, folder), config, device.type) if case.derived \
         else estimate(model_config, config, device_type=device.type)
     simulated = simulated_peak(config) if simulate else None
     measured = measure_step(config, device)
@@ -337,6 +372,24 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     if on_cuda:
         torch.cuda.empty_cache()
     return row
+
+
+_TRACES: dict = {}  # a toggle row's trace, by model and traced settings: rows that share it trace once
+
+
+def traced(case: Case, config, folder: Path):
+    """The derived rows' trace: of the row's own settings alone, or (``traced_as``) of other settings and their
+    one-toggle neighbours, as when a model is picked in the window."""
+    from studio.core.memory.derived import Trace
+    from studio.train.trace import trace_model
+
+    if not case.traced_as:
+        return Trace(trace_model(config, neighbours=False))
+    picked = case.run_config(folder).replace(method="lora", quantization={"load_in": "auto"}, **case.traced_as)
+    key = (case.model, json.dumps(case.traced_as, sort_keys=True))
+    if key not in _TRACES:
+        _TRACES[key] = Trace(trace_model(picked))
+    return _TRACES[key]
 
 
 def simulated_peak(config) -> int | None:
@@ -390,6 +443,8 @@ def summary(rows: list[Row]) -> str:
     lines = []
     for label, errors in (("analytic (described)", [r.analytic_error for r in rows if not r.case.derived]),
                           ("analytic (derived)", [r.analytic_error for r in rows if r.case.derived]),
+                          ("analytic (derived, toggled after the trace)",
+                           [r.analytic_error for r in rows if r.case.traced_as]),
                           ("simulated", [r.simulated_error for r in rows if r.simulated is not None]),
                           ("host (offloaded activations)", [r.host_error for r in rows if r.host_error is not None])):
         if errors:
@@ -421,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     wanted = args.only.split(",") if args.only else []
-    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + DERIVED_CASES if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
+    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + DERIVED_CASES + TOGGLE_CASES
+             if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)
     nvml_baseline = _nvml_used() if device.type == "cuda" else 0  # other processes, before our CUDA context exists

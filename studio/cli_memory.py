@@ -20,6 +20,7 @@ from studio.core.estimate import parse_size
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 
 SIMULATION_TIMEOUT_S = 600
+TRACE_TIMEOUT_S = 3600  # a trace steps a few regimes of the model: minutes for a large one on a slow CPU
 
 def _size_argument(text: str) -> int:
     import argparse
@@ -110,17 +111,10 @@ def run_data_tokens(config) -> tuple[int, int]:
 
 def _estimate(args) -> int:
     from studio.core.estimate import estimate
-    from studio.core.memory.derived import TraceNeededError, kind_text
+    from studio.core.memory.derived import kind_text
 
     config, model_config, scale_out = _load(args)
-    try:
-        result = estimate(model_config, config, args.device, scale_out)
-    except TraceNeededError:
-        if not args.json:
-            print(f"tracing one training step of a small {model_config['model_type']} copy (once per model and "
-                  "settings)...", file=sys.stderr)
-        run_json_subprocess(trace_command(sys.executable, args.config), "the memory trace")
-        result = estimate(model_config, config, args.device, scale_out)
+    result = _traced_first(args, model_config, lambda: estimate(model_config, config, args.device, scale_out))
     try:
         simulated = simulate_in_subprocess(args.config) if args.simulate else None
     except StudioError as exc:
@@ -168,9 +162,11 @@ def _fit(args) -> int:
     config, model_config, scale_out = _load(args)
     options = {"scale_out": scale_out, "allow_offload": args.allow_offload}
     if args.data:
-        result = fit_own_data(model_config, config, args.gpu_memory, run_data_tokens(config)[1], **options)
+        longest_row = run_data_tokens(config)[1]
+        result = _traced_first(args, model_config,
+                               lambda: fit_own_data(model_config, config, args.gpu_memory, longest_row, **options))
     else:
-        result = fit(model_config, config, args.gpu_memory, **options)
+        result = _traced_first(args, model_config, lambda: fit(model_config, config, args.gpu_memory, **options))
     if args.write:
         save_config(result.config, args.write)
     if args.json:
@@ -182,6 +178,21 @@ def _fit(args) -> int:
     return 0 if result.fits else 1
 
 
+def _traced_first(args, model_config: dict, compute):
+    """``compute()``; for a model no family describes whose step is not traced yet, trace it first (once, in a
+    subprocess: these settings and the ones a toggle away, so later estimates and fits need no trace)."""
+    from studio.core.memory.derived import TraceNeededError
+
+    try:
+        return compute()
+    except TraceNeededError:
+        if not args.json:
+            print(f"tracing one training step of a small {model_config['model_type']} copy (once per model and "
+                  "settings, with the settings one toggle away)...", file=sys.stderr)
+        run_json_subprocess(trace_command(sys.executable, args.config), "the memory trace", TRACE_TIMEOUT_S)
+        return compute()
+
+
 def simulate_in_subprocess(config_path: Path) -> dict:
     """Run ``python -m studio.train.simulate`` in a child process and return its result.
 
@@ -191,12 +202,12 @@ def simulate_in_subprocess(config_path: Path) -> dict:
     return run_json_subprocess(simulation_command(sys.executable, config_path), "the simulation")
 
 
-def run_json_subprocess(command: list[str], what: str) -> dict:
+def run_json_subprocess(command: list[str], what: str, timeout_s: int = SIMULATION_TIMEOUT_S) -> dict:
     """Run a studio subprocess that prints its result (or ``{"error", "hint"}``) as its last JSON object."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=SIMULATION_TIMEOUT_S)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise StudioError(f"{what} took more than {SIMULATION_TIMEOUT_S} s", "check the model's config.json",
+        raise StudioError(f"{what} took more than {timeout_s} s", "check the model's config.json",
                           kind="simulate") from None
     result = last_json_object(done.stdout)  # libraries print to stdout too: ours is the last
     if result is None or "error" in result:

@@ -253,6 +253,9 @@ def test_a_model_no_family_describes_is_measured_in_the_background_then_estimate
     assert panel.estimate is None and "measuring the model" in panel.verdict.text()
     qtbot.waitUntil(lambda: panel.estimate is not None, timeout=300_000)
     assert panel.estimate.kind == "derived" and "derived from a traced training step" in panel.phase.text()
+    before = panel.estimate.peak_bytes
+    window.store.update(lora={"r": 64})  # recounted from the trace: no new one, the estimate follows at once
+    assert panel.estimate is not None and panel.estimate.peak_bytes > before
 
 
 # ---------------------------------------------------------------- model and data

@@ -58,7 +58,8 @@ from studio.core.memory.offload import host_activation_bytes, offloaded_activati
 from studio.core.memory.tape import Activations, activations
 from studio.core.memory.tiled import feedforward_for
 from studio.core.methods import ATTENTION_TOKENS
-from studio.core.memory.derived import TraceNeededError, cached_trace, derived_estimate, trace_path
+from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_estimate, regime_axes, regime_id,
+                                        trace_path)
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, family_of, model_shape
 from studio.core.placement import split_devices
 
@@ -182,7 +183,8 @@ def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out:
     """A model no family describes: scale its traced step, or say that it needs tracing."""
     trace = cached_trace(model_config, config)
     if trace is None:
-        raise TraceNeededError(model_config["model_type"], trace_path(model_config, config))
+        raise TraceNeededError(model_config["model_type"], trace_path(model_config, config),
+                               regime_id(regime_axes(config)))
     return derived_estimate(trace, config, device_type, scale_out, overheads)
 
 

@@ -25,7 +25,11 @@ runs the MLP's forward once more (about two thirds of a block's FLOPs, a sixth o
 8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a gather and a copy (x1.01) and
 offload moves the optimizer step to the CPU (x1.5).
 
-Pure Python, like the estimate: the GUI calls it directly.
+Pure Python, like the estimate: the GUI calls it directly. A model no family
+describes is searched the same way from its trace (``studio.core.memory.derived``:
+micro-batch, accumulation and optimizer are scaled, checkpointing and 4-bit loading
+are regimes traced when the model was picked); fit never traces, so a candidate
+whose settings the trace holds no step for is skipped and named in the explanation.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any, Callable
 from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
+from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.parts import PARTS
 from studio.core.memory.regime import embedding_on_cpu_allowed
 from studio.core.memory.run_data import config_for_longest_row
@@ -225,18 +230,17 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
         raise StudioError(f"GPU memory must be positive, got {gpu_bytes} bytes", "give it like 24GiB", kind="usage")
     try:
         shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
-    except UnknownArchitectureError as exc:  # its estimate is derived from a trace of these settings only
-        raise StudioError(f"fit searches the memory savers of described families only, and '{exc.model_type}' is "
-                          "not one", "`studio estimate` derives its estimate for the settings you choose; change "
-                          "them by hand (micro-batch, checkpointing, optimizer) and estimate again",
-                          kind="model") from exc
+    except UnknownArchitectureError:
+        shape = None  # no family describes it: each candidate is estimated from the model's trace
 
     def estimated(c: Candidate) -> Estimate:
-        return estimate(shape, c.config, device_type, c.scale_out, **estimate_options)
+        return estimate(shape or model_config, c.config, device_type, c.scale_out, **estimate_options)
 
     original = Candidate(config, scale_out)
-    savers = [s for s in SAVERS if (allow_offload or s.name != "offload") and (s.name != "tiled_mlp" or tiles_its_mlp(shape))]
-    scored = [(c, estimated(c)) for c in _candidates(original, savers)]
+    estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
+    savers = [s for s in SAVERS if (allow_offload or s.name != "offload")
+              and (s.name != "tiled_mlp" or (shape is not None and tiles_its_mlp(shape)))]
+    scored, untraced = _scored(_candidates(original, savers), estimated)
     comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
     fitting = comfortable or [(c, e) for c, e in scored if e.peak_bytes <= gpu_bytes]
     if fitting:
@@ -246,7 +250,20 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     changes = _explain_changes(original, chosen, savers, estimated)
     result = FitResult(bool(fitting), chosen.config, chosen.scale_out, chosen_estimate, gpu_bytes, tuple(changes),
                        relative_step_time(chosen, original), "")
-    return replace(result, explanation=_explanation(result, shape, estimated(original)))
+    parameters = shape.parameter_count if shape else result.estimate.parameters
+    return replace(result, explanation=_explanation(result, parameters, estimated(original), untraced))
+
+
+def _scored(candidates: list[Candidate], estimated) -> tuple[list[tuple[Candidate, Estimate]], list[str]]:
+    """Each candidate with its estimate; a model no family describes skips the candidates whose settings its
+    trace holds no step for (fit never traces: that takes seconds to minutes apiece), named in the second list."""
+    scored, untraced = [], []
+    for candidate in candidates:
+        try:
+            scored.append((candidate, estimated(candidate)))
+        except TraceNeededError as exc:
+            untraced.append(exc.regime)
+    return scored, sorted(set(untraced))
 
 
 def _candidates(original: Candidate, savers: list[Saver]) -> list[Candidate]:
@@ -295,10 +312,11 @@ def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
     }[saver]
 
 
-def _explanation(result: FitResult, shape: ModelShape, original: Estimate) -> str:
+def _explanation(result: FitResult, parameters: int, original: Estimate, untraced: list[str]) -> str:
     gpu, needed = format_bytes(result.gpu_bytes), format_bytes(result.estimate.peak_bytes)
+    skipped = [f"Not tried (the model's trace has no step for these settings): {', '.join(untraced)}."] if untraced else []
     if result.fits and not result.changes:
-        return f"The configuration fits as it is: it needs {needed} of {gpu}."
+        return "\n".join([f"The configuration fits as it is: it needs {needed} of {gpu}."] + skipped)
     lines = []
     if result.fits:
         slower = f"; expected step time x{result.relative_step_time:.2f}" if result.relative_step_time > 1.005 else ""
@@ -313,16 +331,16 @@ def _explanation(result: FitResult, shape: ModelShape, original: Estimate) -> st
         host = next(d for d in result.estimate.devices if d.device == "host")
         lines.append(f"The offloaded activations need {format_bytes(host.parts['activations'])} of CPU RAM.")
     if not result.fits:
-        lines.append(_what_stands_in_the_way(result, shape))
-    return "\n".join(lines)
+        lines.append(_what_stands_in_the_way(result, parameters))
+    return "\n".join(lines + skipped)
 
 
-def _what_stands_in_the_way(result: FitResult, shape: ModelShape) -> str:
+def _what_stands_in_the_way(result: FitResult, parameters: int) -> str:
     parts = result.estimate.parts
     largest = max(parts, key=parts.get)
     reason = f"The largest part is {largest.replace('_', ' ')} at {format_bytes(parts[largest])}"
     if largest == "weights":
-        reason += f": the {shape.parameter_count / 1e9:.2f} B-parameter model itself"
+        reason += f": the {parameters / 1e9:.2f} B-parameter model itself"
     if not result.config.uses_adapter:
         reason += "; LoRA or QLoRA trains far fewer parameters and needs much less"
     elif largest in ("activations", "logits_loss"):

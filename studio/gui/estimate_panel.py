@@ -241,7 +241,7 @@ class EstimatePanel(QGroupBox):
             self.estimate, self.error = memory.estimate_run(self.store.config, gpu_bytes=self.picker.capacity_bytes,
                                                             gpu_count=max(1, len(self.detected))), ""
         except TraceNeededError as exc:  # a family the estimate does not describe: measure its step, once
-            failure = memory.trace_in_background(self.store.config, exc.path)
+            failure = memory.trace_in_background(self.store.config, exc.path, exc.regime)
             self.estimate, self.error = None, failure or "measuring the model's memory (a traced training step)..."
             if not failure:
                 QTimer.singleShot(2000, self.recompute)

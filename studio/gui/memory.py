@@ -53,23 +53,27 @@ class _Tracing:
         return Path(self.folder.name) / "output.txt"
 
 
-_tracing: dict[Path, _Tracing] = {}
+_tracing: dict[tuple[Path, str], _Tracing] = {}
 
 
-def trace_in_background(config: RunConfig, trace_file: Path) -> str:
-    """Start the memory trace for ``trace_file`` (studio.core.memory.derived) once, detached from the window.
+def trace_in_background(config: RunConfig, trace_file: Path, regime: str = "") -> str:
+    """Start the memory trace for ``trace_file`` and ``regime`` (studio.core.memory.derived) once, detached
+    from the window: it traces these settings and their one-toggle neighbours, so that toggling them later
+    needs no trace.
 
     Returns "" while it runs (ask again later: the estimate appears once the file
-    exists), else why no trace came of it.
+    holds the regime), else why no trace came of it.
     """
-    tracing = _tracing.get(trace_file)
+    tracing = _tracing.get((trace_file, regime))
+    if tracing is None and any(f == trace_file and t.process.poll() is None for (f, _), t in _tracing.items()):
+        return ""  # the trace running now may well hold this regime too; one writer per trace file
     if tracing is None:
         folder = tempfile.TemporaryDirectory(prefix="studio-trace-")
         path = Path(folder.name) / "config.yaml"
         save_config(config, path)
         with open(Path(folder.name) / "output.txt", "w", encoding="utf-8") as output:
             process = subprocess.Popen(trace_command(sys.executable, path), stdout=output, stderr=subprocess.DEVNULL)
-        _tracing[trace_file] = tracing = _Tracing(process, folder)
+        _tracing[(trace_file, regime)] = tracing = _Tracing(process, folder)
     if tracing.process.poll() is None:
         return ""
     printed = tracing.output.read_text(encoding="utf-8") if tracing.output.is_file() else ""

@@ -6,9 +6,13 @@ model with ``TRACE_DEPTHS`` decoder blocks on fake tensors (the simulation's
 optimizer step at each of the ``trace_points``. For each step it records how
 far the forward and the backward phase rise above what was live when the step
 began (weights, adapters, optimizer state, inputs); for each copy its bytes,
-parameters and trainable tensors. The result goes to the trace cache, where the
-estimate finds it; the command prints ``{"trace": PATH, "seconds": S}`` or
-``{"error", "hint"}`` as its last line.
+parameters and trainable tensors. It does so for the configured settings and each
+regime one toggle away (``neighbour_configs``: checkpointing, precision, 4/8-bit
+loading), and for LoRA records one block's adapters (``_block_record``, read by
+``studio.core.memory.recount``). The result goes to the trace cache, where the
+estimate finds it, after each regime (the configured one first); a trace already
+there keeps its regimes and gains the missing ones. The command prints
+``{"trace": PATH, "seconds": S}`` or ``{"error", "hint"}`` as its last line.
 
 The steps use SGD (its state is recounted for the chosen optimizer by the
 estimate) and one micro-batch per step (accumulation is recounted too).
@@ -24,33 +28,69 @@ import time
 from pathlib import Path
 
 import torch
+from peft.tuners.lora import LoraLayer, ParamWrapper
 from torch.utils._pytree import tree_leaves
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.derived import MOMENTS, TRACE_DEPTHS, TRACE_VERSION, trace_path, trace_points
+from studio.core.memory.derived import (MOMENTS, TRACE_DEPTHS, TRACE_VERSION, neighbour_configs, record_id,
+                                        regime_axes, regime_id, trace_path, trace_points)
+from studio.core.memory.recount import RECORD_LENGTH, RECORD_RANK, lora_settings, recounts_lora
 from studio.core.memory.regime import loss_impl_for
 from studio.core.modelinfo import load_model_config
 from studio.train.memtrack import LiveTensorTracker, PeakReport
+from studio.train.model import compute_dtype
 from studio.train.optim import build_optimizer
+from studio.train.loss import lean_output_layer
 from studio.train.simulate import (experts_grouped_on_fake_tensors, fake_model, full_length_batches, hub_config,
-                                   rows_are_unpadded, run_optimizer_steps, target_tokens)
+                                   loss_sum, rows_are_unpadded, run_optimizer_steps, target_tokens)
 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")  # the longest input
 _ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout")
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def trace_model(config: RunConfig) -> dict:
-    """The trace of ``config``'s model (see the module doc), as the JSON mapping the estimate reads."""
+def trace_model(config: RunConfig, existing: dict | None = None, written=lambda data: None,
+                neighbours: bool = True) -> dict:
+    """The trace of ``config``'s model (see the module doc), as the JSON mapping the estimate reads: ``existing``
+    (a trace of the same key) with the regimes it lacks; ``written`` is called after each new regime. Without
+    ``neighbours``, only ``config``'s own regime."""
     hf_config = hub_config(config).get_text_config()  # a multimodal checkpoint trains its text model
     positions = next((value for key in _POSITION_KEYS if isinstance(value := getattr(hf_config, key, None), int)), 0)
     chunked = loss_impl_for(config) == "chunked"
     points = trace_points(hf_config.vocab_size, chunked, positions)
+    data = existing or {"version": TRACE_VERSION, "model_type": hf_config.model_type,
+                        "layers": hf_config.num_hidden_layers, "vocab": hf_config.vocab_size, "chunked": chunked,
+                        "scores": _keeps_scores(config, hf_config), "points": [list(point) for point in points],
+                        "regimes": {}, "records": {}}
+    for neighbour in neighbour_configs(config) if neighbours else [config]:
+        picked = neighbour is config
+        try:
+            _trace_regime(neighbour, data, points)
+        except Exception as exc:  # the model's own code, on fake tensors: anything it raises
+            if picked:
+                raise
+            lora_axis = recounts_lora(neighbour) and not data["lora_recount"]
+            data["regimes"][regime_id(regime_axes(neighbour, lora_axis))] = {"error": f"{type(exc).__name__}: {exc}"}
+        written(data)
+    return data
+
+
+def _trace_regime(config: RunConfig, data: dict, points) -> None:
+    """Trace one regime into ``data`` unless it is there (and, for LoRA, its block record)."""
+    data.setdefault("lora_recount", recounts_lora(config))  # until a record finds parameters that peft wraps
+    recount = recounts_lora(config) and data["lora_recount"]
+    axes = regime_axes(config, lora_axis=recounts_lora(config) and not recount)
+    if regime_id(axes) in data["regimes"]:
+        return
+    if recount and record_id(axes) not in data["records"]:
+        record = _block_record(config)
+        if record is None:  # no record: LoRA's settings become an axis, and this regime is traced with them
+            data["lora_recount"] = False
+            return _trace_regime(config, data, points)
+        data["records"][record_id(axes)] = record
     depths = {str(depth): _trace_depth(config, depth, points) for depth in TRACE_DEPTHS}
-    return {"version": TRACE_VERSION, "model_type": hf_config.model_type, "layers": hf_config.num_hidden_layers,
-            "vocab": hf_config.vocab_size, "chunked": chunked, "scores": _keeps_scores(config, hf_config), "points": [list(point) for point in points],
-            "depths": depths}
+    data["regimes"][regime_id(axes)] = {"lora": lora_settings(config), "depths": depths}
 
 
 def _keeps_scores(config: RunConfig, hf_config) -> bool:
@@ -137,21 +177,125 @@ def _decoder_blocks(model) -> torch.nn.ModuleList:
     return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
-def write_trace(config: RunConfig) -> Path:
-    """Trace ``config``'s model and store the trace where the estimate looks for it."""
-    path = trace_path(load_model_config(config.model.name_or_path, config.model.revision), config)
+def _block_record(config: RunConfig) -> dict | None:
+    """The block record for ``studio.core.memory.recount``: LoRA of rank RECORD_RANK on every linear, with
+    and without dropout, a forward pass of one row of RECORD_LENGTH tokens without checkpointing, for the first
+    block (its input needs no gradient) and a typical one; ``None`` when peft wraps a parameter rather than a
+    linear module (nothing to recount from)."""
+    record = {}
+    for state, rate in (("dropout", 0.1), ("none", 0.0)):
+        recording = config.replace(training={"gradient_checkpointing": False, "micro_batch_size": 1},
+                                   data={"max_length": RECORD_LENGTH},
+                                   lora={"r": RECORD_RANK, "target_modules": ("all-linear",), "dropout": rate})
+        model, fake_mode = fake_model(recording, layers=TRACE_DEPTHS[0])
+        if any(isinstance(m, ParamWrapper) for m in model.modules()):
+            return None
+        blocks = _decoder_blocks(model)
+        for block_name, block in (("first", blocks[0]), ("typical", blocks[-1])):
+            adapters = {name: m for name, m in block.named_modules() if isinstance(m, LoraLayer)}
+            if not adapters:
+                return None
+            saved, inputs = _saved_by_adapters(model, fake_mode, recording, adapters)
+            groups = list(dict.fromkeys(inputs.values()))
+            record["linears"] = {name: {"in": layer.in_features, "out": layer.out_features,
+                                        "group": groups.index(inputs[name])} for name, layer in adapters.items()}
+            record["adapter_dtype"] = _DTYPE_NAMES.get(next(iter(adapters.values())).lora_A.default.weight.dtype,
+                                                       "fp32")
+            record.setdefault("costs", {}).setdefault(block_name, {})[state] = _adapter_costs(saved, inputs, groups)
+    return record
+
+
+def _adapter_costs(saved: dict, inputs: dict, groups: list) -> dict:
+    """What each adapter alone saves, by kind (see ``studio.core.memory.recount``): per token, and per rank the
+    tensors that do not grow with the tokens (its weights, cast for autocast)."""
+    costs = {"rank": dict.fromkeys(inputs, 0.0), "own": dict.fromkeys(inputs, 0.0),
+             "weights": dict.fromkeys(inputs, 0.0), "groups": {}}
+    for key, (owner, nbytes, shape) in saved.items():
+        if RECORD_LENGTH not in shape[:-1]:
+            costs["weights"][owner] += nbytes / RECORD_RANK
+        elif key == inputs[owner]:
+            group = str(groups.index(key))
+            costs["groups"][group] = costs["groups"].get(group, 0.0) + nbytes / RECORD_LENGTH
+        elif shape[-1] == RECORD_RANK:
+            costs["rank"][owner] += nbytes / RECORD_LENGTH / RECORD_RANK
+        else:
+            costs["own"][owner] += nbytes / RECORD_LENGTH
+    return costs
+
+
+def _saved_by_adapters(model, fake_mode, config: RunConfig, adapters: dict) -> tuple[dict, dict]:
+    """The storages saved for backward inside the adapters (not their base layers, and not also saved by code
+    outside them) in one forward pass: {storage: (adapter, bytes, shape)}, and each adapter's input storage."""
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    inside: list = []  # the adapter running (None inside its base layer)
+    inputs: dict = {}
+    saved: dict = {}
+    elsewhere: set = set()
+    kept: list = []  # every saved tensor stays alive, so no storage id is reused during the pass
+
+    def pack(tensor):
+        key = tensor.untyped_storage()._cdata
+        if key not in params:
+            kept.append(tensor)
+            if inside and inside[-1] is not None:
+                saved.setdefault(key, (inside[-1], tensor.untyped_storage().nbytes(), tuple(tensor.shape)))
+            else:
+                elsewhere.add(key)
+        return tensor
+
+    def enter(name, base=False):
+        def hook(module, args):
+            inside.append(None if base else name)
+            if not base:
+                inputs[name] = args[0].untyped_storage()._cdata
+        return hook
+
+    def leave(*_):
+        inside.pop()  # returns nothing: a forward hook's return value would replace the output
+
+    handles = []
+    for name, adapter in adapters.items():
+        handles += [adapter.register_forward_pre_hook(enter(name)), adapter.register_forward_hook(leave),
+                    adapter.base_layer.register_forward_pre_hook(enter(name, base=True)),
+                    adapter.base_layer.register_forward_hook(leave)]
+    batch = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))[0]
+    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+    autocast = torch.autocast("cpu", dtype=compute_dtype(config), enabled=config.training.precision != "fp32")
+    model.train()
     try:
-        trace = trace_model(config)
+        with fake_mode, rows_are_unpadded(), experts_grouped_on_fake_tensors(), autocast:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                loss_sum(model, batch, output_layer)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {key: value for key, value in saved.items() if key not in elsewhere}, inputs
+
+
+def write_trace(config: RunConfig, neighbours: bool = True) -> Path:
+    """Trace ``config``'s model into the cache, where the estimate looks for it (see the module doc)."""
+    path = trace_path(load_model_config(config.model.name_or_path, config.model.revision), config)
+    existing = None
+    if path.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            existing = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(existing, dict) or existing.get("version") != TRACE_VERSION:
+            existing = None
+
+    def written(data: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        partial.replace(path)  # a reader never sees half a trace
+
+    try:
+        trace_model(config, existing, written, neighbours)
     except StudioError:
         raise
     except Exception as exc:  # the model's own code, on fake tensors: anything it raises
         raise StudioError(f"the model's code failed in the traced step: {type(exc).__name__}: {exc}",
                           "without a trace there is no estimate for this model; if the message names an attention "
                           "implementation, set model.attn_implementation accordingly", kind="model") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(trace, indent=1), encoding="utf-8")
-    partial.replace(path)  # a reader never sees half a trace
     return path
 
 

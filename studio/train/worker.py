@@ -219,7 +219,7 @@ class Worker:
             try:
                 predicted = estimate(model_config, self.config, self.device.type, run_scale_out(self.config))
             except TraceNeededError:  # no family describes the model: trace its step (seconds, fake tensors)
-                write_trace(self.config)
+                write_trace(self.config, neighbours=False)  # a run's settings are fixed: no toggles to answer
                 predicted = estimate(model_config, self.config, self.device.type, run_scale_out(self.config))
         except StudioError as exc:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
