@@ -113,16 +113,16 @@ def test_q4_k_m_is_made_by_llama_cpp_and_llama_cpp_itself_reads_every_file(llama
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_is_converted_or_refused_with_the_reason(family, tmp_path):
-    """Whether a family can be a GGUF is asked of llama.cpp's converter registry and transformers' reader."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    from studio.train.llama_cpp import find_converter
+    """Whether a family can be a GGUF is asked of llama.cpp's converter registry and of the readers that can
+    verify it: transformers' GGUF reader, and llama.cpp's where llama-cpp-python is installed."""
+    from studio.train.llama_cpp import find_converter, llama_cpp_available
 
     model = make_tiny_model(family, tmp_path / family)
     config = quick_config(DEMO_TRAIN, model={"name_or_path": str(model)})
     model_type = json.loads((model / "config.json").read_text())["model_type"]
-    if model_type in GGUF_SUPPORTED_ARCHITECTURES:
+    if gguf_export.transformers_reads(model_type) or llama_cpp_available():
         gguf_export.check_supported(config, find_converter())
     else:
-        with pytest.raises(StudioError, match=f"GGUF reader cannot load {model_type}"):
+        with pytest.raises(StudioError, match=f"GGUF reader cannot load {model_type} and llama.cpp's") as refused:
             gguf_export.check_supported(config, find_converter())
+        assert "llama-cpp-python" in refused.value.hint

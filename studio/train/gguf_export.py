@@ -75,9 +75,9 @@ def _refuse_unconvertible(config: RunConfig, quants: tuple[str, ...]) -> None:
 
 
 def check_supported(config: RunConfig, converter: Converter) -> None:
-    """Refuse a family that llama.cpp's converter or the verifying reader does not know, before any work."""
+    """Refuse a family that llama.cpp's converter does not know, or that no installed reader can verify, before
+    any work."""
     from transformers import AutoConfig
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     model_config = AutoConfig.from_pretrained(config.model.name_or_path, **hub_kwargs(config))
     architecture = (model_config.architectures or ["?"])[0]
@@ -85,10 +85,21 @@ def check_supported(config: RunConfig, converter: Converter) -> None:
         raise StudioError(f"llama.cpp's converter ({converter.source}) does not support {architecture}",
                           "export --merged and use it with transformers; llama.cpp lists what it converts with "
                           "convert_hf_to_gguf.py --print-supported-models", kind="usage")
-    if model_config.model_type not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise StudioError(f"transformers' GGUF reader cannot load {model_config.model_type}, so its GGUF cannot be "
-                          "verified", "export --merged; GGUF exports are verified for "
-                          + ", ".join(sorted(GGUF_SUPPORTED_ARCHITECTURES)), kind="usage")
+    if not transformers_reads(model_config.model_type) and not llama_cpp_available():
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+        raise StudioError(f"transformers' GGUF reader cannot load {model_config.model_type} and llama.cpp's "
+                          "(llama-cpp-python) is not installed, so its GGUF cannot be verified",
+                          f"{LLAMA_CPP_INSTALL} (llama.cpp then verifies it), or export --merged; without it GGUF "
+                          "exports are verified for " + ", ".join(sorted(GGUF_SUPPORTED_ARCHITECTURES)),
+                          kind="usage")
+
+
+def transformers_reads(model_type: str) -> bool:
+    """Whether transformers' GGUF reader loads this family (the verification every install can run)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return model_type in GGUF_SUPPORTED_ARCHITECTURES
 
 
 def _write_ggufs(config: RunConfig, converter: Converter, merged: Path, staging: Path, quants: tuple[str, ...],
@@ -101,23 +112,35 @@ def _write_ggufs(config: RunConfig, converter: Converter, merged: Path, staging:
     reference = logits_of(AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32).eval(), inputs)
     exported_tokenizer = AutoTokenizer.from_pretrained(str(merged))  # the trained template and end of turn
     chat = read_export_record(merged)["chat"]
-    samples = int(inputs["input_ids"].shape[0])
+    model_type = json.loads((merged / "config.json").read_text(encoding="utf-8"))["model_type"]
     shutil.copy(merged / "generation_config.json", staging)  # the Modelfiles' defaults come from it
     files = {}
     for quant in quants:
         name = gguf_name(config.name, quant)
         say(f"converting to {name} with llama.cpp")
         _make_gguf(converter, merged, quant, staging / name)
-        reread = AutoModelForCausalLM.from_pretrained(str(staging), gguf_file=name, dtype=torch.float32).eval()
         file = {"file": name, "bytes": (staging / name).stat().st_size,
-                "verification": _checked(logits_of(reread, inputs), reference, quant, name, "transformers' GGUF reader",
-                                         samples)}
-        if llama_cpp_available():  # llama.cpp's own reading too: what llama.cpp, Ollama and LM Studio run
-            file["llama_cpp_verification"] = _checked(llama_cpp_logits(staging / name, inputs), reference, quant,
-                                                      name, "llama.cpp", samples)
+                **_verifications(staging / name, model_type, inputs, reference, quant)}
         file["modelfile"] = write_modelfile(staging, name, modelfile_name(quant), exported_tokenizer, chat)
         files[quant] = file
     return files
+
+
+def _verifications(gguf: Path, model_type: str, inputs: dict, reference: torch.Tensor, quant: str) -> dict:
+    """Each installed reader's check of one GGUF: transformers' where it reads the family, llama.cpp's (what
+    llama.cpp, Ollama and LM Studio run) where llama-cpp-python is installed. The first is the "verification"
+    (check_supported made sure there is one); a failed check raises."""
+    from transformers import AutoModelForCausalLM
+
+    samples = int(inputs["input_ids"].shape[0])
+    checks = []
+    if transformers_reads(model_type):
+        reread = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        checks.append(_checked(logits_of(reread.eval(), inputs), reference, quant, gguf.name,
+                               "transformers' GGUF reader", samples))
+    if llama_cpp_available():
+        checks.append(_checked(llama_cpp_logits(gguf, inputs), reference, quant, gguf.name, "llama.cpp", samples))
+    return dict(zip(("verification", "llama_cpp_verification"), checks))
 
 
 def _checked(logits: torch.Tensor, reference: torch.Tensor, quant: str, name: str, reader: str, samples: int) -> dict:
