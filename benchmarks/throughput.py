@@ -96,20 +96,20 @@ class VocabTracker(LiveTensorTracker):
         self.report.note(self._phase, self.live_bytes)
         return out
 
-    def _register(self, tensor):
+    def _register(self, tensor, host=False):
         known = len(self._storages)
-        super()._register(tensor)
+        super()._register(tensor, host)
         if self._wide and len(self._storages) > known:
             key = tensor.untyped_storage()._cdata
             self._vocab_keys.add(key)
             self.vocab_live += tensor.untyped_storage().nbytes()
             self.vocab_peak = max(self.vocab_peak, self.vocab_live)
 
-    def _release(self, key, nbytes):
+    def _release(self, key, nbytes, host=False):
         if key in self._vocab_keys:
             self._vocab_keys.discard(key)
             self.vocab_live -= nbytes
-        super()._release(key, nbytes)
+        super()._release(key, nbytes, host)
 
 
 # ---------------------------------------------------------------- assets

@@ -164,9 +164,11 @@ def _fit(args) -> int:
     if args.data:
         longest_row = run_data_tokens(config)[1]
         result = _traced_first(args, model_config,
-                               lambda: fit_own_data(model_config, config, args.gpu_memory, longest_row, **options))
+                               lambda: fit_own_data(model_config, config, args.gpu_memory, longest_row, **options),
+                               neighbours=True)
     else:
-        result = _traced_first(args, model_config, lambda: fit(model_config, config, args.gpu_memory, **options))
+        result = _traced_first(args, model_config, lambda: fit(model_config, config, args.gpu_memory, **options),
+                               neighbours=True)
     if args.write:
         save_config(result.config, args.write)
     if args.json:
@@ -178,18 +180,20 @@ def _fit(args) -> int:
     return 0 if result.fits else 1
 
 
-def _traced_first(args, model_config: dict, compute):
+def _traced_first(args, model_config: dict, compute, neighbours: bool = False):
     """``compute()``; for a model no family describes whose step is not traced yet, trace it first (once, in a
-    subprocess: these settings and the ones a toggle away, so later estimates and fits need no trace)."""
+    subprocess: these settings, and with ``neighbours`` the ones a toggle away, which fit searches)."""
     from studio.core.memory.derived import TraceNeededError
 
     try:
         return compute()
     except TraceNeededError:
         if not args.json:
+            also = ", with the settings one toggle away" if neighbours else ""
             print(f"tracing one training step of a small {model_config['model_type']} copy (once per model and "
-                  "settings, with the settings one toggle away)...", file=sys.stderr)
-        run_json_subprocess(trace_command(sys.executable, args.config), "the memory trace", TRACE_TIMEOUT_S)
+                  f"settings{also})...", file=sys.stderr)
+        run_json_subprocess(trace_command(sys.executable, args.config, neighbours), "the memory trace",
+                            TRACE_TIMEOUT_S)
         return compute()
 
 

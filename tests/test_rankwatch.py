@@ -48,7 +48,7 @@ def test_a_vanished_pid_on_this_machine_is_dead_at_once(tmp_path, watch):
 
 
 def test_records_of_an_earlier_attempt_are_ignored(tmp_path, watch):
-    old = time.time() - 2 * rankwatch.EARLIER_ATTEMPT_S
+    old = watch.started - 2 * rankwatch.EARLIER_ATTEMPT_S  # started: this (test) process's start, maybe long ago
     write_presence(tmp_path, 1, "other-machine", beat=1, started=old)
     rankwatch.record_failure(tmp_path, 1, "internal", "from before", "")
     failure_file = rankwatch.ranks_folder(tmp_path) / "rank-1.error.json"

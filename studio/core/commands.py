@@ -122,10 +122,11 @@ def simulation_command(python: str, config_path: Path) -> list[str]:
     return [python, "-m", SIMULATION_MODULE, str(config_path)]
 
 
-def trace_command(python: str, config_path: Path) -> list[str]:
+def trace_command(python: str, config_path: Path, neighbours: bool = True) -> list[str]:
     """The memory trace of a model no family describes (studio.core.memory.derived): stores it in the trace
-    cache and prints ``{"trace": PATH, "seconds": S}``, or ``{"error", "hint"}``, as its last line."""
-    return [python, "-m", TRACE_MODULE, str(config_path)]
+    cache and prints ``{"trace": PATH, "seconds": S}``, or ``{"error", "hint"}``, as its last line. With
+    ``neighbours``, the settings one toggle away too (for a window, or a fit, that will ask for them)."""
+    return [python, "-m", TRACE_MODULE, str(config_path)] + ([] if neighbours else ["--alone"])
 
 
 # ---------------------------------------------------------------- results

@@ -41,7 +41,7 @@ from typing import Any, Callable
 from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
-from studio.core.memory.derived import TraceNeededError
+from studio.core.memory.derived import TRACED_SAVERS, TraceNeededError
 from studio.core.memory.parts import PARTS
 from studio.core.memory.regime import embedding_on_cpu_allowed
 from studio.core.memory.run_data import config_for_longest_row
@@ -238,8 +238,9 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
 
     original = Candidate(config, scale_out)
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
-    savers = [s for s in SAVERS if (allow_offload or s.name != "offload")
-              and (s.name != "tiled_mlp" or (shape is not None and tiles_its_mlp(shape)))]
+    # a model no family describes: issue 14's savers would each need a new trace (TRACED_SAVERS), so not offered
+    savers = [s for s in SAVERS if (allow_offload or s.name != "offload") and (shape is not None or s.name not in
+              TRACED_SAVERS) and (s.name != "tiled_mlp" or (shape is not None and tiles_its_mlp(shape)))]
     scored, untraced = _scored(_candidates(original, savers), estimated)
     comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
     fitting = comfortable or [(c, e) for c, e in scored if e.peak_bytes <= gpu_bytes]

@@ -305,10 +305,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m studio.train.trace", description=main.__doc__)
     parser.add_argument("config", type=Path)
+    parser.add_argument("--alone", action="store_true", help="only these settings, not the ones a toggle away")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        path = write_trace(load_config(args.config))
+        path = write_trace(load_config(args.config), neighbours=not args.alone)
     except StudioError as exc:
         print(json.dumps({"error": exc.message, "hint": exc.hint}))
         return 1
