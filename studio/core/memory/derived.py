@@ -69,6 +69,11 @@ DERIVED_ACCURACY = "measured: median 0.19 %, worst 2.89 %; after a toggle median
 TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.methods): the base's loading is a regime
 
 
+# Issue 14's savers change what a step keeps: traced as set, never recounted (the trace counts the device's
+# memory only, so the CPU RAM they take is not in a derived estimate)
+TRACED_SAVERS = ("lean_weights", "embedding_on_cpu", "activation_offload", "tiled_mlp")
+
+
 def trace_settings(config: RunConfig) -> dict:
     """The run settings that change what a training step keeps alive, other than the sizes the trace scales,
     the regimes it traces side by side (``regime_axes``) and the LoRA settings it recounts."""
@@ -81,10 +86,6 @@ def trace_settings(config: RunConfig) -> dict:
             "quantization": quantization, "lora": lora, "peft": asdict(config.peft), "qat": asdict(config.qat),
             "memory_savers": {name: getattr(config.training, name) for name in TRACED_SAVERS}}
 
-
-# Issue 14's savers change what a step keeps: traced as set, never recounted (the trace counts the device's
-# memory only, so the CPU RAM they take is not in a derived estimate)
-TRACED_SAVERS = ("lean_weights", "embedding_on_cpu", "activation_offload", "tiled_mlp")
 
 
 def regime_axes(config: RunConfig, lora_axis: bool = False) -> dict:
