@@ -353,8 +353,13 @@ class EstimatePanel(QGroupBox):
         except StudioError as exc:
             self.result.setText(f"<span style='color:{BAD}'>Cannot fit: {html.escape(exc.message)}</span>")
             return
+        own_data = longest_row is not None and longest_row < self.store.config.data.max_length
         if not suggestion.changes:
-            self.result.setText(html.escape(suggestion.explanation))
+            text = suggestion.explanation
+            if own_data:  # the verdict above is the worst case: say which one this is
+                text = (f"For your data (rows of at most {longest_row:,} tokens): {text[:1].lower()}{text[1:]} "
+                        f"The verdict above is for rows of {self.store.config.data.max_length:,} tokens.")
+            self.result.setText(html.escape(text))
             return
         self._applying_fit = True
         try:
@@ -362,7 +367,7 @@ class EstimatePanel(QGroupBox):
         finally:
             self._applying_fit = False
         lines = "".join(f"<li>{html.escape(change)}</li>" for change in suggestion.changes)
-        what = "your data" if longest_row is not None and longest_row < self.store.config.data.max_length else "it"
+        what = "your data" if own_data else "it"
         outcome = {"fits": f"Now {what} fits", "tight": f"Now {what} fits, tightly"}.get(suggestion.verdict,
                                                                                          "Still does not fit")
         slower = (f"; steps about {suggestion.relative_step_time:.2f}x as long"
