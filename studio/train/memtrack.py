@@ -9,9 +9,10 @@ quantization state, inputs) are registered with ``add``. The peak of that count
 is the peak of live tensor bytes, i.e. what CUDA's ``max_memory_allocated``
 reports, minus allocator rounding.
 
-Tensors made under ``on_host()`` are meant for CPU RAM beside the device (offloaded
-activations): the tracker counts them apart, as ``host_report``, so that a CPU run, whose
-device and host are the same RAM, still measures the two apart.
+Tensors made under ``on_host()`` (offloaded activations) and the ``host`` tensors given to
+``add_module`` (an embedding kept in CPU RAM) are meant for CPU RAM beside the device: the
+tracker counts them apart, as ``host_bytes`` and its peak ``host_report``, so that a CPU run,
+whose device and host are the same RAM, still measures the two apart.
 
 On CUDA, ``CudaPeakTracker`` reads the allocator's own statistics instead.
 Both offer ``phase(name)`` so a caller can tell which part of a step held the peak.
