@@ -9,6 +9,7 @@ from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
+from studio.core.validation import validate
 from studio.train.model import build_model
 from studio.train.simulate import measure_step
 
@@ -68,6 +69,15 @@ def test_a_mixture_of_experts_is_refused_by_the_worker_and_the_estimate(tmp_path
     with pytest.raises(StudioError, match="training.tiled_mlp") as refused:
         estimate(model_config, config)
     assert "turn training.tiled_mlp off" in refused.value.hint
+
+
+def test_sharded_weights_are_refused_naming_the_field(tmp_path):
+    for sharding in ("zero3", "fsdp"):
+        config = tiny_config(tmp_path, "llama", True, distributed={"num_processes": 2, "sharding": sharding})
+        problems = [p for p in validate(config) if p.where == "training.tiled_mlp"]
+        assert len(problems) == 1 and sharding in problems[0].message and "zero2" in problems[0].hint
+    allowed = tiny_config(tmp_path, "llama", True, distributed={"num_processes": 2, "sharding": "zero2"})
+    assert not [p for p in validate(allowed) if p.where == "training.tiled_mlp"]
 
 
 def test_it_trains_under_torch_compile(tmp_path, story_data):
