@@ -9,6 +9,7 @@ from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
 from studio.core.errors import StudioError
 from studio.core.estimate import estimate
+from studio.core.validation import validate
 from studio.train.model import build_model
 from studio.train.simulate import measure_step
 
@@ -70,6 +71,15 @@ def test_a_mixture_of_experts_is_refused_by_the_worker_and_the_estimate(tmp_path
     assert "turn training.tiled_mlp off" in refused.value.hint
 
 
+def test_sharded_weights_are_refused_naming_the_field(tmp_path):
+    for sharding in ("zero3", "fsdp"):
+        config = tiny_config(tmp_path, "llama", True, distributed={"num_processes": 2, "sharding": sharding})
+        problems = [p for p in validate(config) if p.where == "training.tiled_mlp"]
+        assert len(problems) == 1 and sharding in problems[0].message and "zero2" in problems[0].hint
+    allowed = tiny_config(tmp_path, "llama", True, distributed={"num_processes": 2, "sharding": "zero2"})
+    assert not [p for p in validate(allowed) if p.where == "training.tiled_mlp"]
+
+
 def test_it_trains_under_torch_compile(tmp_path, story_data):
     """dynamo cannot trace the tiles' checkpoints inside a compiled block: the tiled MLP runs eagerly there."""
     from helpers import losses
@@ -79,3 +89,28 @@ def test_it_trains_under_torch_compile(tmp_path, story_data):
     config = quick_config(story_data, training={"torch_compile": True, "tiled_mlp": True, "max_steps": 3})
     code, run_dir = run(config.replace(data={"format": "text"}), tmp_path / "run", watch_stdin=False)
     assert code == EXIT_OK and len(losses(run_dir)) == 3
+
+
+def test_dropout_draws_the_same_masks_when_a_tile_is_recomputed():
+    """Backward recomputes each tile under the random state its forward pass had: the gradients are those of
+    the masks the loss saw (with other masks the half of the units they drop would differ)."""
+    from studio.train.tiled_mlp import _TiledMLP
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 8))
+    hidden = torch.randn(2, 12, 8)
+    tiles, weights = 3, list(mlp.parameters())
+
+    def gradients(run):
+        torch.manual_seed(1)
+        x = hidden.clone().requires_grad_()
+        (run(x) ** 2).sum().backward()
+        grads = [x.grad, *(p.grad for p in weights)]
+        mlp.zero_grad()
+        return grads
+
+    # the reference: the same tiles in the same order, kept by autograd (no recomputation)
+    expected = gradients(lambda x: torch.cat([mlp(tile) for tile in x.reshape(-1, 8).chunk(tiles)]))
+    tiled = gradients(lambda x: _TiledMLP.apply(mlp.forward, tiles, x, *weights))
+    for want, got in zip(expected, tiled):
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-6, atol=1e-7)

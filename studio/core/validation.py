@@ -193,6 +193,10 @@ def _check_training(config: RunConfig) -> list[Problem]:
         problems.append(Problem("training.activation_offload", "offloads the block inputs that gradient "
                                 "checkpointing keeps, and gradient checkpointing is off",
                                 "turn training.gradient_checkpointing on, or training.activation_offload off"))
+    if t.tiled_mlp and config.distributed.shards_weights:
+        problems.append(Problem("training.tiled_mlp", f"the tiles' gradients are summed for each whole weight, and "
+                                f"{config.distributed.sharding} shards the weights",
+                                "turn training.tiled_mlp off, or use distributed.sharding zero2 or none"))
     return problems
 
 

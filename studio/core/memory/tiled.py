@@ -1,13 +1,12 @@
 """Tiled MLP (``training.tiled_mlp``): each block's MLP recomputed over tiles of the tokens in backward.
 
-The worker (``studio.train.tiled_mlp``) splits the MLP's input into ``mlp_tiles`` tiles of tokens and runs
-each through ``torch.utils.checkpoint``: the forward pass keeps only the input (the tiles are views of it),
-and backward recomputes one tile's MLP at a time, so its intermediate (tokens x intermediate_size, several
-copies: the gate, the up projection, the activation, their product, an adapter's copy of the down
-projection's input) is never whole. ``tiled_feedforward`` counts that for the activation tape: the MLP
-becomes one node that saves its input, and whose backward holds one tile's recomputation and backward, the
-input gradients of the tiles before it, and the parameter gradients summed over the tiles so far.
-"""
+The worker (``studio.train.tiled_mlp``) runs the MLP on ``mlp_tiles`` tiles of the tokens without autograd
+and keeps only its input; backward recomputes one tile's MLP at a time and takes its gradients at once, so
+the intermediate (tokens x intermediate_size, several copies: the gate, the up projection, the activation,
+their product, an adapter's copy of the down projection's input) is never whole, and the input's gradient
+is written tile by tile into one buffer. ``tiled_feedforward`` counts that for the activation tape: the MLP
+becomes one node that saves its input, and whose backward holds one tile's recomputation and backward and
+the parameter gradients summed over the tiles so far."""
 
 from __future__ import annotations
 
@@ -21,10 +20,12 @@ from studio.core.memory.tape import forward_transient, simulate_backward
 from studio.core.modelinfo import ModelShape
 
 
-def mlp_tiles(shape: ModelShape) -> int:
-    """Tiles of tokens per MLP: as many as make one tile's intermediate no larger than the block's hidden
-    states (intermediate_size / hidden_size, rounded up). studio.train.tiled_mlp asks this rule too."""
-    return max(1, math.ceil(shape.intermediate / shape.hidden))
+def mlp_tiles(shape: ModelShape, tokens: int) -> int:
+    """Tiles of ``tokens`` per MLP: as many as make one tile's intermediate no larger than the block's hidden
+    states (intermediate_size / hidden_size, rounded up), and no tile longer than hidden_size tokens, so that
+    at any length one tile's intermediate is about one MLP weight matrix (as Arctic's long-sequence training
+    tiles). studio.train.tiled_mlp asks this rule too."""
+    return max(1, math.ceil(shape.intermediate / shape.hidden), math.ceil(tokens / shape.hidden))
 
 
 def tiles_its_mlp(shape: ModelShape) -> bool:
@@ -45,7 +46,7 @@ def feedforward_for(shape: ModelShape, regime: Regime) -> Callable | None:
     if not regime.tiled_mlp:
         return None
     check_tiled_mlp(shape)
-    tiles = mlp_tiles(shape)
+    tiles = mlp_tiles(shape, regime.tokens)
     return lambda tape, x, compute: tiled_feedforward(tape, x, compute, tiles)
 
 
@@ -59,10 +60,10 @@ def tiled_feedforward(tape, x, compute: Callable, tiles: int):
     moment, parameter_grads = simulate_backward(tile_nodes, tile_out, recomputed=True)
     out = tape.new(tile_out.elements * tiles, tile_out.dtype, tile_out.requires_grad)
     if x.requires_grad or parameter_grads:
-        tape.save(x)  # every tile's checkpoint saves its input: a view of x
-    earlier_inputs = x.nbytes - tile_in.nbytes if x.requires_grad else 0  # the tiles' input gradients wait to be joined
-    # a tile's output gradient is a view of the whole one, which the tape counts already
+        tape.save(x)  # the tiled MLP keeps its input for the recomputation
+    # a tile's output gradient is a view of the whole one, which the tape counts already, and its input
+    # gradient is copied into the whole one (the node's input gradient)
     tile = moment.total - tile_out.nbytes
-    tape.record([out], [x], temporary=tile + earlier_inputs + parameter_grads, parameter_grad=parameter_grads,
-                forward_temporary=forward_transient(tile_nodes) + out.nbytes)
+    tape.record([out], [x], temporary=tile + parameter_grads, parameter_grad=parameter_grads,
+                forward_temporary=forward_transient(tile_nodes) + tile_out.nbytes)
     return out
