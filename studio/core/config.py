@@ -333,6 +333,15 @@ class RunConfig:
         return self.quantization.load_in
 
     @property
+    def sharded_loading(self) -> str | None:
+        """How the processes load the model when each builds only its shard ("zero3", "fsdp"); None: whole.
+        FSDP loads 4/8-bit weights whole (rank 0 cannot hand out bitsandbytes' packed weights as shards)."""
+        sharding = self.distributed.sharding
+        if sharding == "zero3" or (sharding == "fsdp" and self.effective_load_in == "none"):
+            return sharding
+        return None
+
+    @property
     def uses_adapter(self) -> bool:
         return self.method_spec.uses_adapter
 
