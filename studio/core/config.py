@@ -258,7 +258,8 @@ class DistributedConfig:
     sharding: Sharding = _field(
         "none", "How the processes share the training state. none: each holds a full copy (DDP). "
         "zero1 / zero2 / zero3: DeepSpeed ZeRO shards the optimizer state / and the gradients / and the "
-        "weights. fsdp: PyTorch FSDP2 (full sharding) through accelerate, on GPUs only."
+        "weights. fsdp: PyTorch FSDP2 (full sharding) through accelerate, also on the CPU; rank 0 alone reads the "
+        "weights and hands each process its shard."
     )
     offload_optimizer: Offload = _field(
         "none", "DeepSpeed ZeRO: keep the optimizer state in CPU RAM (cpu) or on an SSD (nvme) instead of GPU memory."
