@@ -336,7 +336,7 @@ class RunConfig:
     @property
     def sharded_loading(self) -> str | None:
         """How the processes load the model when each builds only its shard ("zero3", "fsdp"); None: whole.
-        FSDP loads 4/8-bit weights whole (rank 0 cannot hand out bitsandbytes' packed weights as shards)."""
+        FSDP loads 8-bit weights whole (rank 0 cannot hand out bitsandbytes' weights as shards; 4-bit ones it refuses)."""
         sharding = self.distributed.sharding
         if sharding == "zero3" or (sharding == "fsdp" and self.effective_load_in == "none"):
             return sharding

@@ -70,7 +70,7 @@ class AccelerateEngine:
         mixed = {"fp32": "no"}.get(config.training.precision, config.training.precision)
         fsdp = config.distributed.sharding == "fsdp"
         # Loaded sharded: rank 0 alone reads the weights, the others build the model on the meta device and
-        # receive their shard of each weight from rank 0 when accelerate shards it (4/8-bit weights load whole).
+        # receive their shard of each weight from rank 0 when accelerate shards it (8-bit weights load whole).
         self.fsdp_loads_sharded = config.sharded_loading == "fsdp"
         plugin = _fsdp_plugin(self.fsdp_loads_sharded) if fsdp else None
         self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)

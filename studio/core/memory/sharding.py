@@ -169,7 +169,7 @@ def _bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
 def loading_per_process(states: ModelStates, scale_out: ScaleOut, sharded: str | None) -> tuple[LoadingEstimate, ...]:
     """What each of several processes holds while the model loads, by how it loads (``sharded``).
 
-    None, whole (DDP, ZeRO-1/2, FSDP of 4/8-bit weights): every process reads the checkpoint and builds every weight.
+    None, whole (DDP, ZeRO-1/2, FSDP of 8-bit weights): every process reads the checkpoint and builds every weight.
     ``"zero3"`` (under zero.Init): each builds 1/N of the weights, and rank 0 alone reads the checkpoint (the others
     read only its names and shapes). ``"fsdp"`` (accelerate's cpu_ram_efficient_loading): rank 0 reads the checkpoint
     and builds the whole model in CPU RAM, which it holds beside its own shard until every shard is handed out; the
