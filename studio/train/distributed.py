@@ -7,7 +7,8 @@ checkpoint that are spread over the processes.
 
 - ``AccelerateEngine``: one process, DDP (``sharding: none``) or FSDP2 (``fsdp``),
   through accelerate, which reads the rank and world size torchrun put into the
-  environment (NCCL on GPUs, gloo on the CPU).
+  environment (NCCL on GPUs, gloo on the CPU). FSDP loads sharded: rank 0 reads the
+  weights, the others build the model on the meta device and receive their shards.
 - ``DeepSpeedEngine``: ZeRO stages 1-3 with optional CPU/NVMe offload through
   ``deepspeed.initialize`` directly, so that the accumulation boundary is the
   worker's own (accelerate's wrapper would step DeepSpeed at every micro-batch).
@@ -122,7 +123,7 @@ class AccelerateEngine:
         return self.model, self.optimizer
 
     def loading(self):
-        """Around building the model: how each process loads it (FSDP: see ``builds_on_meta``)."""
+        """Around building the model: how each process loads it (FSDP: see ``build_device``)."""
         return contextlib.nullcontext()
 
     @property
@@ -213,7 +214,7 @@ class AccelerateEngine:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = get_model_state_dict(self.model, options=_full_state(ignore_frozen_params=True))
-        # torch drops a frozen weight under its first name only: a tied output layer would stay in
+        # torch drops a frozen weight under its first name only, so a tied output layer would stay in
         trained = {name for name, param in raw_model.named_parameters(remove_duplicate=False) if param.requires_grad}
         return {name: tensor.contiguous() for name, tensor in state.items() if name in trained}
 
