@@ -51,7 +51,7 @@ def checks(gpus: int) -> dict[str, dict]:
     if gpus >= 2:
         found["data parallel, 2 GPUs (NCCL)"] = {"distributed": {"num_processes": 2}}
         found["zero3, 2 GPUs"] = {"distributed": {"num_processes": 2, "sharding": "zero3"}}
-        found["fsdp, 2 GPUs"] = {"distributed": {"num_processes": 2, "sharding": "fsdp"}}
+        found["fsdp, 2 GPUs (loaded sharded from rank 0)"] = {"distributed": {"num_processes": 2, "sharding": "fsdp"}}
         found["layer split over 2 GPUs"] = {"distributed": {"layer_split": True}}
     return found
 
@@ -128,12 +128,15 @@ def run_check(name: str, sections: dict, workdir: Path) -> dict:
     events = read_events(folder / "run" / "events.jsonl") if (folder / "run" / "events.jsonl").exists() else []
     summary = summarize(events)
     measured = [e for e in events if e["type"] == "memory_measured"]
+    loading = next((e["loading_memory"] for e in events if e["type"] == "run_started"), [])
     return {
         "check": name, "exit": done.returncode, "status": summary.status, "seconds": round(time.monotonic() - started),
         "last_loss": summary.last_loss, "error": summary.error or (done.stderr[-400:] if done.returncode else None),
         "measured_mib": [round(m["peak_bytes"] / MIB, 1) for m in measured],
         "predicted_mib": round(measured[0]["predicted_bytes"] / MIB, 1) if measured and measured[0].get("predicted_bytes") else None,
         "memory": next((e["memory"] for e in reversed(events) if e["type"] == "step"), None),
+        # each rank's GPU peak while the model loads (several processes): sharded, no GPU receives the whole model
+        "loading_gpu_peak_mib": [round(rank["gpu_peak_bytes"] / MIB, 1) for rank in loading if "gpu_peak_bytes" in rank],
     }
 
 
@@ -200,11 +203,13 @@ def offload_markdown(rows: list[dict]) -> str:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| check | status | last loss | measured MiB | predicted MiB | seconds | error |", "|---|---|---|---|---|---|---|"]
+    lines = ["| check | status | last loss | measured MiB | predicted MiB | loading GPU peak MiB per rank | seconds | error |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         loss = f"{r['last_loss']:.4f}" if isinstance(r["last_loss"], float) else "-"
         error = (r["error"] or "").replace("\n", " ").replace("|", "/")[:160]
-        lines.append(f"| {r['check']} | {r['status']} | {loss} | {r['measured_mib']} | {r['predicted_mib']} | {r['seconds']} | {error} |")
+        lines.append(f"| {r['check']} | {r['status']} | {loss} | {r['measured_mib']} | {r['predicted_mib']} | "
+                     f"{r['loading_gpu_peak_mib'] or '-'} | {r['seconds']} | {error} |")
     return "\n".join(lines) + "\n"
 
 

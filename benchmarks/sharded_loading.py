@@ -1,13 +1,15 @@
-"""Memory of each process while it loads the model: whole (ZeRO-2) against sharded (ZeRO-3), 2 processes on the CPU.
+"""Memory of each process while it loads the model: whole (ZeRO-2) against sharded (ZeRO-3, FSDP), 2 processes on the CPU.
 
-    python benchmarks/sharded_loading.py                 # a 155M-parameter llama (620 MB in fp32), about 3 minutes
+    python benchmarks/sharded_loading.py                 # a 155M-parameter llama (620 MB in fp32), about 5 minutes
     python benchmarks/sharded_loading.py --layers 2      # smaller and quicker
 
 Writes a random llama model folder, trains it one LoRA step with two processes under
-ZeRO-2 (every process builds the whole model) and under ZeRO-3 (built under
-zero.Init: each process holds its shard, rank 0 alone reads the checkpoint), and
-prints each rank's resident memory before, at the peak of and after loading (the
-``loading_memory`` of the run_started event) beside the size of the weights.
+ZeRO-2 (every process builds the whole model), under ZeRO-3 (built under zero.Init:
+each process holds its shard, rank 0 alone reads the checkpoint) and under FSDP (rank 0
+builds the model, the other rank builds it on the meta device, and accelerate hands
+each its shards of rank 0's weights), and prints each rank's resident memory before, at
+the peak of and after loading (the ``loading_memory`` of the run_started event) beside
+the weights each holds and the estimate's loading figures.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def run(folder: Path, model: Path, sharding: str) -> tuple[list[dict], list[dict
     events = read_events(run_dir / "events.jsonl")
     started = next(e for e in events if e["type"] == "run_started")
     predicted = next(e for e in events if e["type"] == "estimate")["loading"]
-    held = [int(line.rsplit("holds ", 1)[1].split(" ")[0].replace(",", ""))
-            for line in (run_dir / "train.log").read_text().splitlines() if "loaded sharded" in line]
-    return started["loading_memory"], predicted, held or [started["total_params"]] * 2
+    held = {int(line.split(" rank ", 1)[1].split(" ")[0]): int(line.rsplit("holds ", 1)[1].split(" ")[0].replace(",", ""))
+            for line in (run_dir / "train.log").read_text().splitlines() if "loaded sharded" in line}
+    return started["loading_memory"], predicted, [held.get(rank, started["total_params"]) for rank in (0, 1)]
 
 
 def main() -> None:
@@ -60,7 +62,7 @@ def main() -> None:
         print(f"weights: {weights / MIB:.0f} MiB (fp32), 2 processes")
         print("| loading | rank | weights held | RSS before | peak | after | peak - before |")
         print("|---|---|---|---|---|---|---|")
-        for sharding, label in (("zero2", "whole (ZeRO-2)"), ("zero3", "sharded (ZeRO-3)")):
+        for sharding, label in (("zero2", "whole (ZeRO-2)"), ("zero3", "sharded (ZeRO-3)"), ("fsdp", "sharded (FSDP)")):
             measured, predicted, held = run(folder, model, sharding)
             print(f"{label}: estimate {predicted}")
             for entry in measured:

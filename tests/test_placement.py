@@ -96,7 +96,7 @@ def test_zero3_on_two_gpus_needs_less_per_gpu_than_plain_data_parallel():
     assert zero3.peak_bytes < ddp.peak_bytes / 2 and fsdp.peak_bytes == zero3.peak_bytes
 
 
-def test_loading_is_estimated_per_process_whole_or_sharded_by_zero3():
+def test_loading_is_estimated_per_process_whole_or_sharded_by_zero3_or_fsdp():
     lora = LORA.replace(distributed={"num_processes": 4})
     assert estimate(LLAMA_31_8B, LORA).loading == ()  # one process: its devices say it all
     (every,) = estimate(LLAMA_31_8B, lora, scale_out=ScaleOut.from_config(lora)).loading
@@ -107,6 +107,13 @@ def test_loading_is_estimated_per_process_whole_or_sharded_by_zero3():
     assert rank0 == {"processes": "rank 0", "weights_bytes": -(-every.weights_bytes // 4),
                      "checkpoint_bytes": every.checkpoint_bytes}
     assert others == {"processes": "ranks 1-3", "weights_bytes": rank0["weights_bytes"], "checkpoint_bytes": 0}
+    # FSDP: rank 0 builds the whole model and holds it beside its shard until the shards are handed out
+    fsdp = lora.replace(distributed={"sharding": "fsdp"})
+    fsdp_rank0, fsdp_others = estimate(LLAMA_31_8B, fsdp, scale_out=ScaleOut.from_config(fsdp)).to_json()["loading"]
+    assert fsdp_rank0 == {**rank0, "weights_bytes": every.weights_bytes + rank0["weights_bytes"]} and fsdp_others == others
+    qlora_fsdp = fsdp.replace(method="qlora")  # 4-bit weights: every rank loads them whole
+    assert [e.processes for e in estimate(LLAMA_31_8B, qlora_fsdp, scale_out=ScaleOut.from_config(qlora_fsdp)).loading] == [
+        "every rank"]
 
 
 def test_optimizer_offload_moves_state_to_host_ram():

@@ -258,7 +258,8 @@ class DistributedConfig:
     sharding: Sharding = _field(
         "none", "How the processes share the training state. none: each holds a full copy (DDP). "
         "zero1 / zero2 / zero3: DeepSpeed ZeRO shards the optimizer state / and the gradients / and the "
-        "weights. fsdp: PyTorch FSDP2 (full sharding) through accelerate, on GPUs only."
+        "weights. fsdp: PyTorch FSDP2 (full sharding) through accelerate, also on the CPU; rank 0 alone reads the "
+        "weights and hands each process its shard."
     )
     offload_optimizer: Offload = _field(
         "none", "DeepSpeed ZeRO: keep the optimizer state in CPU RAM (cpu) or on an SSD (nvme) instead of GPU memory."
@@ -331,6 +332,15 @@ class RunConfig:
         if self.quantization.load_in == "auto":
             return "4bit" if self.method_spec.kbit_base == "required" else "none"
         return self.quantization.load_in
+
+    @property
+    def sharded_loading(self) -> str | None:
+        """How the processes load the model when each builds only its shard ("zero3", "fsdp"); None: whole.
+        FSDP loads 8-bit weights whole (rank 0 cannot hand out bitsandbytes' weights as shards; 4-bit ones it refuses)."""
+        sharding = self.distributed.sharding
+        if sharding == "zero3" or (sharding == "fsdp" and self.effective_load_in == "none"):
+            return sharding
+        return None
 
     @property
     def uses_adapter(self) -> bool:

@@ -163,7 +163,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
-    loading = loading_per_process(states, scale_out, config.distributed.sharding == "zero3")
+    loading = loading_per_process(states, scale_out, config.sharded_loading)
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
                     notes=notes, placement=placement, loading=loading)

@@ -27,7 +27,8 @@ SHARDING = {
     "zero2": ("ZeRO-2", "Also shards the gradients: saves a little more, costs a little more communication."),
     "zero3": ("ZeRO-3", "Also shards the weights, gathered layer by layer: the model can exceed one GPU; costs "
                         "the most communication."),
-    "fsdp": ("FSDP", "PyTorch's full sharding (like ZeRO-3) through accelerate, without DeepSpeed."),
+    "fsdp": ("FSDP", "PyTorch's full sharding (like ZeRO-3) through accelerate, without DeepSpeed: rank 0 reads "
+                     "the weights and hands each GPU its shard."),
 }
 OFFLOAD = {
     "none": ("none", "Kept on the GPU: the fastest."),

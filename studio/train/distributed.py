@@ -7,7 +7,8 @@ checkpoint that are spread over the processes.
 
 - ``AccelerateEngine``: one process, DDP (``sharding: none``) or FSDP2 (``fsdp``),
   through accelerate, which reads the rank and world size torchrun put into the
-  environment (NCCL on GPUs, gloo on the CPU).
+  environment (NCCL on GPUs, gloo on the CPU). FSDP loads sharded: rank 0 reads the
+  weights, the others build the model on the meta device and receive their shards.
 - ``DeepSpeedEngine``: ZeRO stages 1-3 with optional CPU/NVMe offload through
   ``deepspeed.initialize`` directly, so that the accumulation boundary is the
   worker's own (accelerate's wrapper would step DeepSpeed at every micro-batch).
@@ -69,13 +70,13 @@ class AccelerateEngine:
         self.config = config
         mixed = {"fp32": "no"}.get(config.training.precision, config.training.precision)
         fsdp = config.distributed.sharding == "fsdp"
-        if fsdp and not torch.cuda.is_available():
-            # accelerate applies its FSDP plugin only across accelerators; on the CPU it would
-            # silently run plain DDP (MULTI_CPU), which is not what the config asks for.
-            raise StudioError("FSDP sharding needs GPUs: accelerate does not shard with FSDP on the CPU",
-                              "on the CPU use distributed.sharding zero2 or zero3 (DeepSpeed), or none", kind="config")
-        plugin = {"fsdp_plugin": _fsdp_plugin()} if fsdp else {}
-        self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available(), **plugin)
+        # Loaded sharded: rank 0 alone reads the weights, the others build the model on the meta device and
+        # receive their shard of each weight from rank 0 when accelerate shards it (8-bit weights load whole).
+        self.fsdp_loads_sharded = config.sharded_loading == "fsdp"
+        plugin = _fsdp_plugin(self.fsdp_loads_sharded) if fsdp else None
+        self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)
+        if fsdp and self.accelerator.distributed_type == DistributedType.MULTI_CPU:
+            _shard_on_the_cpu(self.accelerator, plugin, mixed)
         if fsdp and self.accelerator.distributed_type != DistributedType.FSDP:
             raise StudioError("FSDP needs several processes", "set distributed.num_processes to 2 or more, or sharding to none",
                               kind="config")
@@ -107,16 +108,44 @@ class AccelerateEngine:
         return build_optimizer(self.config, params)
 
     def prepare(self, model, optimizer):
+        if not self.fsdp_loads_sharded:
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+            return self.model, self.optimizer
+        _share_unsaved_buffers_from_rank0(model, self.device)
+        names = {id(param): name for name, param in model.named_parameters()}
+        groups = [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        # accelerate finds each sharded parameter's optimizer entry by storage address, which all meta
+        # tensors share (0): on the ranks that built on meta, the entries are matched again by name.
+        sharded = dict(model.named_parameters())
+        for group, group_names in zip(self.optimizer.param_groups, groups):
+            group["params"] = [sharded[name] for name in group_names]
         return self.model, self.optimizer
 
     def loading(self):
-        """Around building the model: how each process loads it (here: whole)."""
+        """Around building the model: how each process loads it (FSDP: see ``build_device``)."""
         return contextlib.nullcontext()
 
     @property
     def loads_sharded(self) -> bool:
-        return False
+        return self.fsdp_loads_sharded
+
+    @property
+    def build_device(self) -> torch.device:
+        """Where this process builds the model. FSDP's sharded load: rank 0 in CPU RAM, the others on the meta
+        device (no weights); ``prepare`` then hands each rank its shards of rank 0's weights."""
+        if not self.fsdp_loads_sharded:
+            return self.device
+        return torch.device("cpu" if self.is_main else "meta")
+
+    @property
+    def shards_in_prepare(self) -> bool:
+        """Whether ``prepare`` completes the loading (FSDP's sharded load)."""
+        return self.fsdp_loads_sharded
+
+    def weights_held(self, model) -> int:
+        """The weights this process holds (its shards, when sharded)."""
+        return sum(_local(p).numel() for p in model.parameters())
 
     def autocast(self):
         return self.accelerator.autocast()
@@ -185,7 +214,9 @@ class AccelerateEngine:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = get_model_state_dict(self.model, options=_full_state(ignore_frozen_params=True))
-        return {name: tensor.contiguous() for name, tensor in state.items()}
+        # torch drops a frozen weight under its first name only, so a tied output layer would stay in
+        trained = {name for name, param in raw_model.named_parameters(remove_duplicate=False) if param.requires_grad}
+        return {name: tensor.contiguous() for name, tensor in state.items() if name in trained}
 
     def save_optimizer(self, folder: Path) -> None:
         if self.fsdp:
@@ -214,12 +245,49 @@ def _full_state(**options):
     return StateDictOptions(**{"full_state_dict": True, "cpu_offload": True, **options})
 
 
-def _fsdp_plugin():
+def _fsdp_plugin(sharded_loading: bool):
     from accelerate import FullyShardedDataParallelPlugin
 
     # FSDP2, one shard unit per transformer block (transformers names them in _no_split_modules).
+    # cpu_ram_efficient_loading: accelerate moves the model to meta, shards it there, and broadcasts
+    # rank 0's weights tensor by tensor, each rank keeping its shard (fsdp2_load_full_state_dict).
     return FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap",
-                                          state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False)
+                                          state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=sharded_loading)
+
+
+def _shard_on_the_cpu(accelerator, plugin, mixed: str) -> None:
+    """Apply the FSDP plugin to a group of CPU processes, as accelerate's state does across accelerators.
+
+    accelerate makes several CPU processes MULTI_CPU (plain DDP) and ignores the plugin there, although its
+    FSDP2 path is device-agnostic and torch's ``fully_shard`` runs over gloo: the state is set as its
+    constructor sets it for GPUs (the plugin's mixed precision, then the type). Nothing else that accelerate
+    decided at construction differs on the CPU: it refuses fp16 there, and bf16 is autocast either way."""
+    from accelerate.utils import DistributedType
+
+    if mixed != "no":
+        plugin.set_mixed_precision(mixed)
+    accelerator.state.fsdp_plugin = plugin
+    accelerator.state.distributed_type = DistributedType.FSDP
+
+
+def _share_unsaved_buffers_from_rank0(model, device: torch.device) -> None:
+    """Non-persistent buffers (rotary frequencies) from rank 0 to the ranks that built the model on meta:
+    the sharded load fills only what a state dict holds (accelerate keeps these buffers as they are)."""
+    import torch.distributed as dist
+
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if name in module._non_persistent_buffers_set:
+                real = torch.empty_like(buffer, device=device) if buffer.is_meta else buffer.to(device)
+                dist.broadcast(real, src=0)
+                module.register_buffer(name, real, persistent=False)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This process's part of a parameter: its FSDP shard, its ZeRO-3 partition, or the parameter."""
+    if hasattr(param, "to_local"):
+        return param.to_local()
+    return getattr(param, "ds_tensor", param)
 
 
 class DeepSpeedEngine(AccelerateEngine):
@@ -228,7 +296,7 @@ class DeepSpeedEngine(AccelerateEngine):
     def __init__(self, config: RunConfig, run_dir: Path):
         from studio.train import deepspeed_config
 
-        self.config, self.fsdp = config, False
+        self.config, self.fsdp, self.fsdp_loads_sharded = config, False, False
         self.device = _init_deepspeed_process_group()
         import torch.distributed as dist
 

@@ -94,18 +94,21 @@ def library_versions() -> dict[str, str]:
 
 class LoadingMemory:
     """Around loading the model: the process's resident memory before, at its peak (sampled every 20 ms from a
-    thread) and after, and on CUDA the device's peak allocation; ``figures`` for the run_started event."""
+    thread) and after, and on CUDA the device's peak allocation; ``figures`` for the run_started event.
+    Entered again, it goes on measuring the same load (FSDP's sharded load ends in the engine's prepare)."""
 
     def __init__(self, device: torch.device):
         import psutil
 
         self.device, self._process = device, psutil.Process()
-        self._done = threading.Event()
+        self.before = None
 
     def __enter__(self) -> "LoadingMemory":
-        self.before = self.peak = self._process.memory_info().rss
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.before is None:
+            self.before = self.peak = self._process.memory_info().rss
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True, name="loading-memory")
         self._thread.start()
         return self

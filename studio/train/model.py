@@ -133,10 +133,34 @@ def attention_implementation(config: RunConfig) -> str | None:
     return None if config.model.attn_implementation == "sdpa" else config.model.attn_implementation
 
 
-def load_base_model(config: RunConfig, device: torch.device, quantized: bool = True, dtype: torch.dtype | None = None):
-    """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA)."""
+def hub_config(config: RunConfig):
+    """The model's transformers config, read from its config.json alone."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(config.model.name_or_path, **hub_kwargs(config))
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        raise load_error(config, exc) from exc
+
+
+def skeleton_model(config: RunConfig, hf_config=None, dtype: torch.dtype | None = None):
+    """The base model's modules with every weight on the meta device, from config.json alone (no weight is read)."""
     from transformers import AutoModelForCausalLM
 
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config or hub_config(config), dtype=dtype or weight_dtype(config),
+                                                attn_implementation=attention_implementation(config))
+
+
+def load_base_model(config: RunConfig, device: torch.device, quantized: bool = True, dtype: torch.dtype | None = None):
+    """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA). On the meta
+    device its skeleton: a rank of FSDP's sharded load, which receives rank 0's weights when it is sharded."""
+    from transformers import AutoModelForCausalLM
+
+    if device.type == "meta":
+        model = skeleton_model(config, dtype=dtype)
+        model.config.use_cache = False
+        return model
     kwargs = {**hub_kwargs(config), **weight_load_kwargs(config)}
     quant = quantization_config(config) if quantized else None
     if quant is not None:

@@ -35,7 +35,7 @@ from studio.core.memory.regime import loss_impl_for
 from studio.train import model as model_module
 from studio.train.loss import chunked_cross_entropy, lean_output_layer, predicting_hidden_states, token_loss_sum
 from studio.train.memtrack import LiveTensorTracker, tracker_for
-from studio.train.model import build_model, compute_dtype, host_weights, keep_embedding_on_cpu
+from studio.train.model import build_model, compute_dtype, host_weights, hub_config, keep_embedding_on_cpu
 from studio.train.optim import build_optimizer
 
 STEPS = 2
@@ -221,16 +221,6 @@ def rows_are_unpadded():
         masking_utils._ignore_causal_mask_sdpa = original
 
 
-def hub_config(config: RunConfig):
-    """The model's transformers config, read from its config.json alone."""
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(config.model.name_or_path, **model_module.hub_kwargs(config))
-    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
-        raise model_module.load_error(config, exc) from exc
-
-
 def with_depth(hf_config, layers: int):
     """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match);
     in a multimodal checkpoint's config, its text model's."""
@@ -245,14 +235,10 @@ def with_depth(hf_config, layers: int):
 
 def _load_base_model_on_meta(config: RunConfig, device: torch.device, quantized: bool = True, dtype=None,
                              layers: int | None = None):
-    from transformers import AutoModelForCausalLM
-
     hf_config = hub_config(config)
     if layers is not None:
         hf_config = with_depth(hf_config, layers)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype or model_module.weight_dtype(config),
-                                                 attn_implementation=model_module.attention_implementation(config))
+    model = model_module.skeleton_model(config, hf_config, dtype)
     quant = model_module.quantization_config(config) if quantized else None
     if quant is not None:
         from transformers.integrations.bitsandbytes import replace_with_bnb_linear

@@ -133,8 +133,9 @@ class Worker:
         self.plan = BatchPlan.for_rows(config, self.train_rows)
         self.total_steps = self.plan.total_steps(config, self.engine.world_size)
 
-        with LoadingMemory(self.device) as loading, self.engine.loading():
-            model = build_model(config, self.device, self.total_steps)
+        loading = LoadingMemory(self.device)
+        with loading, self.engine.loading():
+            model = build_model(config, self.engine.build_device, self.total_steps)
             if resume_from is not None:
                 ckpt.load_weights(resume_from, model)  # before the engine wraps it (under ZeRO-3: one tensor at a time)
         optimizer = self.engine.build_optimizer([p for p in model.parameters() if p.requires_grad])
@@ -145,13 +146,15 @@ class Worker:
         if not self.engine.loads_sharded:  # sharded weights cannot run the packing probe's forward before the engine
             self.packed = self._packs(model)
         trainable, total = count_parameters(model)  # whole parameters, also of ZeRO-3's shards
-        if self.engine.loads_sharded:
-            held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())
-            log.info("loaded sharded (ZeRO-3): this process holds %s of the %s weights", f"{held:,}", f"{total:,}")
         adapted = adapted_module_names(model) if config.uses_adapter else []
         if config.training.torch_compile:
             model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
-        self.model, self.optimizer = self.engine.prepare(model, optimizer)
+        with loading if self.engine.shards_in_prepare else contextlib.nullcontext():
+            self.model, self.optimizer = self.engine.prepare(model, optimizer)
+        if self.engine.loads_sharded:
+            how = {"zero3": "ZeRO-3", "fsdp": "FSDP"}[config.distributed.sharding]
+            log.info("loaded sharded (%s): this process holds %s of the %s weights", how,
+                     f"{self.engine.weights_held(self.raw_model):,}", f"{total:,}")
         keep_embedding_on_cpu(self.raw_model, config, self.device)  # prepare may have moved it to the GPU
         if self.engine.loads_sharded:
             self.packed = self._packs(self.raw_model)  # every rank probes: the engine gathers each layer's shards

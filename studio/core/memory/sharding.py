@@ -166,16 +166,22 @@ def _bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
     return min(states.gradients, 2 * 500_000_000 * 2)  # reduce and allgather buckets of 5e8 16-bit elements
 
 
-def loading_per_process(states: ModelStates, scale_out: ScaleOut, sharded: bool) -> tuple[LoadingEstimate, ...]:
-    """What each of several processes holds while the model loads. Whole (DDP, ZeRO-1/2, FSDP): every process
-    reads the checkpoint and builds every weight. Sharded (ZeRO-3 under zero.Init): each builds 1/N of the
-    weights, and rank 0 alone reads the checkpoint (the others read only its names and shapes)."""
+def loading_per_process(states: ModelStates, scale_out: ScaleOut, sharded: str | None) -> tuple[LoadingEstimate, ...]:
+    """What each of several processes holds while the model loads, by how it loads (``sharded``).
+
+    None, whole (DDP, ZeRO-1/2, FSDP of 8-bit weights): every process reads the checkpoint and builds every weight.
+    ``"zero3"`` (under zero.Init): each builds 1/N of the weights, and rank 0 alone reads the checkpoint (the others
+    read only its names and shapes). ``"fsdp"`` (accelerate's cpu_ram_efficient_loading): rank 0 reads the checkpoint
+    and builds the whole model in CPU RAM, which it holds beside its own shard until every shard is handed out; the
+    others build it on the meta device and receive 1/N of the weights (one whole tensor at a time on the way).
+    """
     n = scale_out.num_gpus
     if n == 1:
         return ()
     whole = states.weights + states.adapters
-    if not sharded:
+    if sharded is None:
         return (LoadingEstimate("every rank", whole, states.weights),)
     shard = -(-whole // n)
     others = "rank 1" if n == 2 else f"ranks 1-{n - 1}"
-    return LoadingEstimate("rank 0", shard, states.weights), LoadingEstimate(others, shard, 0)
+    rank0 = whole + shard if sharded == "fsdp" else shard
+    return LoadingEstimate("rank 0", rank0, states.weights), LoadingEstimate(others, shard, 0)
