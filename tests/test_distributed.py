@@ -3,7 +3,8 @@
 One plain reference run (1 process, accumulation 2) fixes the expected loss curve:
 data parallel with 2 processes and accumulation 1 takes the same rows per optimizer
 step, so every layout below must reproduce that curve (tolerance: 1e-4 relative,
-the difference of summation orders in float32).
+the difference of summation orders in float32). Most layouts train STEPS steps; the
+cluster bundle trains LONG_STEPS, so the reference trains that many once for all.
 """
 
 import json
@@ -26,6 +27,7 @@ from studio.train.export import export_run
 from studio.train.worker import run
 
 STEPS = 6
+LONG_STEPS = 12  # the cluster bundle's run: long enough to stop after step 2 and resume
 CLOSE = {"rel": 1e-4, "abs": 1e-5}
 
 
@@ -62,10 +64,18 @@ def resumed_copy(run_dir: RunDir, folder) -> RunDir:
 
 
 @pytest.fixture(scope="module")
-def reference(small_data, tmp_path_factory) -> list[float]:
-    code, run_dir = run(config_for(small_data, 1), tmp_path_factory.mktemp("reference") / "run", watch_stdin=False)
+def long_reference(small_data, tmp_path_factory) -> list[float]:
+    """The plain run's losses for steps 1..LONG_STEPS (a constant learning rate: its first STEPS are those of a
+    STEPS-step run)."""
+    config = config_for(small_data, 1).replace(training={"max_steps": LONG_STEPS})
+    code, run_dir = run(config, tmp_path_factory.mktemp("reference") / "run", watch_stdin=False)
     assert code == EXIT_OK
     return losses(run_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(long_reference) -> list[float]:
+    return long_reference[:STEPS]
 
 
 def test_user_deepspeed_keys_win_over_the_generated_ones(small_data, tmp_path):
@@ -166,20 +176,16 @@ def test_fsdp_in_one_process_is_refused_with_a_reason(small_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="runs the bundle's .sh scripts")
-def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_data, tmp_path):
+def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_data, tmp_path, long_reference):
     """The bundle's node scripts as two "machines" on this one: two node ranks on localhost, one process
     each, sharing the bundle's run folder, against one process with doubled accumulation (the layout
     test_two_processes_... shows two processes on one machine match)."""
     from studio.core.bundle import write_bundle
     from studio.train.distributed import free_port
 
-    steps = 12
-    code, reference_dir = run(config_for(small_data, 1).replace(training={"max_steps": steps}), tmp_path / "reference",
-                              watch_stdin=False)
-    assert code == EXIT_OK
-    reference_losses = losses(reference_dir)
-    bundle = write_bundle(config_for(small_data, 2).replace(training={"max_steps": steps}), ("127.0.0.1", "localhost"),
-                          1, tmp_path / "bundle", port=free_port(), python=sys.executable)
+    config = config_for(small_data, 2).replace(training={"max_steps": LONG_STEPS})
+    bundle = write_bundle(config, ("127.0.0.1", "localhost"), 1, tmp_path / "bundle", port=free_port(),
+                          python=sys.executable)
     run_dir = RunDir(bundle.folder / "run")
 
     def start_nodes(script: str) -> list[subprocess.Popen]:
@@ -193,14 +199,14 @@ def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_dat
     run_dir.request_stop()  # what the app does for a run it watches
     assert [node.wait(timeout=300) for node in nodes] == [EXIT_OK, EXIT_OK]
     stopped = events_of(run_dir, "finished")[-1]
-    assert stopped["status"] == "stopped" and 2 <= stopped["step"] < steps
+    assert stopped["status"] == "stopped" and 2 <= stopped["step"] < LONG_STEPS
     assert run_dir.latest_checkpoint().name == f"step-{stopped['step']:06d}"
     assert events_of(run_dir, "run_started")[0]["world_size"] == 2
 
     assert [node.wait(timeout=300) for node in start_nodes("resume")] == [EXIT_OK, EXIT_OK]
     assert [e["status"] for e in events_of(run_dir, "finished")] == ["stopped", "completed"]
     assert events_of(run_dir, "run_started")[-1]["start_step"] == stopped["step"]
-    assert losses(run_dir) == pytest.approx(reference_losses, **CLOSE)  # steps 1..12, across the stop
+    assert losses(run_dir) == pytest.approx(long_reference, **CLOSE)  # steps 1..12, across the stop
 
     _, verification = export_run(run_dir.path, "adapter")
     assert verification.passed
