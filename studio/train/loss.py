@@ -17,6 +17,8 @@ Two ways to the same number (and the same gradients, tests prove it):
 
 The chunked path needs logits that are exactly ``output_layer(hidden)``; models
 that scale or soft-cap their logits (Gemma 2, Cohere, Granite) use the full path.
+As it needs the output layer only while it runs, a frozen layer may wait in CPU RAM
+(training.output_layer_on_cpu): each call copies it to the device and drops the copy.
 """
 
 from __future__ import annotations
