@@ -14,7 +14,8 @@ one (the same steps on fake tensors, ``studio.train.simulate``). The rows named
 ``derived:`` estimate from a traced step instead of the family's description
 (``studio.core.memory.derived``, traced here in-process by ``studio.train.trace``);
 ``--only derived:`` runs just those. Rows with ``activation_offload=True`` also compare the host memory
-(the offloaded block inputs in CPU RAM, which the tracker counts apart from the device's); ``--only offload``
+(the offloaded block inputs in CPU RAM, which the tracker counts apart from the device's), as do those with
+``embedding_on_cpu`` or ``output_layer_on_cpu`` (the weights kept there); ``--only offload``
 runs just those, ``--only tiled_mlp`` the tiled MLP's.
 
 On a machine with a GPU (and without ``--cpu``) the steps run on CUDA and the
@@ -224,6 +225,11 @@ CASES = [
     # the input embedding in CPU RAM: measured and estimated apart from the device's memory (host MiB)
     Case("llama-7M", "qlora", "bf16", 4, 256, quick=True, changes={"training": {"embedding_on_cpu": True}}),
     Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True, changes={"training": {"embedding_on_cpu": True}}),
+    # the output layer in CPU RAM, on the device only while the chunked loss runs
+    Case("llama-55M", "qlora", "bf16", 2, 256, checkpointing=True, changes={"training": {"output_layer_on_cpu": True}}),
+    Case("llama-7M", "qlora", "bf16", 4, 256, changes={"training": {"embedding_on_cpu": True,
+                                                                    "output_layer_on_cpu": True}}),
+    Case("phi-36M", "lora", "bf16", 2, 256, checkpointing=True, changes={"training": {"output_layer_on_cpu": True}}),
 ]
 
 # Offloaded activation checkpointing: the device and the host (CPU RAM) measured apart (studio.train.memtrack.on_host).
@@ -446,7 +452,7 @@ def summary(rows: list[Row]) -> str:
                           ("analytic (derived, toggled after the trace)",
                            [r.analytic_error for r in rows if r.case.traced_as]),
                           ("simulated", [r.simulated_error for r in rows if r.simulated is not None]),
-                          ("host RAM (apart from the device's: an embedding kept there, offloaded activations)",
+                          ("host RAM (apart from the device's: weights kept there, offloaded activations)",
                            [r.host_error for r in rows if r.host_error is not None])):
         if errors:
             absolute = [abs(e) for e in errors]

@@ -10,7 +10,7 @@ for CUDA: tensors, the CUDA context and the allocator margin) fits in that many 
 
 * before: the defaults before lean weights (k-bit preparation's fp32 embedding and output layer);
 * after: ``LEAN_SETTINGS``, the leanest settings the config allows (GPU memory; the CPU RAM they take,
-  the embedding kept there, is printed apart).
+  the embedding and output layer kept there and the offloaded block inputs, is printed apart).
 
 The models' shapes come from their published config.json files (written out below: no network).
 """
@@ -65,8 +65,8 @@ BEFORE = {"training": {"lean_weights": False}}  # the defaults before lean weigh
 # gradients unchanged); the last two change the training as Unsloth's own setup does (its notebooks train with
 # no LoRA dropout and 8-bit AdamW).
 LEAN_SETTINGS = {
-    "training": {"lean_weights": True, "chunked_loss": True, "embedding_on_cpu": True, "optimizer": "adamw_8bit",
-                 "activation_offload": True, "tiled_mlp": True},
+    "training": {"lean_weights": True, "chunked_loss": True, "embedding_on_cpu": True, "output_layer_on_cpu": True,
+                 "optimizer": "adamw_8bit", "activation_offload": True, "tiled_mlp": True},
     "lora": {"dropout": 0.0},
 }
 
@@ -83,7 +83,7 @@ def peak_gib(model: dict, config: RunConfig, length: int) -> float:
 
 
 def host_gib(model: dict, config: RunConfig) -> float:
-    """CPU RAM the run keeps beside the GPU's memory (the embedding with embedding_on_cpu)."""
+    """CPU RAM the run keeps beside the GPU's memory (the embedding and output layer kept there, offloaded inputs)."""
     return sum(d.total_bytes for d in estimate(model, config).devices if d.device == "host") / GIB
 
 

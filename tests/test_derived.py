@@ -77,7 +77,7 @@ def test_the_trace_key_follows_what_changes_the_step_and_not_what_the_estimate_s
                     run(quantization={"load_in": "8bit"}), run(method="qlora")):
         assert trace_key(model, toggled) == base
     for changed in (run(method="full"), run(model={"attn_implementation": "eager"}), run(lora={"use_dora": True}),
-                    run(quantization={"quant_type": "fp4"})):
+                    run(quantization={"quant_type": "fp4"}), run(training={"output_layer_on_cpu": True})):
         assert trace_key(model, changed) != base
     adalora = run(method="adalora")  # not recounted: its rank is part of the key
     assert trace_key(model, adalora.replace(lora={"r": 32})) != trace_key(model, adalora)

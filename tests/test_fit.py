@@ -64,7 +64,7 @@ def test_cheap_savings_come_first():
 def test_more_memory_never_means_a_slower_configuration():
     """With room to spare the solver needs fewer (and cheaper) savers."""
     roomy = fit(LLAMA_31_8B, lora_run(), 60 * GIB)
-    tight = fit(LLAMA_31_8B, lora_run(), 18 * GIB)
+    tight = fit(LLAMA_31_8B, lora_run(), 16 * GIB)  # (18 GiB fits LoRA with the outer weights in CPU RAM)
     assert roomy.relative_step_time <= tight.relative_step_time
     assert roomy.config.method == "lora" and tight.config.method == "qlora"
 
@@ -119,13 +119,22 @@ def test_scale_out_is_kept():
     assert result.scale_out.num_gpus == 2 and result.scale_out.zero_stage == 2
 
 
-def test_on_a_small_card_fit_keeps_the_embedding_in_cpu_ram():
-    """Llama-3.1-8B QLoRA at 2,048 tokens on an 8 GiB card: only with the embedding in CPU RAM."""
+def test_on_a_small_card_fit_keeps_the_embedding_and_the_output_layer_in_cpu_ram():
+    """Llama-3.1-8B QLoRA at 2,048 tokens on an 8 GiB card: only with the embedding in CPU RAM, and the output
+    layer there too (on the GPU only for the loss)."""
     result = fit(LLAMA_31_8B, RunConfig().replace(method="qlora", data={"max_length": 2048}), 8 * GIB)
-    assert result.fits and result.config.training.embedding_on_cpu
+    training = result.config.training
+    assert result.fits and training.embedding_on_cpu and training.output_layer_on_cpu
     assert "training.embedding_on_cpu on" in result.explanation
+    assert "training.output_layer_on_cpu on" in result.explanation
     host = next(d for d in result.estimate.devices if d.device == "host")
-    assert host.parts["weights"] == 128256 * 4096 * 2
+    assert host.parts["weights"] == 2 * 128256 * 4096 * 2  # the embedding and the output layer, bf16
+
+
+def test_fit_does_not_offer_the_output_layer_in_cpu_ram_under_zero():
+    config = RunConfig().replace(method="qlora", data={"max_length": 2048})
+    result = fit(LLAMA_31_8B, config, 7 * GIB, scale_out=ScaleOut(2, 2))
+    assert not result.config.training.output_layer_on_cpu
 def test_offloaded_activations_are_a_saver_that_names_its_cpu_ram():
     """On a card where only the block inputs stand in the way, fit moves them to CPU RAM and says how much."""
     config = lora_run().replace(method="qlora", quantization={"load_in": "4bit"}, data={"max_length": 24576},

@@ -154,6 +154,21 @@ def test_the_lean_loss_toggle_shows_its_memory_effect(window, tmp_path):
     assert "logits memory" in techniques.chunked_loss.explain.text()
 
 
+def test_the_output_layer_toggle_moves_it_to_cpu_ram_and_needs_the_lean_loss(window, tmp_path):
+    from model_factory import make_tiny_model
+
+    panel, techniques = window.estimate_panel, window.techniques_panel
+    window.store.update(model={"name_or_path": str(make_tiny_model("llama", tmp_path, weights=False, vocab_size=32000))})
+    on_device = panel.estimate.devices[0].phases["backward"]
+    techniques.output_layer_on_cpu.check.click()
+    assert window.store.config.training.output_layer_on_cpu
+    assert panel.estimate.devices[-1].device == "host" and "CPU RAM for offloaded weights" in panel.phase.text()
+    host = panel.estimate.devices[-1]
+    assert on_device - panel.estimate.devices[0].phases["backward"] == host.parts["weights"] == 32000 * 64 * 4
+    techniques.chunked_loss.check.click()
+    assert not techniques.output_layer_on_cpu.isEnabled() and "lean loss" in techniques.output_layer_on_cpu.toolTip()
+
+
 def test_effective_batch_is_shown(window):
     window.techniques_panel.micro_batch.spin.setValue(4)
     window.techniques_panel.accumulation.spin.setValue(8)

@@ -1,21 +1,28 @@
 """Lean weights under k-bit loading: the frozen input embedding and output layer stay 16-bit, and training
 computes exactly what the upcast (peft's k-bit preparation) computes: the same losses and gradients, bit for bit.
-And the input embedding kept in CPU RAM (training.embedding_on_cpu), counted apart from the GPU's memory."""
+And the input embedding and the output layer kept in CPU RAM (training.embedding_on_cpu, output_layer_on_cpu),
+counted apart from the GPU's memory."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from model_factory import make_tiny_model
-from studio.core.config import RunConfig
-from studio.core.estimate import estimate
-from studio.core.memory.regime import regime_for
-from studio.core.memory.states import weight_bytes
-from studio.core.memory.tape import activations
-from studio.core.modelinfo import load_model_config, model_shape
-from studio.core.validation import validate
-from studio.train.data import IGNORE_INDEX
-from studio.train.loss import lean_output_layer, token_loss_sum
-from studio.train.model import build_model, host_weights, keep_embedding_on_cpu, load_base_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from memory_frontier import LEAN_SETTINGS, LLAMA_31_8B, config_with  # noqa: E402
+from model_factory import make_tiny_model  # noqa: E402
+from studio.core.config import RunConfig  # noqa: E402
+from studio.core.estimate import estimate  # noqa: E402
+from studio.core.memory.regime import regime_for  # noqa: E402
+from studio.core.memory.states import weight_bytes  # noqa: E402
+from studio.core.memory.tape import activations  # noqa: E402
+from studio.core.modelinfo import load_model_config, model_shape  # noqa: E402
+from studio.core.validation import validate  # noqa: E402
+from studio.train.data import IGNORE_INDEX  # noqa: E402
+from studio.train.loss import lean_output_layer, token_loss_sum  # noqa: E402
+from studio.train.model import build_model, host_weights, keep_weights_on_cpu, load_base_model  # noqa: E402
 
 # plain embeddings untied and tied, a fused-qkv and a LayerNorm family, Gemma's scaled embedding (stays fp32)
 FAMILIES = ("llama", "smollm3", "gpt_neox", "phi", "gemma")
@@ -45,7 +52,7 @@ def step(config, chunked: bool):
     """The worker's forward and backward of one micro-batch: the loss and every trained tensor's gradient."""
     torch.manual_seed(0)  # the adapter's initialization
     model = build_model(config, CPU)
-    keep_embedding_on_cpu(model, config, CPU)  # as the worker does (training.embedding_on_cpu)
+    keep_weights_on_cpu(model, config, CPU)  # as the worker does (training.embedding_on_cpu, output_layer_on_cpu)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.training.precision != "fp32"):
         loss = token_loss_sum(model, batch(), lean_output_layer(model) if chunked else None)
     loss.backward()
@@ -170,9 +177,110 @@ def test_the_estimate_moves_the_embedding_to_host_ram_as_measured(models):
 def test_the_embedding_stays_with_a_tied_head_and_is_refused_where_it_trains(models):
     config = kbit_config(models["smollm3"], lean=True).replace(training={"embedding_on_cpu": True})
     model = build_model(config, CPU)
-    keep_embedding_on_cpu(model, config, CPU)
+    keep_weights_on_cpu(model, config, CPU)
     assert host_weights(model) == []
     split = estimate(load_model_config(str(models["smollm3"])), config, "cpu")
     assert [d.device for d in split.devices] == ["cpu"] and "no effect" in " ".join(split.notes)
     full = RunConfig().replace(method="full", training={"embedding_on_cpu": True})
     assert "training.embedding_on_cpu" in [p.where for p in validate(full, check_files=False)]
+
+
+HEAD_ON_CPU = {"output_layer_on_cpu": True}
+
+
+@pytest.mark.parametrize("family, settings", [
+    ("llama", {"checkpointing": True}),
+    ("llama", {"lean": False}),  # an fp32 output layer, autocast's bf16 copy made from the device's copy
+    ("gpt_neox", {}),  # its output layer is embed_out
+    ("phi", {"precision": "fp16"}),  # with a bias
+])
+def test_the_output_layer_in_cpu_ram_trains_exactly_as_on_the_device(models, family, settings):
+    config = kbit_config(models[family], **{"lean": True, **settings})
+    before = step(config, chunked=True)
+    after = step(config.replace(training=HEAD_ON_CPU), chunked=True)
+    assert_same_step(before, after)
+    both = step(config.replace(training={**HEAD_ON_CPU, "embedding_on_cpu": True}), chunked=True)
+    assert_same_step(before, both)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi"])
+def test_the_output_layer_is_what_stays_in_cpu_ram_and_evaluation_computes_the_same(models, family):
+    config = kbit_config(models[family], lean=True)
+    model = build_model(config.replace(training=HEAD_ON_CPU), CPU)
+    keep_weights_on_cpu(model, config.replace(training=HEAD_ON_CPU), CPU)
+    head = model.get_output_embeddings()
+    assert host_weights(model) == list(head.parameters()) and head.weight.device == CPU
+    plain = build_model(config, CPU)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the worker's evaluation
+        losses = [token_loss_sum(m, batch(), lean_output_layer(m)) for m in (plain, model)]
+    assert torch.equal(*losses)
+
+
+def test_the_estimate_has_the_output_layer_on_the_device_only_for_the_loss_as_measured(models):
+    from studio.train.simulate import measure_step
+
+    config = kbit_config(models["llama"], lean=True).replace(data={"max_length": 64})
+    on_cpu = config.replace(training=HEAD_ON_CPU)
+    model_config = load_model_config(str(models["llama"]))
+    gpu, split = estimate(model_config, config, "cpu"), estimate(model_config, on_cpu, "cpu")
+    host = next(d for d in split.devices if d.device == "host")
+    head = 512 * 64 * 2  # vocabulary x hidden, bf16
+    assert host.total_bytes == host.parts["weights"] == head
+    assert "the output layer stays in CPU RAM" in " ".join(split.notes)
+    measured = {c.training.output_layer_on_cpu: measure_step(c, CPU) for c in (config, on_cpu)}
+    assert measured[True].host_peak_bytes == head
+    # copied to the device for the loss, at the forward phase's peak; off it through backward and the update
+    device = split.devices[0].phases
+    for phase, dropped in (("forward", 0), ("backward", head), ("optimizer", head)):
+        assert gpu.devices[0].phases[phase] - device[phase] == dropped
+        assert measured[False].phase_peaks[phase] - measured[True].phase_peaks[phase] == dropped
+    assert abs(measured[True].peak_bytes - split.peak_bytes) <= 0.03 * measured[True].peak_bytes
+
+
+def test_the_8b_qlora_at_2048_tokens_sheds_the_output_layer_through_backward():
+    config = RunConfig().replace(method="qlora", training={"micro_batch_size": 1, "gradient_checkpointing": True},
+                                 data={"max_length": 2048})
+    on_cpu = config.replace(training=HEAD_ON_CPU)
+    before, after = (estimate(LLAMA_31_8B, c, "cpu").devices[0].phases for c in (config, on_cpu))
+    head = 128256 * 4096 * 2  # bf16 (lean weights)
+    assert before["forward"] == after["forward"]  # the loss, with its copy of the layer
+    assert before["backward"] - after["backward"] == head == before["optimizer"] - after["optimizer"]
+    assert estimate(LLAMA_31_8B, config).peak_phase == "backward"
+    assert next(d for d in estimate(LLAMA_31_8B, on_cpu).devices if d.device == "host").parts["weights"] == head
+    # issue 14's target: every saver, r16 at 2,048 tokens in at most 6 GiB of GPU memory
+    lean = config_with(LEAN_SETTINGS, {"lora": {"r": 16}}, {"data": {"max_length": 2048}})
+    assert estimate(LLAMA_31_8B, lean).peak_bytes <= 6 * 2**30
+
+
+def test_the_output_layer_stays_with_a_tied_embedding_or_transformed_logits(models, tmp_path):
+    tied = kbit_config(models["smollm3"], lean=True).replace(training=HEAD_ON_CPU)
+    model = build_model(tied, CPU)
+    keep_weights_on_cpu(model, tied, CPU)
+    assert host_weights(model) == []
+    split = estimate(load_model_config(str(models["smollm3"])), tied, "cpu")
+    assert [d.device for d in split.devices] == ["cpu"] and "no effect" in " ".join(split.notes)
+    granite = kbit_config(make_tiny_model("granite", tmp_path / "granite"), lean=True).replace(training=HEAD_ON_CPU)
+    model = build_model(granite, CPU)
+    keep_weights_on_cpu(model, granite, CPU)  # its logits are scaled: the full loss needs the layer on the device
+    assert host_weights(model) == []
+    split = estimate(load_model_config(str(tmp_path / "granite")), granite, "cpu")
+    assert [d.device for d in split.devices] == ["cpu"] and "no effect" in " ".join(split.notes)
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"method": "full"}, "full fine-tuning trains the output layer"),
+    ({"training": {"chunked_loss": False}}, "chunked loss"),
+    ({"distributed": {"num_processes": 2, "sharding": "zero3"}}, "chunked loss"),
+    ({"distributed": {"num_processes": 2, "sharding": "zero2"}}, "no ZeRO"),
+    ({"lora": {"target_modules": ["q_proj", "lm_head"]}}, "adapts lm_head"),
+])
+def test_the_output_layer_in_cpu_ram_is_refused_where_it_trains_or_the_loss_needs_it(changes, reason):
+    config = RunConfig().replace(training=HEAD_ON_CPU).replace(**changes)
+    problems = [p for p in validate(config, check_files=False) if p.where == "training.output_layer_on_cpu"]
+    assert len(problems) == 1 and reason in problems[0].message
+    assert "turn training.output_layer_on_cpu off" in problems[0].hint
+
+
+def test_the_output_layer_in_cpu_ram_is_allowed_with_data_parallelism():
+    config = RunConfig().replace(training=HEAD_ON_CPU, distributed={"num_processes": 2})
+    assert "training.output_layer_on_cpu" not in [p.where for p in validate(config, check_files=False)]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import losses, quick_config
+from helpers import losses, quick_config, with_demo_tokenizer
 from studio.core.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import ProblemsError
 from studio.core.events import read_events
@@ -65,6 +65,24 @@ def test_technique_trains_and_loss_falls(tmp_path, story_data, name):
     assert len(curve) == 12
     assert sum(curve[-4:]) / 4 < TECHNIQUE_THRESHOLD * sum(curve[:4]) / 4, f"{name}: loss did not fall: {curve}"
     assert events[-1] == {**events[-1], "type": "finished", "status": "completed"}
+
+
+def test_the_worker_keeps_the_outer_weights_in_cpu_ram_and_trains_the_same(tmp_path, story_data):
+    """QLoRA on an untied model, the embedding and the output layer in CPU RAM: the same losses as with them on the
+    device, and the worker's measured step counts them in host RAM."""
+    from model_factory import make_tiny_model
+
+    model = with_demo_tokenizer(make_tiny_model("llama", tmp_path / "model", vocab_size=1280))
+    config = quick_config(story_data, method="qlora", model={"name_or_path": str(model)}, data={"format": "text"},
+                          training={"precision": "bf16", "max_steps": 3})
+    curves, measured = [], []
+    for index, on_cpu in enumerate((False, True)):
+        lean = config.replace(training={"embedding_on_cpu": on_cpu, "output_layer_on_cpu": on_cpu})
+        run_dir, events = train(tmp_path / str(index), lean)
+        curves.append(losses(run_dir))
+        measured.append(next(e for e in events if e["type"] == "memory_measured"))
+    assert curves[0] == curves[1]
+    assert "host_bytes" not in measured[0] and measured[1]["host_bytes"] == 2 * 1280 * 64 * 2  # both, bf16
 
 
 def test_run_directory_and_events(tmp_path, small_data):

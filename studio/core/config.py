@@ -221,6 +221,14 @@ class TrainingConfig:
         "the GPU (the same numbers; 1 GiB less GPU memory for a 128k-vocabulary 8B model, as much more CPU RAM). "
         "For adapter methods on one GPU; no effect when the output layer shares the embedding's weight.",
     )
+    output_layer_on_cpu: bool = _field(
+        False,
+        "Keep the frozen output layer in CPU RAM and copy it to the GPU only while the chunked loss computes (it "
+        "computes every gradient of the loss right there): the same numbers; 1 GiB less GPU memory through the "
+        "backward pass for a 128k-vocabulary 8B model, as much more CPU RAM. For adapter methods with the chunked "
+        "loss, without ZeRO or layer split; no effect when the output layer shares the embedding's weight or the "
+        "model scales or soft-caps its logits.",
+    )
     activation_offload: bool = _field(
         False, "With gradient checkpointing: keep each block's saved input in CPU RAM (copied out and back "
         "while the GPU computes) instead of on the GPU. Exact; costs CPU RAM (shown by the estimate) and a "

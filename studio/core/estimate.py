@@ -52,7 +52,7 @@ from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, r
 from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
                                         format_bytes, parse_size, verdict_for)
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
-from studio.core.memory.states import ModelStates, host_weight_bytes, model_states
+from studio.core.memory.states import ModelStates, host_head_bytes, host_weight_bytes, model_states
 from studio.core.memory.logits import logits_loss_bytes
 from studio.core.memory.offload import host_activation_bytes, offloaded_activations, with_host_activations
 from studio.core.memory.tape import Activations, activations
@@ -74,8 +74,10 @@ def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activa
     inputs += prefix_bytes(shape, regime)
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state, "master_weights": states.master_weights}
+    # an output layer kept in CPU RAM is on the device while the loss runs, which is the forward phase's peak
+    in_loss = {"weights": states.weights + host_head_bytes(shape, regime)}
     return {
-        "forward": {**persistent, **_loss_moment(shape, regime, states, acts, inputs)},
+        "forward": {**persistent, **in_loss, **_loss_moment(shape, regime, states, acts, inputs)},
         "backward": {**persistent, **_backward_moment(shape, regime, states, acts, inputs)},
         "optimizer": {**persistent, "gradients": states.gradients, "activations": inputs,
                       "temporaries": states.optimizer_temporaries},
@@ -147,10 +149,10 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
         placement = None
         block_parameters = sum(p.elements for p in shape.block_parameters)
         devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
-        embedding = host_weight_bytes(shape, regime)  # never with a split (regime)
-        if embedding:
+        kept = host_weight_bytes(shape, regime) * scale_out.num_gpus  # never with a split (regime); one per process
+        if kept:
             parts = dict(host.parts) if host is not None else complete_parts({})
-            host = DeviceEstimate("host", {**parts, "weights": parts["weights"] + embedding},
+            host = DeviceEstimate("host", {**parts, "weights": parts["weights"] + kept},
                                   host.peak_phase if host is not None else "forward")
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
@@ -220,4 +222,18 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
         notes.append("the input embedding stays in CPU RAM (host); only the looked-up rows reach the GPU")
     elif config.training.embedding_on_cpu and shape.tie_embeddings:
         notes.append("training.embedding_on_cpu has no effect here: the output layer shares the embedding's weight")
+    notes += _output_layer_note(shape, regime, config)
     return tuple(notes)
+
+
+def _output_layer_note(shape: ModelShape, regime: Regime, config: RunConfig) -> list[str]:
+    if regime.head_on_host:
+        return ["the output layer stays in CPU RAM (host); it is copied to the GPU only while the loss is computed"]
+    if not config.training.output_layer_on_cpu:
+        return []
+    if shape.tie_embeddings:
+        return ["training.output_layer_on_cpu has no effect here: the output layer shares the embedding's weight"]
+    if shape.transformed_logits:
+        return ["training.output_layer_on_cpu has no effect here: the full loss over these logits needs the "
+                "output layer on the GPU"]
+    return []

@@ -12,7 +12,7 @@ what stands in the way.
 The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
 gradient accumulation (the effective batch micro-batch x accumulation is kept),
 gradient checkpointing, offloading its block inputs to CPU RAM, the 8-bit AdamW optimizer, the input embedding in
-CPU RAM (adapters on one GPU), a 4-bit base model (LoRA becomes QLoRA), the tiled MLP and, when allowed, ZeRO optimizer offload to CPU RAM. The
+CPU RAM (adapters on one GPU), the output layer in CPU RAM (adapters, the chunked loss), a 4-bit base model (LoRA becomes QLoRA), the tiled MLP and, when allowed, ZeRO optimizer offload to CPU RAM. The
 method (full or LoRA) and the sequence length are never changed: they change
 what is trained; the explanation says when they are what would help.
 
@@ -22,8 +22,9 @@ the forward pass (x1.33), its offloaded block inputs cost what their copies do n
 (x1.03: a block's input is 2·hidden bytes a token each way over PCIe, against about 8 x its parameters
 in FLOPs a token; docs/memory-estimate.md), a 4-bit base dequantizes every weight (x1.25), the tiled MLP
 runs the MLP's forward once more (about two thirds of a block's FLOPs, a sixth of a checkpointed step: x1.2), the
-8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a gather and a copy (x1.01) and
-offload moves the optimizer step to the CPU (x1.5).
+8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a gather and a copy (x1.01), the
+output layer in CPU RAM a copy of it to the GPU per micro-batch (x1.03) and offload moves the optimizer step to
+the CPU (x1.5).
 
 Pure Python, like the estimate: the GUI calls it directly. A model no family
 describes is searched the same way from its trace (``studio.core.memory.derived``:
@@ -43,7 +44,7 @@ from studio.core.errors import StudioError
 from studio.core.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
 from studio.core.memory.derived import TRACED_SAVERS, TraceNeededError
 from studio.core.memory.parts import PARTS
-from studio.core.memory.regime import embedding_on_cpu_allowed
+from studio.core.memory.regime import embedding_on_cpu_allowed, output_layer_on_cpu_allowed
 from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.tiled import tiles_its_mlp
 from studio.core.modelinfo import ModelShape, UnknownArchitectureError, model_shape
@@ -53,6 +54,9 @@ CHECKPOINTING_SLOWDOWN = 1.33
 FOUR_BIT_SLOWDOWN = 1.25
 EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
 EMBEDDING_ON_CPU_SLOWDOWN = 1.01  # a CPU gather and one copy of the rows per micro-batch (not measured on a GPU)
+# the output layer copied to the GPU once per micro-batch (1 GiB of an 8B's at about 25 GB/s: some 40 ms against a
+# second or more of compute for a 2,048-token micro-batch; not measured on a GPU)
+OUTPUT_LAYER_ON_CPU_SLOWDOWN = 1.03
 OFFLOAD_SLOWDOWN = 1.5
 ACTIVATION_OFFLOAD_SLOWDOWN = 1.03
 TILED_MLP_SLOWDOWN = 1.2
@@ -131,9 +135,19 @@ def _embedding_on_cpu(c: Candidate) -> list[Candidate]:
     return options
 
 
+def _output_layer_on_cpu(c: Candidate) -> list[Candidate]:
+    options = [c]
+    config = c.config
+    whole_model = not c.scale_out.uses_zero and not c.scale_out.split_devices
+    if not config.training.output_layer_on_cpu and output_layer_on_cpu_allowed(config) and whole_model:
+        options.append(replace(c, config=config.replace(training={"output_layer_on_cpu": True})))
+    return options
+
+
 def _offload(c: Candidate) -> list[Candidate]:
     options = [c]
-    if not c.scale_out.offload_optimizer and not c.config.training.embedding_on_cpu:
+    t = c.config.training
+    if not c.scale_out.offload_optimizer and not t.embedding_on_cpu and not t.output_layer_on_cpu:
         stage = max(c.scale_out.zero_stage, 2)
         options.append(replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True)))
     return options
@@ -153,6 +167,8 @@ SAVERS: tuple[Saver, ...] = (
     Saver("optimizer", _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit"),
     Saver("embedding_on_cpu", _embedding_on_cpu, lambda b, a: "training.embedding_on_cpu on (the input embedding "
           "in CPU RAM)"),
+    Saver("output_layer_on_cpu", _output_layer_on_cpu, lambda b, a: "training.output_layer_on_cpu on (the output "
+          "layer in CPU RAM, on the GPU only for the loss)"),
     Saver("four_bit", _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)"),
     Saver("tiled_mlp", _tiled_mlp, lambda b, a: "training.tiled_mlp on (each MLP recomputed a tile of tokens at a time)"),
     Saver("offload", _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM"),
@@ -179,6 +195,8 @@ def _step_cost(c: Candidate) -> float:
         cost *= EIGHT_BIT_OPTIMIZER_SLOWDOWN
     if t.embedding_on_cpu:
         cost *= EMBEDDING_ON_CPU_SLOWDOWN
+    if t.output_layer_on_cpu:
+        cost *= OUTPUT_LAYER_ON_CPU_SLOWDOWN
     if c.scale_out.offload_optimizer:
         cost *= OFFLOAD_SLOWDOWN
     return cost
@@ -307,6 +325,7 @@ def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
         "activation_offload": o.training.activation_offload == c.training.activation_offload,
         "optimizer": o.training.optimizer == c.training.optimizer,
         "embedding_on_cpu": o.training.embedding_on_cpu == c.training.embedding_on_cpu,
+        "output_layer_on_cpu": o.training.output_layer_on_cpu == c.training.output_layer_on_cpu,
         "four_bit": o.effective_load_in == c.effective_load_in,
         "tiled_mlp": o.training.tiled_mlp == c.training.tiled_mlp,
         "offload": option.scale_out.offload_optimizer == chosen.scale_out.offload_optimizer,

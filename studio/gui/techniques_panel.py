@@ -172,8 +172,14 @@ class TechniquesPanel(SettingsColumn):
                                               "Looks the tokens up in CPU RAM and moves only their rows to the GPU: "
                                               "the same numbers, the embedding's memory (1 GiB for a 128k-vocabulary "
                                               "8B) moves to CPU RAM. Adapters on one GPU; not with a tied output layer.")
+        self.output_layer_on_cpu = ToggleControl(store, "training.output_layer_on_cpu", "Output layer in CPU RAM",
+                                                 "Copies the output layer to the GPU only while the lean loss runs "
+                                                 "(it computes all its gradients there): the same numbers, the layer's "
+                                                 "memory (1 GiB for a 128k-vocabulary 8B) off the GPU for the backward "
+                                                 "pass. Adapters with the lean loss, no ZeRO; not with a tied layer.")
         return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing,
-                         self.activation_offload, self.tiled_mlp, self.optimizer, self.embedding_on_cpu)
+                         self.activation_offload, self.tiled_mlp, self.optimizer, self.embedding_on_cpu,
+                         self.output_layer_on_cpu)
 
     def _batch_group(self) -> QGroupBox:
         store = self.store
@@ -246,6 +252,8 @@ class TechniquesPanel(SettingsColumn):
         t = config.training
         self.activation_offload.setEnabled(t.gradient_checkpointing)
         self.activation_offload.setToolTip("" if t.gradient_checkpointing else "Turn gradient checkpointing on first.")
+        self.output_layer_on_cpu.setEnabled(t.chunked_loss)
+        self.output_layer_on_cpu.setToolTip("" if t.chunked_loss else "Turn the lean loss on first (Speed section).")
         self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
                                      f"{config.effective_batch_size} examples per optimizer step")
 

@@ -17,12 +17,16 @@ Two ways to the same number (and the same gradients, tests prove it):
 
 The chunked path needs logits that are exactly ``output_layer(hidden)``; models
 that scale or soft-cap their logits (Gemma 2, Cohere, Granite) use the full path.
+As it needs the output layer only while it runs, a frozen layer may wait in CPU RAM
+(training.output_layer_on_cpu): each call copies it to the device and drops the copy.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch.nn.functional import cross_entropy, pad
+from torch.nn.functional import cross_entropy, linear, pad
 
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
 from studio.train.data import IGNORE_INDEX
@@ -61,19 +65,31 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_la
     """sum(cross_entropy(output_layer(hidden).float(), targets)) without all the logits at once."""
     chunk = max(1, chunk_bytes // (4 * output_layer.weight.shape[0]))
     trainable = [p for p in output_layer.parameters() if p.requires_grad]
+    project = _on_device(output_layer, hidden.device)
     if torch.is_grad_enabled() and (hidden.requires_grad or trainable):
-        return _ChunkedCrossEntropy.apply(hidden, targets, output_layer, chunk, *trainable)
+        return _ChunkedCrossEntropy.apply(hidden, targets, project, chunk, *trainable)
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk):
-        total = total + _chunk_loss(hidden[start:start + chunk], targets[start:start + chunk], output_layer)
+        total = total + _chunk_loss(hidden[start:start + chunk], targets[start:start + chunk], project)
     return total
+
+
+def _on_device(output_layer: torch.nn.Module, device: torch.device):
+    """The output layer as the loss calls it. One kept in CPU RAM (training.output_layer_on_cpu, a frozen
+    ``nn.Linear``) is copied to ``device`` once, here: the loss computes all its gradients before it returns,
+    and the copy goes with it. Always a copy, also on the CPU, where it is what a GPU would hold for the loss."""
+    if getattr(output_layer, "outputs_device", None) is None:
+        return output_layer
+    weight, bias = (None if p is None else p.to(device, non_blocking=True, copy=True)
+                    for p in (output_layer.weight, output_layer.bias))
+    return functools.partial(linear, weight=weight, bias=bias)
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     """The chunked loss, with its gradients computed chunk by chunk in the forward pass (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, hidden, targets, output_layer, chunk, *trainable):
+    def forward(ctx, hidden, targets, output_layer, chunk, *trainable):  # output_layer: what _on_device gives
         hidden_grad = torch.zeros_like(hidden, dtype=torch.float32)
         weight_grads = [torch.zeros_like(p, dtype=torch.float32) for p in trainable]
         total = hidden.new_zeros((), dtype=torch.float32)

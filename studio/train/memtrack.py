@@ -10,7 +10,7 @@ is the peak of live tensor bytes, i.e. what CUDA's ``max_memory_allocated``
 reports, minus allocator rounding.
 
 Tensors made under ``on_host()`` (offloaded activations) and the ``host`` tensors given to
-``add_module`` (an embedding kept in CPU RAM) are meant for CPU RAM beside the device: the
+``add_module`` (an embedding or output layer kept in CPU RAM) are meant for CPU RAM beside the device: the
 tracker counts them apart, as ``host_bytes`` and its peak ``host_report``, so that a CPU run,
 whose device and host are the same RAM, still measures the two apart.
 

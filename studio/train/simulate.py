@@ -35,7 +35,7 @@ from studio.core.memory.regime import loss_impl_for
 from studio.train import model as model_module
 from studio.train.loss import chunked_cross_entropy, lean_output_layer, predicting_hidden_states, token_loss_sum
 from studio.train.memtrack import LiveTensorTracker, tracker_for
-from studio.train.model import build_model, compute_dtype, host_weights, hub_config, keep_embedding_on_cpu
+from studio.train.model import build_model, compute_dtype, host_weights, hub_config, keep_weights_on_cpu
 from studio.train.optim import build_optimizer
 
 STEPS = 2
@@ -50,8 +50,8 @@ class StepMemory:
     phase_peaks: dict[str, int]
     seconds: float
     peak_reserved_bytes: int = 0  # CUDA only
-    # host RAM beside the device, not in peak_bytes: the embedding kept there (training.embedding_on_cpu) and
-    # offloaded activations (counted apart on the CPU; not measured on CUDA)
+    # host RAM beside the device, not in peak_bytes: the weights kept there (training.embedding_on_cpu,
+    # output_layer_on_cpu) and offloaded activations (counted apart on the CPU; not measured on CUDA)
     host_peak_bytes: int = 0
 
 
@@ -115,7 +115,7 @@ def measure_step(config: RunConfig, device: torch.device | None = None, steps: i
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(config.training.seed)
     model = build_model(config, device)
-    keep_embedding_on_cpu(model, config, device)
+    keep_weights_on_cpu(model, config, device)
     optimizer = build_optimizer(config, _trainable(model))
     batches = full_length_batches(config, model.config.get_text_config().vocab_size, device)
     started = time.perf_counter()
@@ -166,7 +166,7 @@ def fake_model(config: RunConfig, layers: int | None = None):
         model = build_model(config, torch.device("meta"))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     _materialize_fake(model, fake_mode)
-    keep_embedding_on_cpu(model, config, torch.device("cpu"))  # for the tracker: the fake tensors are on the CPU
+    keep_weights_on_cpu(model, config, torch.device("cpu"))  # for the tracker: the fake tensors are on the CPU
     return model, fake_mode
 
 

@@ -57,7 +57,7 @@ from studio.train.failure import FailureReporter, SilentEvents
 from studio.train.launcher import launch, launched_by_studio
 from studio.train.methods import adapter_regularization, after_optimizer_step
 from studio.train.model import (adapted_module_names, build_model, count_parameters, host_weights,
-                                 keep_embedding_on_cpu, load_tokenizer)
+                                 keep_weights_on_cpu, load_tokenizer)
 from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
 from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
@@ -155,7 +155,7 @@ class Worker:
             how = {"zero3": "ZeRO-3", "fsdp": "FSDP"}[config.distributed.sharding]
             log.info("loaded sharded (%s): this process holds %s of the %s weights", how,
                      f"{self.engine.weights_held(self.raw_model):,}", f"{total:,}")
-        keep_embedding_on_cpu(self.raw_model, config, self.device)  # prepare may have moved it to the GPU
+        keep_weights_on_cpu(self.raw_model, config, self.device)  # prepare may have moved them to the GPU
         if self.engine.loads_sharded:
             self.packed = self._packs(self.raw_model)  # every rank probes: the engine gathers each layer's shards
         loading_memory = self.engine.gather(loading.figures(self.engine.rank, self.engine.loads_sharded))
@@ -280,7 +280,7 @@ class Worker:
         report = tracker.report
         mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
                 "phase_bytes": dict(report.phase_peaks)}
-        if tracker.host_report.peak_bytes:  # the embedding kept in CPU RAM, offloaded activations
+        if tracker.host_report.peak_bytes:  # weights kept in CPU RAM, offloaded activations
             mine["host_bytes"] = tracker.host_report.peak_bytes
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
             self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)

@@ -71,7 +71,7 @@ TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.meth
 
 # Issue 14's savers change what a step keeps: traced as set, never recounted (the trace counts the device's
 # memory only, so the CPU RAM they take is not in a derived estimate)
-TRACED_SAVERS = ("lean_weights", "embedding_on_cpu", "activation_offload", "tiled_mlp")
+TRACED_SAVERS = ("lean_weights", "embedding_on_cpu", "output_layer_on_cpu", "activation_offload", "tiled_mlp")
 
 
 def trace_settings(config: RunConfig) -> dict:

@@ -50,6 +50,7 @@ class Regime:
     lean_embedding: bool = False  # k-bit preparation leaves the frozen input embedding 16-bit (lean_outer_weights)
     lean_head: bool = False  # and the output layer
     embedding_on_host: bool = False  # the frozen input embedding stays in CPU RAM (training.embedding_on_cpu)
+    head_on_host: bool = False  # the frozen output layer too, on the device only in the loss (output_layer_on_cpu)
     activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.offload)
     tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.tiled)
 
@@ -114,6 +115,22 @@ def embedding_on_host(config: RunConfig, tied: bool) -> bool:
     return config.training.embedding_on_cpu and embedding_on_cpu_allowed(config) and not tied
 
 
+def output_layer_on_cpu_allowed(config: RunConfig) -> bool:
+    """Where the output layer may stay in CPU RAM, on the device only while the chunked loss runs: frozen (an
+    adapter that does not target it), and the chunked loss, which computes all the loss's gradients in that
+    call (studio.train.loss), in processes that each hold the whole model (no ZeRO, no layer split)."""
+    d = config.distributed
+    targets_head = config.adapts_linears and "lm_head" in config.lora.target_modules
+    return (config.uses_adapter and not targets_head and loss_impl_for(config) == "chunked"
+            and d.sharding == "none" and not d.layer_split)
+
+
+def output_layer_on_host(config: RunConfig, tied: bool, plain_logits: bool) -> bool:
+    """Whether the worker keeps the output layer in CPU RAM: asked for, allowed, not the input embedding's weight
+    too (the forward pass looks rows up in it), and logits that are plainly its output (else the full loss runs)."""
+    return config.training.output_layer_on_cpu and output_layer_on_cpu_allowed(config) and not tied and plain_logits
+
+
 def lean_outer_weights(lean: bool, autocast: bool, embedding_scales: bool, tied: bool) -> tuple[bool, bool]:
     """Which frozen weights k-bit preparation leaves 16-bit instead of upcasting them: (input embedding, output
     layer). studio.train.model asks the same, from the modules it holds.
@@ -176,6 +193,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
         lean_embedding=lean_embedding, lean_head=lean_head,
         embedding_on_host=embedding_on_host(config, shape.tie_embeddings),
+        head_on_host=output_layer_on_host(config, shape.tie_embeddings, loss_impl == "chunked"),
         activation_offload=training.activation_offload and training.gradient_checkpointing,
         tiled_mlp=training.tiled_mlp,
     )

@@ -95,11 +95,22 @@ def weight_bytes(shape: ModelShape, regime: Regime) -> int:
 
 
 def host_weight_bytes(shape: ModelShape, regime: Regime) -> int:
-    """The input embedding kept in CPU RAM (training.embedding_on_cpu), else 0."""
-    if not regime.embedding_on_host:
+    """The weights kept in CPU RAM: the input embedding (training.embedding_on_cpu) and the output layer
+    (training.output_layer_on_cpu)."""
+    embedding = 0
+    if regime.embedding_on_host:
+        _, rows = shape.family.embeddings[0]
+        embedding = rows(shape) * shape.hidden * DTYPE_BYTES[regime.embedding_dtype]
+    return embedding + host_head_bytes(shape, regime)
+
+
+def host_head_bytes(shape: ModelShape, regime: Regime) -> int:
+    """The output layer kept in CPU RAM (training.output_layer_on_cpu), else 0: its weight and any bias, which
+    the loss copies to the device while it runs."""
+    if not regime.head_on_host:
         return 0
-    _, rows = shape.family.embeddings[0]
-    return rows(shape) * shape.hidden * DTYPE_BYTES[regime.embedding_dtype]
+    head = [p for p in shape.outer_parameters if p.kind in ("head", "head_bias")]
+    return sum(p.elements for p in head) * DTYPE_BYTES[regime.head_dtype]
 
 
 def _block_parameter_width(p, regime: Regime) -> int:
