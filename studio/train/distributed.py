@@ -214,7 +214,7 @@ class AccelerateEngine:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = get_model_state_dict(self.model, options=_full_state(ignore_frozen_params=True))
-        # torch drops a frozen weight under its first name only, so a tied output layer would stay in
+        # torch drops a frozen weight under its first name only: a tied output layer would stay in under its own
         trained = {name for name, param in raw_model.named_parameters(remove_duplicate=False) if param.requires_grad}
         return {name: tensor.contiguous() for name, tensor in state.items() if name in trained}
 
