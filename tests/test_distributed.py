@@ -8,6 +8,7 @@ cluster bundle trains LONG_STEPS, so the reference trains that many once for all
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -172,6 +173,8 @@ def test_fsdp_in_one_process_is_refused_with_a_reason(small_data, tmp_path):
     code, run_dir = run(config_for(small_data, 1, sharding="fsdp"), tmp_path / "run", watch_stdin=False)
     assert code == EXIT_FAILED
     assert "FSDP needs several processes" in events_of(run_dir, "error")[0]["message"]
+    # refused before accelerate marks the environment: later runs in this process must not turn into FSDP
+    assert os.environ.get("ACCELERATE_USE_FSDP", "false") != "true"
 
 
 @pytest.mark.slow

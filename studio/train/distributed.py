@@ -73,13 +73,15 @@ class AccelerateEngine:
         # Loaded sharded: rank 0 alone reads the weights, the others build the model on the meta device and
         # receive their shard of each weight from rank 0 when accelerate shards it (8-bit weights load whole).
         self.fsdp_loads_sharded = config.sharded_loading == "fsdp"
+        # refused before accelerate sees the plugin: it marks the process environment for FSDP, which every later
+        # Accelerator in this process (and its children) would follow
+        if fsdp and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise StudioError("FSDP needs several processes", "set distributed.num_processes to 2 or more, or sharding to none",
+                              kind="config")
         plugin = _fsdp_plugin(self.fsdp_loads_sharded) if fsdp else None
         self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)
         if fsdp and self.accelerator.distributed_type == DistributedType.MULTI_CPU:
             _shard_on_the_cpu(self.accelerator, plugin, mixed)
-        if fsdp and self.accelerator.distributed_type != DistributedType.FSDP:
-            raise StudioError("FSDP needs several processes", "set distributed.num_processes to 2 or more, or sharding to none",
-                              kind="config")
         self.fsdp = fsdp
         self.device = self.accelerator.device
         self.rank, self.world_size = self.accelerator.process_index, self.accelerator.num_processes
