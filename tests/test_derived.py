@@ -163,7 +163,7 @@ REAL_STEPS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["stablelm", "starcoder2"])
+@pytest.mark.parametrize("family", ["stablelm", pytest.param("starcoder2", marks=pytest.mark.heavy)])
 def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family):
     import torch
 
@@ -288,6 +288,7 @@ def no_new_trace(picked_trace, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the pick-time trace of 8 regimes: minutes
 def test_after_one_trace_each_toggle_estimates_in_milliseconds_with_no_new_trace(no_new_trace):
     folder, model_config, cache = no_new_trace
     traced = {path: path.stat().st_mtime_ns for path in cache.iterdir()}
@@ -313,6 +314,7 @@ FRESH = [{"lora": {"r": 64, "target_modules": ("q_proj", "v_proj"), "dropout": 0
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the pick-time trace of 8 regimes: minutes
 def test_toggled_estimates_agree_with_a_fresh_trace_of_those_settings(picked_trace, tmp_path, monkeypatch):
     from studio.train.trace import write_trace
 
@@ -331,6 +333,7 @@ def test_toggled_estimates_agree_with_a_fresh_trace_of_those_settings(picked_tra
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the pick-time trace of 8 regimes: minutes
 def test_fit_searches_a_derived_model_over_the_traced_toggles(no_new_trace):
     from studio.core.fit import fit
 

@@ -134,10 +134,12 @@ SHARDED_RUNS = {
     "zero3-2proc": (2, {"sharding": "zero3"}),
     "fsdp-2proc": (2, {"sharding": "fsdp"}),
 }
+HEAVY_RUNS = ("zero2-1proc", "zero3-1proc-offload", "zero2-2proc-offload")  # CI keeps two processes of ZeRO-3 and FSDP
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SHARDED_RUNS)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.heavy) if name in HEAVY_RUNS else name
+                                  for name in SHARDED_RUNS])
 def test_sharded_training_resumes_and_exports_like_plain_training(small_data, tmp_path, reference, name):
     processes, distributed = SHARDED_RUNS[name]
     sharding = distributed["sharding"]
@@ -164,6 +166,7 @@ def test_sharded_training_resumes_and_exports_like_plain_training(small_data, tm
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_zero1_trains(small_data, tmp_path, reference):
     code, run_dir = train_cli(config_for(small_data, 1, sharding="zero1"), tmp_path)
     assert code == EXIT_OK and losses(run_dir) == pytest.approx(reference, **CLOSE)
