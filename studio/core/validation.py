@@ -14,7 +14,7 @@ from studio.core.config import RunConfig
 from studio.core.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
 from studio.core.hub_data import is_hub_spec, parse_hub_spec
-from studio.core.memory.regime import embedding_on_cpu_allowed, loss_impl_for, output_layer_on_cpu_allowed
+from studio.core.memory.regime import embedding_on_cpu_allowed, output_layer_refusal
 from studio.core.row_formats import DataError
 from studio.core.methods import ADALORA_BUDGET, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.modelcheck import is_local_model
@@ -189,9 +189,8 @@ def _check_training(config: RunConfig) -> list[Problem]:
         problems.append(Problem("training.embedding_on_cpu", "the input embedding stays in CPU RAM only for a frozen "
                                 "embedding (adapter methods on linear layers) in one process without sharding or "
                                 "layer split", "turn training.embedding_on_cpu off"))
-    if t.output_layer_on_cpu and not output_layer_on_cpu_allowed(config):
-        problems.append(Problem("training.output_layer_on_cpu", _why_the_output_layer_stays(config),
-                                "turn training.output_layer_on_cpu off"))
+    if t.output_layer_on_cpu and (refusal := output_layer_refusal(config)):
+        problems.append(Problem("training.output_layer_on_cpu", refusal, "turn training.output_layer_on_cpu off"))
     if t.activation_offload and not t.gradient_checkpointing:
         problems.append(Problem("training.activation_offload", "offloads the block inputs that gradient "
                                 "checkpointing keeps, and gradient checkpointing is off",
@@ -201,20 +200,6 @@ def _check_training(config: RunConfig) -> list[Problem]:
                                 f"{config.distributed.sharding} shards the weights",
                                 "turn training.tiled_mlp off, or use distributed.sharding zero2 or none"))
     return problems
-
-
-def _why_the_output_layer_stays(config: RunConfig) -> str:
-    """Why the output layer cannot stay in CPU RAM (output_layer_on_cpu_allowed says no)."""
-    d = config.distributed
-    if not config.uses_adapter:
-        return "full fine-tuning trains the output layer: it must stay on the GPU"
-    if loss_impl_for(config) != "chunked":
-        return ("the output layer leaves the GPU only with the chunked loss (training.chunked_loss on, no zero3 or "
-                "fsdp), which computes all its gradients while it runs")
-    if d.sharding != "none" or d.layer_split:
-        return ("the output layer stays in CPU RAM only in processes that each hold the whole model: no ZeRO "
-                "sharding (distributed.sharding none), no distributed.layer_split")
-    return "lora.target_modules adapts lm_head, so the output layer trains: it must stay on the GPU"
 
 
 def _check_schedule(config: RunConfig) -> list[Problem]:

@@ -116,13 +116,26 @@ def embedding_on_host(config: RunConfig, tied: bool) -> bool:
 
 
 def output_layer_on_cpu_allowed(config: RunConfig) -> bool:
-    """Where the output layer may stay in CPU RAM, on the device only while the chunked loss runs: frozen (an
-    adapter that does not target it), and the chunked loss, which computes all the loss's gradients in that
-    call (studio.train.loss), in processes that each hold the whole model (no ZeRO, no layer split)."""
+    """Where the output layer may stay in CPU RAM, on the device only while the chunked loss runs."""
+    return output_layer_refusal(config) is None
+
+
+def output_layer_refusal(config: RunConfig) -> str | None:
+    """Why the output layer cannot stay in CPU RAM, or None where it can: frozen (an adapter that does not target
+    it), and the chunked loss, which computes all the loss's gradients in that call (studio.train.loss), in
+    processes that each hold the whole model (no ZeRO, no layer split)."""
     d = config.distributed
-    targets_head = config.adapts_linears and "lm_head" in config.lora.target_modules
-    return (config.uses_adapter and not targets_head and loss_impl_for(config) == "chunked"
-            and d.sharding == "none" and not d.layer_split)
+    if not config.uses_adapter:
+        return "full fine-tuning trains the output layer: it must stay on the GPU"
+    if loss_impl_for(config) != "chunked":
+        return ("the output layer leaves the GPU only with the chunked loss (training.chunked_loss on, no zero3 or "
+                "fsdp), which computes all its gradients while it runs")
+    if d.sharding != "none" or d.layer_split:
+        return ("the output layer stays in CPU RAM only in processes that each hold the whole model: no ZeRO "
+                "sharding (distributed.sharding none), no distributed.layer_split")
+    if config.adapts_linears and "lm_head" in config.lora.target_modules:
+        return "lora.target_modules adapts lm_head, so the output layer trains: it must stay on the GPU"
+    return None
 
 
 def output_layer_on_host(config: RunConfig, tied: bool, plain_logits: bool) -> bool:
