@@ -2,8 +2,8 @@
 
     python benchmarks/estimate_speed.py
 
-Times ``studio.core.estimate.estimate`` on real model configs (8B Llama,
-GPT-2, Pythia, Gemma) across methods and settings, and ``studio.core.fit.fit``,
+Times ``studio.core.memory.estimate.estimate`` on real model configs (8B Llama,
+GPT-2, Pythia, Gemma) across methods and settings, and ``studio.core.memory.fit.fit``,
 which runs a few dozen estimates. Pure Python: no torch is imported.
 """
 
@@ -31,8 +31,8 @@ def _time_ms(function, repeats: int, clock=time.perf_counter) -> list[float]:
 
 def main() -> int:
     from studio.core.config import RunConfig
-    from studio.core.estimate import ScaleOut, estimate
-    from studio.core.fit import fit
+    from studio.core.memory.estimate import ScaleOut, estimate
+    from studio.core.memory.fit import fit
     from test_estimate import GEMMA_2B, GPT2_SMALL, LLAMA_31_8B, PYTHIA_160M
 
     models = {"Llama-3.1-8B": LLAMA_31_8B, "GPT-2": GPT2_SMALL, "Pythia-160M": PYTHIA_160M, "Gemma-2B": GEMMA_2B}

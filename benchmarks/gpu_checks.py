@@ -117,7 +117,7 @@ def check_config(sections: dict):
 
 def run_check(name: str, sections: dict, workdir: Path) -> dict:
     from studio.core.config import save_config
-    from studio.core.events import read_events, summarize
+    from studio.core.run.events import read_events, summarize
 
     folder = workdir / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     folder.mkdir(parents=True)
@@ -152,11 +152,11 @@ def offload_comparison(device, folder: Path, model: dict = OFFLOAD_MODEL, length
 
     from helpers import quick_config
     from model_factory import make_tiny_model
-    from studio.core.estimate import estimate
-    from studio.train.memtrack import tracker_for
-    from studio.train.model import build_model
+    from studio.core.memory.estimate import estimate
+    from studio.train.measure.memtrack import tracker_for
+    from studio.train.model.build import build_model
     from studio.train.optim import build_optimizer
-    from studio.train.simulate import full_length_batches, run_optimizer_steps, target_tokens
+    from studio.train.measure.simulate import full_length_batches, run_optimizer_steps, target_tokens
 
     make_tiny_model("llama", folder, **model)
     model_config = json.loads((folder / "config.json").read_text())

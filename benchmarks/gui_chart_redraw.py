@@ -20,8 +20,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import numpy as np  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from studio.gui.charts import ChartsPanel  # noqa: E402
-from studio.gui.series import GIB, RunSeries  # noqa: E402
+from studio.gui.widgets.charts import ChartsPanel  # noqa: E402
+from studio.gui.state.series import GIB, RunSeries  # noqa: E402
 
 
 def filled_run(points: int) -> RunSeries:

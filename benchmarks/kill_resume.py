@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from studio.core.config import RunConfig, save_config  # noqa: E402
-from studio.core.events import EventReader, read_events  # noqa: E402
-from studio.core.rundir import RunDir  # noqa: E402
+from studio.core.run.events import EventReader, read_events  # noqa: E402
+from studio.core.run.directory import RunDir  # noqa: E402
 
 
 @dataclass

@@ -8,11 +8,11 @@ Each row builds a random-weight model of one architecture with the worker's own
 ``build_model``, runs two optimizer steps the way the worker does (the first
 allocates the optimizer state, the second is the steady state) at full
 sequence length, and takes the peak of live tensor bytes from a dispatch-mode
-tracker (``studio.train.memtrack``). It compares that with the analytic
-estimate (``studio.core.estimate``, device type cpu) and with the simulated
-one (the same steps on fake tensors, ``studio.train.simulate``). The rows named
+tracker (``studio.train.measure.memtrack``). It compares that with the analytic
+estimate (``studio.core.memory.estimate``, device type cpu) and with the simulated
+one (the same steps on fake tensors, ``studio.train.measure.simulate``). The rows named
 ``derived:`` estimate from a traced step instead of the family's description
-(``studio.core.memory.derived``, traced here in-process by ``studio.train.trace``);
+(``studio.core.memory.derived``, traced here in-process by ``studio.train.measure.trace``);
 ``--only derived:`` runs just those. Rows with ``activation_offload=True`` also compare the host memory
 (the offloaded block inputs in CPU RAM, which the tracker counts apart from the device's), as do those with
 ``embedding_on_cpu`` or ``output_layer_on_cpu`` (the weights kept there); ``--only offload``
@@ -232,7 +232,7 @@ CASES = [
     Case("phi-36M", "lora", "bf16", 2, 256, checkpointing=True, changes={"training": {"output_layer_on_cpu": True}}),
 ]
 
-# Offloaded activation checkpointing: the device and the host (CPU RAM) measured apart (studio.train.memtrack.on_host).
+# Offloaded activation checkpointing: the device and the host (CPU RAM) measured apart (studio.train.savers.host_memory.on_host).
 OFFLOAD = {"training": {"activation_offload": True}}
 OFFLOAD_CASES = [
     Case("llama-7M", "lora", "bf16", 4, 256, checkpointing=True, changes=OFFLOAD),
@@ -245,7 +245,7 @@ OFFLOAD_CASES = [
     Case("mistral-26M", "lora", "fp32", 2, 512, checkpointing=True, changes=OFFLOAD),
 ]
 
-# The tiled MLP (studio.train.tiled_mlp), alone and with checkpointing and its offload.
+# The tiled MLP (studio.train.savers.tiled_mlp), alone and with checkpointing and its offload.
 TILED = {"training": {"tiled_mlp": True}}
 TILED_CASES = [
     Case("llama-7M", "lora", "bf16", 4, 256, changes=TILED),
@@ -353,8 +353,8 @@ def model_folder(name: str, cache: Path) -> Path:
 def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int = 0) -> Row:
     import torch
 
-    from studio.core.estimate import estimate
-    from studio.train.simulate import measure_step
+    from studio.core.memory.estimate import estimate
+    from studio.train.measure.simulate import measure_step
     from studio.core.memory.derived import derived_estimate
 
     started = time.perf_counter()
@@ -387,7 +387,7 @@ def traced(case: Case, config, folder: Path):
     """The derived rows' trace: of the row's own settings alone, or (``traced_as``) of other settings and their
     one-toggle neighbours, as when a model is picked in the window."""
     from studio.core.memory.derived import Trace
-    from studio.train.trace import trace_model
+    from studio.train.measure.trace import trace_model
 
     if not case.traced_as:
         return Trace(trace_model(config, neighbours=False))
@@ -400,7 +400,7 @@ def traced(case: Case, config, folder: Path):
 
 def simulated_peak(config) -> int | None:
     """The fake-tensor step's peak, or None (a table's "n/a") where the method cannot run on fake tensors."""
-    from studio.train.simulate import simulate_step
+    from studio.train.measure.simulate import simulate_step
 
     try:
         return simulate_step(config).peak_bytes

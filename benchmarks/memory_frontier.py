@@ -5,7 +5,7 @@
 
 Llama-3.1-8B and Llama-3.3-70B, QLoRA (4-bit NF4, double quantization) r32 on every linear layer of the
 blocks, micro-batch 1, gradient checkpointing, bf16: the setup of Unsloth's published context-length
-tables. For each card size, the longest ``data.max_length`` whose estimated peak (``studio.core.estimate``
+tables. For each card size, the longest ``data.max_length`` whose estimated peak (``studio.core.memory.estimate``
 for CUDA: tensors, the CUDA context and the allocator margin) fits in that many GiB, with
 
 * before: the defaults before lean weights (k-bit preparation's fp32 embedding and output layer);
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from studio.core.config import RunConfig  # noqa: E402
-from studio.core.estimate import GIB, estimate  # noqa: E402
+from studio.core.memory.estimate import GIB, estimate  # noqa: E402
 
 _LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192, "rope_type": "llama3"}

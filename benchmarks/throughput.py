@@ -24,7 +24,7 @@ Throughput counts real (non-padding) tokens per second of process CPU time (the
 machine may be shared: CPU time is what a side itself spent; wall time is shown
 too) over the steps after the warm-up ones. Sides run interleaved, in a rotating
 order, ``--repeats`` times; the table gives the median and the spread. Memory is
-the peak of live tensor bytes over one step (studio.train.memtrack's
+the peak of live tensor bytes over one step (studio.train.measure.memtrack's
 LiveTensorTracker on every side; on CUDA the allocator's peak), and the peak of
 the live tensors as wide as the vocabulary (the logits and their fp32 copies).
 """
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from studio.train.memtrack import LiveTensorTracker  # noqa: E402
+from studio.train.measure.memtrack import LiveTensorTracker  # noqa: E402
 
 SIDES = ("hf_padded", "hf_flat", "ours", "ours_plain")
 MIB = 1024**2
@@ -195,8 +195,8 @@ def sync() -> None:
 
 
 def run_ours(folder: Path, args, plain: bool, tracker_factory, tokens_of) -> Result:
-    from studio.core.events import EventWriter
-    from studio.core.rundir import RunDir
+    from studio.core.run.events import EventWriter
+    from studio.core.run.directory import RunDir
     from studio.train.control import StopController
     from studio.train.worker import Worker
 
@@ -229,8 +229,8 @@ def run_hf(folder: Path, args, rows, flat: bool, tracker_factory, tokens_of) -> 
                               TrainerCallback, TrainingArguments)
     from transformers.trainer_callback import PrinterCallback
 
-    from studio.train.methods import peft_config
-    from studio.train.model import load_tokenizer
+    from studio.train.model.methods import peft_config
+    from studio.train.model.build import load_tokenizer
 
     config = run_config(folder, args, plain=True)
     tokenizer = load_tokenizer(config)
@@ -295,8 +295,8 @@ def device() -> torch.device:
 
 def plan_rows(folder: Path, args):
     """The worker's tokenized rows, in the order of its batch plan, and the real tokens per step."""
-    from studio.train.data import prepare_data
-    from studio.train.model import load_tokenizer
+    from studio.train.data.prepare import prepare_data
+    from studio.train.model.build import load_tokenizer
     from studio.train.worker import BatchPlan
 
     config = run_config(folder, args, plain=True)
@@ -350,7 +350,7 @@ def main(argv=None) -> dict:
 
         def tracker_factory():
             if device().type == "cuda":
-                from studio.train.memtrack import CudaPeakTracker
+                from studio.train.measure.memtrack import CudaPeakTracker
 
                 return CudaPeakTracker()
             return VocabTracker(sizes["vocab_size"], "cpu")

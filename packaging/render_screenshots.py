@@ -21,7 +21,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = (1280, 800)
-SIMULATED_GPU_ENV = "STUDIO_SIMULATE_GPU_MEMORY"  # studio.train.oom's (importing it here would load torch)
+SIMULATED_GPU_ENV = "STUDIO_SIMULATE_GPU_MEMORY"  # studio.train.measure.oom's (importing it here would load torch)
 
 
 def wait_until(app, condition, timeout: float, what: str) -> None:
@@ -72,7 +72,7 @@ def setup_states(app, window, shot) -> None:
 
 def training_states(app, window, shot) -> tuple[Path, Path]:
     from studio.core.presets import demo_config
-    from studio.gui.job_state import State
+    from studio.gui.state.job_state import State
 
     window.estimate_panel.picker.combo.setCurrentIndex(window.estimate_panel.picker.combo.findText("GeForce RTX 4090 (24 GiB)"))
     window.store.set(demo_config().replace(training={"max_steps": 80, "micro_batch_size": 8},
@@ -130,7 +130,7 @@ def run_tabs(app, window, shot, first: Path, second: Path) -> None:
 
 def failure_states(app, window, shot, scratch: Path) -> None:
     from studio.core.presets import DEMO_MODEL, demo_config
-    from studio.gui.job_state import State
+    from studio.gui.state.job_state import State
 
     broken = scratch / "model-without-weights"
     broken.mkdir()
@@ -141,7 +141,7 @@ def failure_states(app, window, shot, scratch: Path) -> None:
     window.setup_tabs.setCurrentWidget(window.model_panel)
     shot("setup-model-cannot-load")  # Start is off, with the reason beside it
 
-    # A run that does not fit: the worker behaves as on a GPU of 12 MiB (studio.train.oom) and runs out.
+    # A run that does not fit: the worker behaves as on a GPU of 12 MiB (studio.train.measure.oom) and runs out.
     window.store.set(demo_config().replace(training={"max_steps": 20, "micro_batch_size": 8}))
     os.environ[SIMULATED_GPU_ENV] = "12MiB"
     window.run_tabs.setCurrentWidget(window.charts)

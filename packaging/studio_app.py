@@ -5,7 +5,7 @@
     finetune-studio --install-menu-entry   (Linux) add it to the desktop menu; --uninstall-menu-entry removes it
     finetune-studio -m MODULE ARGS   MODULE in the training runtime's Python
 
-The window starts its worker, export and generate as ``sys.executable -m ...`` (studio.core.commands);
+The window starts its worker, export and generate as ``sys.executable -m ...`` (studio.core.run.commands);
 in the bundle sys.executable is this program, so those commands land here and run in the runtime.
 A runtime that is not ready refuses, saying what to do, the way every studio command fails.
 """
@@ -18,8 +18,8 @@ import sys
 
 
 def run_in_runtime(args: list[str]) -> int:
-    from studio.core.commands import run_handler
-    from studio.core.runtime import plan_for_this_machine, runtime_environment, runtime_invocation
+    from studio.core.run.commands import run_handler
+    from studio.core.runtime.environment import plan_for_this_machine, runtime_environment, runtime_invocation
 
     def forward(_args) -> int:
         argv = runtime_invocation(args, plan_for_this_machine())
@@ -36,9 +36,9 @@ def smoke() -> int:
     from PySide6.QtCore import QTimer
 
     from studio import __version__
-    from studio.core.dataset import iter_records
+    from studio.core.data.dataset import iter_records
     from studio.core.presets import DEMO_DATASETS
-    from studio.core.runtime import find_uv, plan_for_this_machine, runtime_state
+    from studio.core.runtime.environment import find_uv, plan_for_this_machine, runtime_state
     from studio.gui.app import create_app
     from studio.gui.main_window import MainWindow
 

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from studio.cli_memory import add_estimate, add_fit
-from studio.core.commands import run_handler
+from studio.core.run.commands import run_handler
 from studio.core.errors import StudioError
-from studio.core.gguf import DEFAULT_QUANT, QUANT_TYPES
+from studio.core.export.gguf import DEFAULT_QUANT, QUANT_TYPES
 from studio.train import entry as train_entry
 
 
@@ -96,10 +96,10 @@ def _demo(args) -> int:
 
 
 def _export(args) -> int:
-    from studio.core.commands import read_export_record
-    from studio.train.export import export_run
-    from studio.core.publishing import check_can_push
-    from studio.train.hub_push import publish
+    from studio.core.run.commands import read_export_record
+    from studio.train.export.hf_format import export_run
+    from studio.core.export.publishing import check_can_push
+    from studio.train.export.hub_push import publish
 
     if args.private and not args.push_to_hub:
         raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
@@ -119,8 +119,8 @@ def _export(args) -> int:
 
 
 def _export_gguf(args) -> Path:
-    from studio.core.commands import read_export_record
-    from studio.train.gguf_export import export_gguf
+    from studio.core.run.commands import read_export_record
+    from studio.train.export.gguf import export_gguf
 
     out, _ = export_gguf(args.run_dir, tuple(args.quant), args.out)
     print(f"exported GGUF to {out}")
@@ -136,7 +136,7 @@ def _export_gguf(args) -> Path:
 def _generate(args) -> int:
     import json
 
-    from studio.train.generate import side_by_side
+    from studio.train.evaluation.generate import side_by_side
 
     answers = side_by_side(args.run_dir, args.prompt, args.max_new_tokens)
     if args.json:
@@ -147,7 +147,7 @@ def _generate(args) -> int:
 
 
 def _bundle(args) -> int:
-    from studio.core.bundle import parse_hosts, write_bundle
+    from studio.core.run.bundle import parse_hosts, write_bundle
     from studio.core.config import load_config
 
     config = load_config(args.config)
@@ -176,8 +176,8 @@ def _config(args) -> int:
         save_config(demo_config(), args.file)
         print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
         return 0
-    from studio.core.dataset import inspect_files
-    from studio.train.hub_datasets import load_hub_datasets
+    from studio.core.data.dataset import inspect_files
+    from studio.train.data.hub import load_hub_datasets
     from studio.train.preflight import check_model
 
     config = load_config(args.file)

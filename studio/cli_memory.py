@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from studio.core.commands import last_json_object, simulation_command, trace_command
+from studio.core.run.commands import last_json_object, simulation_command, trace_command
 from studio.core.errors import StudioError
-from studio.core.estimate import parse_size
+from studio.core.memory.estimate import parse_size
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 
 SIMULATION_TIMEOUT_S = 600
@@ -41,7 +41,7 @@ def _add_scale_out_arguments(parser) -> None:
 
 def scale_out_for(args, config):
     """The flags when any is given, else the config's distributed section (a layer split takes --gpus x --gpu-memory)."""
-    from studio.core.estimate import ScaleOut
+    from studio.core.memory.estimate import ScaleOut
 
     if config.distributed.layer_split:
         sizes = (args.gpu_memory,) * (args.gpus or 1) if args.gpu_memory else ()
@@ -89,7 +89,7 @@ def add_fit(commands) -> None:
 
 def _load(args):
     from studio.core.config import load_config
-    from studio.core.modelinfo import load_model_config
+    from studio.core.model.info import load_model_config
 
     config = load_config(args.config)
     model_config = load_model_config(config.model.name_or_path, config.model.revision)
@@ -99,8 +99,8 @@ def _load(args):
 def run_data_tokens(config) -> tuple[int, int]:
     """(the largest micro-batch in tokens, the longest row) of the run's own data in its order: the data is
     read and tokenized as the worker does (studio.core.memory.run_data)."""
-    from studio.train.data import prepare_data
-    from studio.train.model import load_tokenizer
+    from studio.train.data.prepare import prepare_data
+    from studio.train.model.build import load_tokenizer
     from studio.train.worker import BatchPlan
 
     rows = prepare_data(config, load_tokenizer(config)).train
@@ -110,7 +110,7 @@ def run_data_tokens(config) -> tuple[int, int]:
 
 
 def _estimate(args) -> int:
-    from studio.core.estimate import estimate
+    from studio.core.memory.estimate import estimate
     from studio.core.memory.derived import kind_text
 
     config, model_config, scale_out = _load(args)
@@ -139,7 +139,7 @@ def _estimate(args) -> int:
 
 
 def _run_data_estimate(config, model_config: dict, args, scale_out) -> dict:
-    from studio.core.estimate import estimate
+    from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_tokens
 
     tokens, _ = run_data_tokens(config)
@@ -148,7 +148,7 @@ def _run_data_estimate(config, model_config: dict, args, scale_out) -> dict:
 
 
 def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:
-    from studio.core.estimate import format_bytes
+    from studio.core.memory.estimate import format_bytes
 
     return (f"your data: its largest micro-batch holds {run_data['tokens']:,} tokens: "
             f"{format_bytes(run_data['peak_bytes'])} (worst case, every row {max_length:,} tokens: "
@@ -157,7 +157,7 @@ def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:
 
 def _fit(args) -> int:
     from studio.core.config import save_config
-    from studio.core.fit import fit, fit_own_data
+    from studio.core.memory.fit import fit, fit_own_data
 
     config, model_config, scale_out = _load(args)
     options = {"scale_out": scale_out, "allow_offload": args.allow_offload}
@@ -198,7 +198,7 @@ def _traced_first(args, model_config: dict, compute, neighbours: bool = False):
 
 
 def simulate_in_subprocess(config_path: Path) -> dict:
-    """Run ``python -m studio.train.simulate`` in a child process and return its result.
+    """Run ``python -m studio.train.measure.simulate`` in a child process and return its result.
 
     Never in the caller's process: the simulation imports the ML stack and a
     fault there must not take a window down with it.
@@ -225,7 +225,7 @@ def run_json_subprocess(command: list[str], what: str, timeout_s: int = SIMULATI
 
 def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, simulated: dict | None = None) -> str:
     """The itemized estimate as text, with the verdict when the GPU size is known."""
-    from studio.core.estimate import format_bytes
+    from studio.core.memory.estimate import format_bytes
 
     t = config.training
     lines = [

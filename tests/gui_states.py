@@ -15,7 +15,7 @@ from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QAbstractScrollArea, QLabel, QWidget
 
 from studio.core.presets import DEMO_MODEL
-from studio.gui.job_state import State
+from studio.gui.state.job_state import State
 from test_gui import OOM_WORKER
 
 # What a window manager takes from a screen around the window: a title bar and a panel or taskbar.

@@ -7,9 +7,9 @@ import torch
 
 from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
-from studio.core.estimate import estimate, format_bytes
+from studio.core.memory.estimate import estimate, format_bytes
 from studio.core.validation import validate
-from studio.train.simulate import measure_step
+from studio.train.measure.simulate import measure_step
 
 LAYERS, HIDDEN, LENGTH, BATCH = 4, 128, 128, 2
 
@@ -96,7 +96,7 @@ def test_without_checkpointing_it_is_refused_naming_the_field(tiny):
 
 def test_it_trains_under_torch_compile(tmp_path, story_data):
     from helpers import losses
-    from studio.core.commands import EXIT_OK
+    from studio.core.run.commands import EXIT_OK
     from studio.train.worker import run
 
     config = quick_config(story_data, training={"torch_compile": True, "gradient_checkpointing": True,

@@ -5,9 +5,9 @@ import pytest
 
 from helpers import losses, quick_config, with_demo_tokenizer
 from model_factory import make_tiny_model
-from studio.core.commands import EXIT_OK
-from studio.core.events import read_events
-from studio.train.export import export_run
+from studio.core.run.commands import EXIT_OK
+from studio.core.run.events import read_events
+from studio.train.export.hf_format import export_run
 from studio.train.worker import run
 
 EXPECTED_TARGETS = {

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from studio.cli import main
-from studio.core.events import read_events
+from studio.core.run.events import read_events
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, RESOURCES
 
 DATA = Path(__file__).parent / "data"
@@ -273,8 +273,8 @@ def user_config(name: str, tmp_path: Path):
 
 @pytest.mark.parametrize("name", GUI_DATA)
 def test_data_panel_shows_a_readable_problem(name, tmp_path, qtbot):
-    from studio.gui.data_panel import DataPanel
-    from studio.gui.widgets import ConfigStore
+    from studio.gui.panels.data import DataPanel
+    from studio.gui.widgets.common import ConfigStore
 
     panel = DataPanel(ConfigStore(user_config(name, tmp_path)))
     qtbot.addWidget(panel)
@@ -285,9 +285,9 @@ def test_data_panel_shows_a_readable_problem(name, tmp_path, qtbot):
 
 @pytest.mark.parametrize("name", GUI_MODELS)
 def test_model_panel_names_the_broken_file(name, tmp_path, qtbot):
-    from studio.gui.model_panel import ModelPanel
-    from studio.gui.settings import AppSettings
-    from studio.gui.widgets import ConfigStore
+    from studio.gui.panels.model import ModelPanel
+    from studio.gui.state.settings import AppSettings
+    from studio.gui.widgets.common import ConfigStore
 
     panel = ModelPanel(ConfigStore(user_config(name, tmp_path)), AppSettings())
     qtbot.addWidget(panel)

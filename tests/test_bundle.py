@@ -41,7 +41,7 @@ def test_two_host_bundle_has_each_nodes_command_and_a_portable_config(tmp_path):
 
 
 def test_plain_data_parallel_needs_no_hostfile_and_a_layer_split_no_bundle(tmp_path):
-    from studio.core.bundle import write_bundle
+    from studio.core.run.bundle import write_bundle
 
     bundle = write_bundle(demo_config(), ("a", "b"), 1, tmp_path / "ddp")
     assert not (bundle.folder / "hostfile").exists()

@@ -1,4 +1,4 @@
-"""Rendering, tokenizing, loss masks and splits (studio.train.data) with a tiny tokenizer built offline."""
+"""Rendering, tokenizing, loss masks and splits (studio.train.data.prepare) with a tiny tokenizer built offline."""
 
 import json
 from pathlib import Path
@@ -11,8 +11,8 @@ from transformers import PreTrainedTokenizerFast
 
 from studio.core.config import RunConfig
 from studio.core.errors import ProblemsError, StudioError
-from studio.core.row_formats import DataError, to_messages
-from studio.train.data import (
+from studio.core.data.row_formats import DataError, to_messages
+from studio.train.data.prepare import (
     IGNORE_INDEX, PreparedData, collate, encode, encode_prompt, prepare_data, render_segments, resolve_template,
 )
 

@@ -1,4 +1,4 @@
-"""Reading and validating data files (studio.core.dataset) and the built-in templates, no tokenizer."""
+"""Reading and validating data files (studio.core.data.dataset) and the built-in templates, no tokenizer."""
 
 import csv
 import json
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from studio.core import templates
-from studio.core.dataset import MAX_PROBLEMS, inspect_files, iter_examples, iter_records
+from studio.core.data import templates
+from studio.core.data.dataset import MAX_PROBLEMS, inspect_files, iter_examples, iter_records
 from studio.core.errors import ProblemsError
-from studio.core.row_formats import DataError, Example, detect_format, to_messages
+from studio.core.data.row_formats import DataError, Example, detect_format, to_messages
 
 DATA = Path(__file__).parent / "data"
 
@@ -303,7 +303,7 @@ def test_json_rows_round_trip_with_their_lines(tmp_path_factory, rows, indent):
 
 
 def test_core_dataset_loads_pyarrow_only_for_parquet():
-    code = "import sys, studio.core.dataset, studio.core.templates; print('pyarrow' in sys.modules)"
+    code = "import sys, studio.core.data.dataset, studio.core.data.templates; print('pyarrow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).resolve().parents[1])
     assert result.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""Properties of reading and format detection (studio.core.dataset), on generated rows and bytes.
+"""Properties of reading and format detection (studio.core.data.dataset), on generated rows and bytes.
 
 - Any bytes in a file of any supported type are read or refused with our own error: never a crash.
 - Any JSON object is validated or refused with a DataError naming its location.
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from studio.core.dataset import SUFFIXES, inspect_files, iter_records
+from studio.core.data.dataset import SUFFIXES, inspect_files, iter_records
 from studio.core.errors import ProblemsError
-from studio.core.row_formats import DataError, detect_format, to_messages
+from studio.core.data.row_formats import DataError, detect_format, to_messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

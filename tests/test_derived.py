@@ -13,12 +13,12 @@ from model_factory import make_tiny_model, tiny_config
 
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
-from studio.core.estimate import estimate
+from studio.core.memory.estimate import estimate
 from studio.core.memory.derived import (DERIVED, MOMENTS, TRACE_DEPTHS, TRACE_VERSION, Trace, TraceNeededError,
                                         derived_estimate, fit_sizes, neighbour_configs, regime_axes, regime_id,
                                         scale_points, trace_key, trace_points, value_at)
 from studio.core.memory.sharding import ScaleOut
-from studio.core.modelinfo import UnknownArchitectureError, model_shape
+from studio.core.model.info import UnknownArchitectureError, model_shape
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +58,7 @@ def test_a_model_no_family_describes_asks_for_its_trace_instead_of_refusing():
 
 
 def test_fit_of_an_untraced_model_asks_for_its_trace():
-    from studio.core.fit import fit
+    from studio.core.memory.fit import fit
 
     with pytest.raises(TraceNeededError, match="stablelm") as raised:
         fit(tiny_config("stablelm"), run(), 8 * 1024**3)
@@ -167,8 +167,8 @@ REAL_STEPS = [
 def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family):
     import torch
 
-    from studio.train.simulate import measure_step
-    from studio.train.trace import write_trace
+    from studio.train.measure.simulate import measure_step
+    from studio.train.measure.trace import write_trace
 
     folder = make_tiny_model(family, tmp_path / family, num_hidden_layers=5)
     model_config = json.loads((folder / "config.json").read_text())
@@ -189,7 +189,7 @@ def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family)
 def _trainable(config):
     import torch
 
-    from studio.train.model import build_model
+    from studio.train.model.build import build_model
 
     return [p for p in build_model(config, torch.device("cpu")).parameters() if p.requires_grad]
 
@@ -217,7 +217,7 @@ def test_studio_estimate_traces_an_undescribed_model_once_and_says_which_kind_it
 def test_a_training_run_of_an_undescribed_model_traces_it_and_records_the_estimate(tmp_path, story_data, trace_cache):
     from helpers import quick_config, with_demo_tokenizer
 
-    from studio.core.events import read_events
+    from studio.core.run.events import read_events
     from studio.train.worker import run as train
 
     folder = with_demo_tokenizer(make_tiny_model("stablelm", tmp_path / "stablelm", vocab_size=1200))
@@ -233,7 +233,7 @@ def test_a_training_run_of_an_undescribed_model_traces_it_and_records_the_estima
 
 
 def test_fit_skips_and_names_the_candidates_a_trace_holds_no_step_for(trace_cache):
-    from studio.core.fit import fit
+    from studio.core.memory.fit import fit
     from studio.core.memory.derived import trace_path
 
     model = tiny_config("stablelm")
@@ -264,7 +264,7 @@ TOGGLES = [
 @pytest.fixture(scope="module")
 def picked_trace(tmp_path_factory):
     """A tiny StableLM (no family describes it) traced once as when it is picked: (model folder, trace cache)."""
-    from studio.train.trace import write_trace
+    from studio.train.measure.trace import write_trace
 
     folder = make_tiny_model("stablelm", tmp_path_factory.mktemp("stablelm"), num_hidden_layers=5, weights=False)
     cache = tmp_path_factory.mktemp("traces")
@@ -316,7 +316,7 @@ FRESH = [{"lora": {"r": 64, "target_modules": ("q_proj", "v_proj"), "dropout": 0
 @pytest.mark.slow
 @pytest.mark.heavy  # the pick-time trace of 8 regimes: minutes
 def test_toggled_estimates_agree_with_a_fresh_trace_of_those_settings(picked_trace, tmp_path, monkeypatch):
-    from studio.train.trace import write_trace
+    from studio.train.measure.trace import write_trace
 
     folder, cache = picked_trace
     model_config = json.loads((folder / "config.json").read_text())
@@ -335,7 +335,7 @@ def test_toggled_estimates_agree_with_a_fresh_trace_of_those_settings(picked_tra
 @pytest.mark.slow
 @pytest.mark.heavy  # the pick-time trace of 8 regimes: minutes
 def test_fit_searches_a_derived_model_over_the_traced_toggles(no_new_trace):
-    from studio.core.fit import fit
+    from studio.core.memory.fit import fit
 
     folder, model_config, _ = no_new_trace
     config = run(model={"name_or_path": str(folder)}, training={"micro_batch_size": 8}, data={"max_length": 512})

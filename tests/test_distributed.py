@@ -17,14 +17,14 @@ import time
 import pytest
 
 from helpers import losses, quick_config
-from studio.core.commands import EXIT_FAILED, EXIT_OK
+from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.validation import validate
 from studio.core.config import save_config
-from studio.core.events import read_events
-from studio.core.rundir import RunDir
-from studio.gui.series import RunSeries
-from studio.train.deepspeed_config import deepspeed_config
-from studio.train.export import export_run
+from studio.core.run.events import read_events
+from studio.core.run.directory import RunDir
+from studio.gui.state.series import RunSeries
+from studio.train.distributed.deepspeed_config import deepspeed_config
+from studio.train.export.hf_format import export_run
 from studio.train.worker import run
 
 STEPS = 6
@@ -186,8 +186,8 @@ def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_dat
     """The bundle's node scripts as two "machines" on this one: two node ranks on localhost, one process
     each, sharing the bundle's run folder, against one process with doubled accumulation (the layout
     test_two_processes_... shows two processes on one machine match)."""
-    from studio.core.bundle import write_bundle
-    from studio.train.distributed import free_port
+    from studio.core.run.bundle import write_bundle
+    from studio.train.distributed.engine import free_port
 
     config = config_for(small_data, 2).replace(training={"max_steps": LONG_STEPS})
     bundle = write_bundle(config, ("127.0.0.1", "localhost"), 1, tmp_path / "bundle", port=free_port(),

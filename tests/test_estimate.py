@@ -1,4 +1,4 @@
-"""The analytic memory estimate (studio.core.estimate, studio.core.modelinfo): pure Python, fast."""
+"""The analytic memory estimate (studio.core.memory.estimate, studio.core.model.info): pure Python, fast."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from model_factory import FAMILIES, tiny_config
 from studio.core.config import RunConfig
 from studio.core.presets import DEMO_MODEL, demo_config
 from studio.core.errors import StudioError
-from studio.core.estimate import ScaleOut, estimate, verdict_for
+from studio.core.memory.estimate import ScaleOut, estimate, verdict_for
 from studio.core.memory.regime import regime_for
 from studio.core.memory.sharding import zero_model_states
-from studio.core.memory.states import model_states, quantized_weight_bytes
+from studio.core.memory.parts.states import model_states, quantized_weight_bytes
 from studio.core.memory.parts import PARTS
 from studio.core.memory.derived import TraceNeededError
-from studio.core.modelinfo import UnknownArchitectureError, load_model_config, model_shape
+from studio.core.model.info import UnknownArchitectureError, load_model_config, model_shape
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), the fields that matter, written out: no download.
 LLAMA_31_8B = {
@@ -165,7 +165,7 @@ def test_fields_a_config_omits_take_transformers_defaults(family):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from studio.train.loss import lean_output_layer
+    from studio.train.objectives.next_token import lean_output_layer
 
     sizes = {"model_type": family, "vocab_size": 200_000, "hidden_size": 256, "num_attention_heads": 4,
              "num_hidden_layers": 2, "intermediate_size": 512}  # everything else left to transformers
@@ -400,7 +400,7 @@ def test_checkpointing_never_needs_more(model, config, batch, length, device_typ
 
 
 def test_core_modules_import_no_ml_stack():
-    code = ("import sys, studio.core.estimate, studio.core.fit, studio.core.modelinfo, studio.cli_memory; "
+    code = ("import sys, studio.core.memory.estimate, studio.core.memory.fit, studio.core.model.info, studio.cli_memory; "
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'PySide6') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -472,7 +472,7 @@ _GQA = {**_TINY, "num_key_value_heads": 2, "hidden_size": 96, "intermediate_size
 def test_trainable_parameters_agree_exactly_with_peft(model_config, method, rank):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from studio.train.model import attach_adapter, count_parameters
+    from studio.train.model.build import attach_adapter, count_parameters
 
     config = demo_config().replace(method=method, lora={"r": rank}, peft={"adalora_target_r": 4})
     model = AutoModelForCausalLM.from_config(LlamaConfig(**model_config))

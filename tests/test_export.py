@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.commands import EXIT_OK, read_export_record
+from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
-from studio.core.rundir import COMPLETE_MARKER
-from studio.train import export as export_module
+from studio.core.run.directory import COMPLETE_MARKER
+from studio.train.export import hf_format as export_module
 from studio.train.checkpoint import load_weights
-from studio.train.export import export_run
-from studio.train.model import build_model
+from studio.train.export.hf_format import export_run
+from studio.train.model.build import build_model
 from studio.train.worker import run
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def test_a_failed_verification_leaves_no_folder_and_keeps_the_earlier_export(lor
 
 def test_export_before_any_checkpoint_says_what_to_do(tmp_path, small_data):
     from studio.core.config import save_config
-    from studio.core.rundir import RunDir
+    from studio.core.run.directory import RunDir
 
     run_dir = RunDir.create("empty", root=tmp_path)
     save_config(quick_config(small_data), run_dir.config)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.commands import EXIT_OK
-from studio.core.events import read_events
-from studio.core.model_card import front_matter
+from studio.core.run.commands import EXIT_OK
+from studio.core.run.events import read_events
+from studio.core.export.model_card import front_matter
 from studio.core.presets import DEMO_HELDOUT, DEMO_MODEL
-from studio.core.templates import BUILTIN_JINJA, render
-from studio.train.chat_export import end_of_turn
-from studio.train.export import export_run
+from studio.core.data.templates import BUILTIN_JINJA, render
+from studio.train.export.chat import end_of_turn
+from studio.train.export.hf_format import export_run
 from studio.train.worker import run
 
 CONVERSATIONS = [

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.commands import EXIT_FAILED, EXIT_OK
+from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import StudioError
-from studio.core.events import read_events
-from studio.train.oom import SIMULATE_ENV, MemoryCap, consistent_after, overflowed_part
-from studio.train.loss import token_loss_sum
+from studio.core.run.events import read_events
+from studio.train.measure.oom import SIMULATE_ENV, MemoryCap, consistent_after, overflowed_part
+from studio.train.objectives.next_token import token_loss_sum
 from studio.train.worker import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -115,8 +115,8 @@ def test_a_full_disk_during_a_checkpoint_stops_clearly_and_keeps_the_previous_on
 
 @pytest.mark.slow
 def test_a_read_only_export_folder_keeps_the_earlier_export(tmp_path, small_data, monkeypatch):
-    import studio.core.rundir as rundir
-    from studio.train.export import export_run
+    import studio.core.run.directory as rundir
+    from studio.train.export.hf_format import export_run
 
     code, run_dir = run(quick_config(small_data, training={"max_steps": 2}), tmp_path / "run", watch_stdin=False)
     first, _ = export_run(run_dir.path, "adapter")

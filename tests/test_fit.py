@@ -1,4 +1,4 @@
-"""The fit solver (studio.core.fit): the fastest configuration that fits, keeping the effective batch."""
+"""The fit solver (studio.core.memory.fit): the fastest configuration that fits, keeping the effective batch."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.estimate import ScaleOut, estimate, format_bytes
-from studio.core.fit import SAVERS, fit
+from studio.core.memory.estimate import ScaleOut, estimate, format_bytes
+from studio.core.memory.fit import SAVERS, fit
 from test_estimate import LLAMA_31_8B
 
 GIB = 1024**3

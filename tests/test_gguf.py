@@ -9,12 +9,12 @@ import pytest
 from helpers import quick_config
 from model_factory import FAMILIES, make_tiny_model
 from studio.cli import main
-from studio.core.commands import EXIT_OK, read_export_record
+from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
-from studio.core.gguf import MIN_AGREEMENT
+from studio.core.export.gguf import MIN_AGREEMENT
 from studio.core.presets import DEMO_TRAIN
-from studio.train import gguf_export
-from studio.train.gguf_export import export_gguf
+from studio.train.export import gguf as gguf_export
+from studio.train.export.gguf import export_gguf
 from studio.train.worker import run
 
 pytestmark = pytest.mark.slow
@@ -115,7 +115,7 @@ def test_q4_k_m_is_made_by_llama_cpp_and_llama_cpp_itself_reads_every_file(llama
 def test_each_family_is_converted_or_refused_with_the_reason(family, tmp_path):
     """Whether a family can be a GGUF is asked of llama.cpp's converter registry and of the readers that can
     verify it: transformers' GGUF reader, and llama.cpp's where llama-cpp-python is installed."""
-    from studio.train.llama_cpp import find_converter, llama_cpp_available
+    from studio.train.export.llama_cpp import find_converter, llama_cpp_available
 
     model = make_tiny_model(family, tmp_path / family)
     config = quick_config(DEMO_TRAIN, model={"name_or_path": str(model)})

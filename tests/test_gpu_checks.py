@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from gpu_checks import check_config, checks, offload_comparison, offload_markdown  # noqa: E402
-from studio.core.estimate import estimate  # noqa: E402
+from studio.core.memory.estimate import estimate  # noqa: E402
 from studio.core.validation import validate  # noqa: E402
 
 

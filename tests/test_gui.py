@@ -19,17 +19,17 @@ from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.gui import errors
-from studio.gui.charts import NO_RUN, WAITING, ChartsPanel
-from studio.gui.controls import ChoiceControl, RadioChoice, options_for
-from studio.gui.estimate_panel import PART_COLORS
-from studio.gui.hardware import GIB
-from studio.gui.job_state import State
+from studio.gui.widgets.charts import NO_RUN, WAITING, ChartsPanel
+from studio.gui.widgets.controls import ChoiceControl, RadioChoice, options_for
+from studio.gui.panels.estimate import PART_COLORS
+from studio.gui.state.hardware import GIB
+from studio.gui.state.job_state import State
 from studio.gui.log_dialog import LogDialog
 from studio.gui.main_window import MainWindow
-from studio.gui.model_summary import human_count, summarize_model
+from studio.gui.state.model_summary import human_count, summarize_model
 from studio.gui.process import background_python
-from studio.gui.series import RunSeries
-from studio.gui.widgets import TRAINED_BG
+from studio.gui.state.series import RunSeries
+from studio.gui.widgets.common import TRAINED_BG
 
 ML_STACK = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "accelerate", "torchao", "datasets")
 
@@ -228,9 +228,9 @@ def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):
 
 
 def test_fit_to_my_gpu_fits_the_data_s_own_rows_and_keeps_max_length(window):
-    from studio.core.estimate import estimate
+    from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_longest_row
-    from studio.gui.memory import model_config_of
+    from studio.gui.state.memory import model_config_of
 
     window.store.update(training={"micro_batch_size": 64}, data={"max_length": 2048})
     panel = window.estimate_panel
@@ -542,7 +542,7 @@ def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs
     started = []
     panel = window.export_panel
     monkeypatch.setattr(panel._process, "start", lambda command, working_dir=None: started.append(command))
-    monkeypatch.setattr("studio.gui.export_panel.check_can_push", lambda repo: None)  # as if logged in
+    monkeypatch.setattr("studio.gui.panels.export.check_can_push", lambda repo: None)  # as if logged in
     panel.set_run(run)
     panel.gguf.setChecked(True)
     assert not panel.dtype.isEnabled() and all(box.isEnabled() for box in panel.quants.values())
@@ -672,9 +672,9 @@ def test_method_specific_settings_show_only_when_they_apply(window):
 
 
 def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qtbot):
-    from studio.core.estimate import estimate
+    from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
-    from studio.gui.memory import model_config_of
+    from studio.gui.state.memory import model_config_of
 
     window.store.update(data={"max_length": 2048})  # the demo's rows are far shorter
     wait_for_preview(qtbot, window)

@@ -9,9 +9,9 @@ import pytest
 from gui_states import FRAME_HEIGHT, FRAME_WIDTH, STATES, TWO_GPU_STATES, layout_problems
 from PySide6.QtWidgets import QApplication
 
-from studio.gui import estimate_panel
-from studio.gui.hardware import Gpu
-from studio.gui.widgets import apply_app_style
+from studio.gui.panels import estimate as estimate_panel
+from studio.gui.state.hardware import Gpu
+from studio.gui.widgets.common import apply_app_style
 from test_gui import app_dirs, open_window  # noqa: F401 (fixture)
 
 SCREENS = ((1280, 800), (1366, 768))

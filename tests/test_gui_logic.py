@@ -12,15 +12,15 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
-from studio.core.row_formats import Example
-from studio.core.rundir import RunDir
-from studio.gui import memory, settings
-from studio.gui.data_preview import TokenizerInfo, build_preview, render_example
-from studio.gui.job_state import Job, State, status_text
-from studio.gui.model_summary import ModelNotFound, summarize_model
-from studio.gui.console import console_error, loading_detail
-from studio.gui.run_history import live_runs, record_for, scan_runs
-from studio.gui.series import RunSeries, Series, smooth
+from studio.core.data.row_formats import Example
+from studio.core.run.directory import RunDir
+from studio.gui.state import memory, settings
+from studio.gui.state.data_preview import TokenizerInfo, build_preview, render_example
+from studio.gui.state.job_state import Job, State, status_text
+from studio.gui.state.model_summary import ModelNotFound, summarize_model
+from studio.gui.state.console import console_error, loading_detail
+from studio.gui.state.run_history import live_runs, record_for, scan_runs
+from studio.gui.state.series import RunSeries, Series, smooth
 
 
 def step(n, loss=2.0, t=None, **extra):
@@ -220,9 +220,9 @@ def test_preview_masks_the_prompt_and_learns_the_response():
 
 @pytest.mark.slow
 def test_preview_token_counts_are_the_workers():
-    from studio.core.dataset import inspect_files
-    from studio.train.data import encode, render_segments
-    from studio.train.model import load_tokenizer
+    from studio.core.data.dataset import inspect_files
+    from studio.train.data.prepare import encode, render_segments
+    from studio.train.model.build import load_tokenizer
 
     preview = build_preview([str(DEMO_TRAIN)], "auto", "auto", demo_tokenizer())
     tokenizer = load_tokenizer(demo_config())
@@ -343,13 +343,13 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_window_lives(qtbot):
 
 
 def test_a_time_left_never_reads_as_a_clock_time():
-    from studio.gui.job_state import format_duration
+    from studio.gui.state.job_state import format_duration
 
     assert [format_duration(s) for s in (45, 22 * 60 + 13, 3600 + 5 * 60 + 20)] == ["45 s", "22 min 13 s", "1 h 05 min"]
 
 
 def test_throughput_has_a_smoothed_line_that_restarts_with_a_resumed_run():
-    from studio.gui.series import RunSeries
+    from studio.gui.state.series import RunSeries
 
     events = [{"type": "run_started", "start_step": 0}]
     events += [{"type": "step", "step": n, "tokens_per_s": 1000.0 + 400 * (n % 2)} for n in range(1, 41)]

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from studio.core.presets import DEMO_MODEL
-from studio.core.rundir import RunDir
-from studio.gui.job_state import State
+from studio.core.run.directory import RunDir
+from studio.gui.state.job_state import State
 from studio.gui.main_window import MainWindow
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 import pytest
 
 from studio.core.config import load_config
-from studio.gui.hardware import gib
+from studio.gui.state.hardware import gib
 from test_gui import app_dirs, open_window  # noqa: F401 (fixture)
 
 

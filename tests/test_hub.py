@@ -8,16 +8,16 @@ import pytest
 
 from helpers import quick_config
 from studio.cli import main
-from studio.core.commands import EXIT_OK, EXIT_USAGE
+from studio.core.run.commands import EXIT_OK, EXIT_USAGE
 from studio.core.config import load_config, save_config
-from studio.core.dataset import inspect_files
+from studio.core.data.dataset import inspect_files
 from studio.core.errors import ProblemsError, StudioError
-from studio.core.hub_data import HubDataset, parse_hub_spec, rows_file
-from studio.core.model_card import front_matter, model_card
-from studio.core.row_formats import DataError, detect_format, to_messages
+from studio.core.data.hub import HubDataset, parse_hub_spec, rows_file
+from studio.core.export.model_card import front_matter, model_card
+from studio.core.data.row_formats import DataError, detect_format, to_messages
 from studio.core.validation import validate
-from studio.train import export as export_module
-from studio.train.hub_datasets import load_hub_datasets
+from studio.train.export import hf_format as export_module
+from studio.train.data.hub import load_hub_datasets
 from studio.train.worker import run
 
 SECRET = "hf_sentinelTokenThatMustNeverBeWritten"
@@ -236,7 +236,7 @@ def test_broken_trl_rows_name_the_turn():
 
 
 def test_a_cluster_bundle_keeps_a_hub_dataset_as_a_name(tmp_path, small_data):
-    from studio.core.bundle import CONFIG_NAME, parse_hosts, write_bundle
+    from studio.core.run.bundle import CONFIG_NAME, parse_hosts, write_bundle
 
     config = quick_config(small_data).replace(data={"train_files": ("hub:someone/tiny", str(small_data))},
                                               distributed={"num_processes": 2})

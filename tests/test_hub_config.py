@@ -14,7 +14,7 @@ import pytest
 from model_factory import tiny_config
 
 from studio.core.errors import StudioError
-from studio.core.modelinfo import load_model_config
+from studio.core.model.info import load_model_config
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_a_hub_config_is_fetched_from_hf_endpoint_with_the_token_into_the_cache(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {"PATH": "", "PYTHONPATH": str(ROOT), "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
            "HF_TOKEN": "hf_secret", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_DISABLE_TELEMETRY": "1"}
-    script = ("import json, sys\nfrom studio.core.modelinfo import load_model_config\n"
+    script = ("import json, sys\nfrom studio.core.model.info import load_model_config\n"
               "from studio.core.errors import StudioError\n"
               "print(json.dumps(load_model_config('acme/gated-tiny')))\n"
               "try:\n    load_model_config('acme/unknown')\nexcept StudioError as exc:\n    print(exc.message)\n")

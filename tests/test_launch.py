@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers import parse_command
 
-from studio.core.commands import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, SIMULATION_MODULE, WORKER_MODULE,
+from studio.core.run.commands import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, SIMULATION_MODULE, WORKER_MODULE,
                                   Cluster, estimate_simulation_command, export_command, generate_command,
                                   inside_launcher, last_json_object, needs_launcher, read_export_record, run_handler,
                                   simulation_command, torchrun_command, worker_args, worker_command)

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from helpers import losses, quick_config
-from studio.core.commands import EXIT_OK
-from studio.core.estimate import GIB
-from studio.core.events import read_events
+from studio.core.run.commands import EXIT_OK
+from studio.core.memory.estimate import GIB
+from studio.core.run.events import read_events
 from studio.core.memory.regime import regime_for
-from studio.core.memory.states import block_weight_bytes, outer_weight_bytes
-from studio.core.modelinfo import load_model_config, model_shape
-from studio.train.export import export_run
-from studio.train.model import build_model, load_base_model
+from studio.core.memory.parts.states import block_weight_bytes, outer_weight_bytes
+from studio.core.model.info import load_model_config, model_shape
+from studio.train.export.hf_format import export_run
+from studio.train.model.build import build_model, load_base_model
 from studio.train.worker import run
 
 pytestmark = pytest.mark.slow

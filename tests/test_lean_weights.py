@@ -14,15 +14,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from memory_frontier import LEAN_SETTINGS, LLAMA_31_8B, config_with  # noqa: E402
 from model_factory import make_tiny_model  # noqa: E402
 from studio.core.config import RunConfig  # noqa: E402
-from studio.core.estimate import estimate  # noqa: E402
+from studio.core.memory.estimate import estimate  # noqa: E402
 from studio.core.memory.regime import regime_for  # noqa: E402
-from studio.core.memory.states import weight_bytes  # noqa: E402
-from studio.core.memory.tape import activations  # noqa: E402
-from studio.core.modelinfo import load_model_config, model_shape  # noqa: E402
+from studio.core.memory.parts.states import weight_bytes  # noqa: E402
+from studio.core.memory.parts.tape import activations  # noqa: E402
+from studio.core.model.info import load_model_config, model_shape  # noqa: E402
 from studio.core.validation import validate  # noqa: E402
-from studio.train.data import IGNORE_INDEX  # noqa: E402
-from studio.train.loss import lean_output_layer, token_loss_sum  # noqa: E402
-from studio.train.model import build_model, host_weights, keep_weights_on_cpu, load_base_model  # noqa: E402
+from studio.train.data.prepare import IGNORE_INDEX  # noqa: E402
+from studio.train.objectives.next_token import lean_output_layer, token_loss_sum  # noqa: E402
+from studio.train.model.build import build_model, load_base_model  # noqa: E402
+from studio.train.savers.host_weights import host_weights, keep_weights_on_cpu  # noqa: E402
 
 # plain embeddings untied and tied, a fused-qkv and a LayerNorm family, Gemma's scaled embedding (stays fp32)
 FAMILIES = ("llama", "smollm3", "gpt_neox", "phi", "gemma")
@@ -158,7 +159,7 @@ def test_the_embedding_in_cpu_ram_trains_exactly_as_on_the_device(models, family
 
 
 def test_the_estimate_moves_the_embedding_to_host_ram_as_measured(models):
-    from studio.train.simulate import measure_step
+    from studio.train.measure.simulate import measure_step
 
     config = kbit_config(models["llama"], lean=True).replace(data={"max_length": 64})
     on_cpu = config.replace(training={"embedding_on_cpu": True})
@@ -217,7 +218,7 @@ def test_the_output_layer_is_what_stays_in_cpu_ram_and_evaluation_computes_the_s
 
 
 def test_the_estimate_has_the_output_layer_on_the_device_only_for_the_loss_as_measured(models):
-    from studio.train.simulate import measure_step
+    from studio.train.measure.simulate import measure_step
 
     config = kbit_config(models["llama"], lean=True).replace(data={"max_length": 64})
     on_cpu = config.replace(training=HEAD_ON_CPU)

@@ -10,8 +10,8 @@ import pytest
 from studio.core.config import Method, RunConfig
 from studio.core.errors import StudioError
 from studio.core.methods import DORA, METHOD_SPECS, RSLORA, VIRTUAL_TOKEN_COUNT
-from studio.core.modelinfo import model_shape
-from studio.core.rundir import COMPLETE_MARKER, RunDir
+from studio.core.model.info import model_shape
+from studio.core.run.directory import COMPLETE_MARKER, RunDir
 from studio.core.validation import validate
 
 LINEAR_METHODS = [name for name, spec in METHOD_SPECS.items() if spec.adapts_linears]
@@ -45,7 +45,7 @@ def peft_model(method: str, **sections):
     """A tiny llama with the method's adapter attached by the worker's own code, and the run config."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from studio.train.model import attach_adapter
+    from studio.train.model.build import attach_adapter
 
     config = config_for(method, peft={"adalora_target_r": 1, "num_virtual_tokens": 7}).replace(**sections)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**PEFT_MODEL))
@@ -110,7 +110,7 @@ def _run_with_a_checkpoint(tmp_path, method: str) -> RunDir:
 
 @pytest.mark.parametrize("method", [name for name, spec in METHOD_SPECS.items() if not spec.mergeable])
 def test_export_refuses_to_merge_what_the_table_says_cannot_be_merged(method, tmp_path):
-    from studio.train.export import export_run
+    from studio.train.export.hf_format import export_run
 
     run = _run_with_a_checkpoint(tmp_path, method)
     with pytest.raises(StudioError) as refused:
@@ -121,7 +121,7 @@ def test_export_refuses_to_merge_what_the_table_says_cannot_be_merged(method, tm
 
 
 def test_export_refuses_an_adapter_of_the_method_without_one(tmp_path):
-    from studio.train.export import export_run
+    from studio.train.export.hf_format import export_run
 
     (full,) = [name for name, spec in METHOD_SPECS.items() if not spec.uses_adapter]
     with pytest.raises(StudioError, match="a full fine-tune has no adapter"):
@@ -129,7 +129,7 @@ def test_export_refuses_an_adapter_of_the_method_without_one(tmp_path):
 
 
 def test_every_adapter_method_has_its_peft_config_and_full_fine_tuning_none():
-    from studio.train.methods import TRAINING, peft_config
+    from studio.train.model.methods import TRAINING, peft_config
 
     assert set(TRAINING) == {name for name, spec in METHOD_SPECS.items() if spec.uses_adapter}
     with pytest.raises(StudioError, match="method full has no adapter"):

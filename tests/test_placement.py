@@ -4,11 +4,11 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.estimate import GIB, ScaleOut, estimate
+from studio.core.memory.estimate import GIB, ScaleOut, estimate
 from studio.core.memory.regime import regime_for
-from studio.core.memory.states import block_weight_bytes
-from studio.core.modelinfo import model_shape
-from studio.core.placement import OFFLOAD, DeviceBudget, plan_placement
+from studio.core.memory.parts.states import block_weight_bytes
+from studio.core.model.info import model_shape
+from studio.core.memory.placement import OFFLOAD, DeviceBudget, plan_placement
 from tests.test_estimate import LLAMA_31_8B
 
 LORA = RunConfig().replace(method="lora", training={"precision": "bf16", "gradient_checkpointing": True})

@@ -17,18 +17,18 @@ import psutil
 import pytest
 from helpers import quick_config
 
-from studio.core.commands import EXIT_FAILED
+from studio.core.run.commands import EXIT_FAILED
 from studio.core.config import save_config
-from studio.core.events import read_events
-from studio.core.rundir import RunDir
-from studio.gui.job_state import Job, State
+from studio.core.run.events import read_events
+from studio.core.run.directory import RunDir
+from studio.gui.state.job_state import Job, State
 
 pytestmark = pytest.mark.slow
 
 INJECT = '''
 import os
 if os.environ.get("RANK") == "1":
-    import studio.train.distributed as distributed
+    import studio.train.distributed.engine as distributed
     import studio.train.worker as worker
     fault = os.environ["STUDIO_TEST_FAULT"]
     if fault == "setup":

@@ -1,4 +1,4 @@
-"""The ranks' watch over each other (studio.train.rankwatch), without launching processes: a peer on another
+"""The ranks' watch over each other (studio.train.distributed.rankwatch), without launching processes: a peer on another
 machine is judged by its heartbeat, an earlier attempt's records are ignored, and the right rank reports."""
 
 import json
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from studio.train import rankwatch
+from studio.train.distributed import rankwatch
 
 
 def write_presence(run_dir, rank: int, host: str, beat: int, started: float | None = None, pid: int = 999_999) -> None:

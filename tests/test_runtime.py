@@ -16,12 +16,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from studio.core.errors import StudioError
-from studio.core.runtime import (BUILD_TOOLS, PYPI_INDEX, RUNTIME_PINS, Machine, RuntimePlan, State, begin_setup,
+from studio.core.runtime.environment import (BUILD_TOOLS, PYPI_INDEX, RUNTIME_PINS, Machine, RuntimePlan, State, begin_setup,
                                  cuda_version_of, find_uv, looks_offline, must_rebuild, offline_message, record_ready,
                                  requirements_text, runtime_environment, runtime_invocation, runtime_state,
                                  torch_build)
-from studio.core.runtime_progress import SetupProgress
-from studio.core.runtime_report import diagnose
+from studio.core.runtime.progress import SetupProgress
+from studio.core.runtime.report import diagnose
 from wheelhouse import build_wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,7 +246,7 @@ def pins_as_installed_here(pins: tuple[str, ...]) -> tuple[str, ...]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # about 2 minutes on two idle cores; ten when they are busy with other work
 def test_setup_offline_from_local_wheels_cancel_resume_and_train_the_demo(tmp_path, qtbot):
-    from studio.gui.runtime_setup import RuntimeSetup
+    from studio.gui.runtime.setup import RuntimeSetup
 
     plan = RuntimePlan(tmp_path / "runtime", torch_build(NO_GPU), wheels=tmp_path / "wheels",
                        pins=pins_as_installed_here(RUNTIME_PINS), python_request=sys.executable)

@@ -12,8 +12,8 @@ import pytest
 
 from helpers import quick_config
 from studio.core.config import RunConfig
-from studio.core.events import EventWriter, read_events
-from studio.core.modelcheck import resolved_revision
+from studio.core.run.events import EventWriter, read_events
+from studio.core.model.check import resolved_revision
 from studio.core.presets import DEMO_MODEL
 from studio.train.preflight import check_inputs, weight_load_kwargs
 
@@ -55,9 +55,9 @@ def test_the_revision_of_a_hub_model_resolves_to_its_commit_offline(tmp_path, mo
 
 def test_gui_toggle_is_off_by_default_and_shows_the_warning_when_on(qtbot):
     from studio.core.presets import demo_config
-    from studio.gui.model_panel import ModelPanel
-    from studio.gui.settings import AppSettings
-    from studio.gui.widgets import ConfigStore
+    from studio.gui.panels.model import ModelPanel
+    from studio.gui.state.settings import AppSettings
+    from studio.gui.widgets.common import ConfigStore
 
     store = ConfigStore(demo_config())
     panel = ModelPanel(store, AppSettings())
@@ -94,7 +94,7 @@ def test_a_pickle_checkpoint_that_runs_code_is_refused(tmp_path, small_data, cap
     import torch
 
     from studio.core.errors import StudioError
-    from studio.train.model import load_base_model
+    from studio.train.model.build import load_base_model
 
     class Exploit:
         def __reduce__(self):
@@ -138,7 +138,7 @@ def test_every_torch_load_in_studio_passes_weights_only_true():
 @pytest.mark.slow
 def test_a_hub_token_is_never_written_into_runs_logs_or_exports(tmp_path, small_data, monkeypatch):
     from studio.cli import main
-    from studio.train.export import export_run
+    from studio.train.export.hf_format import export_run
     from studio.train.worker import run
 
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)

@@ -1,4 +1,4 @@
-"""Measuring and simulating the worker's training step (studio.train.memtrack, studio.train.simulate)."""
+"""Measuring and simulating the worker's training step (studio.train.measure.memtrack, studio.train.measure.simulate)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 
 from model_factory import make_tiny_model  # noqa: E402
 from studio.core.config import RunConfig, save_config  # noqa: E402
-from studio.core.estimate import estimate  # noqa: E402
-from studio.train.memtrack import LiveTensorTracker  # noqa: E402
+from studio.core.memory.estimate import estimate  # noqa: E402
+from studio.train.measure.memtrack import LiveTensorTracker  # noqa: E402
 
 
 def test_tracker_counts_live_storages_once():
@@ -45,7 +45,7 @@ def tiny_llama(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("method, checkpointing", [("lora", False), ("qlora", True)])
 def test_simulation_matches_the_measured_step_and_the_estimate(tiny_llama, method, checkpointing):
-    from studio.train.simulate import measure_step, simulate_step
+    from studio.train.measure.simulate import measure_step, simulate_step
 
     config = RunConfig(method=method).replace(
         model={"name_or_path": str(tiny_llama)}, data={"max_length": 64},
@@ -72,7 +72,7 @@ def test_simulation_runs_in_a_child_process(tiny_llama, tmp_path):
 
 
 def _measured_and_estimated(folder, **sections) -> tuple[int, int]:
-    from studio.train.simulate import measure_step
+    from studio.train.measure.simulate import measure_step
 
     config = RunConfig(method="lora").replace(model={"name_or_path": str(folder)}, data={"max_length": 128},
                                               training={"micro_batch_size": 4}).replace(**sections)

@@ -8,10 +8,10 @@ import torch
 from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
 from studio.core.errors import StudioError
-from studio.core.estimate import estimate
+from studio.core.memory.estimate import estimate
 from studio.core.validation import validate
-from studio.train.model import build_model
-from studio.train.simulate import measure_step
+from studio.train.model.build import build_model
+from studio.train.measure.simulate import measure_step
 
 NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
 
@@ -83,7 +83,7 @@ def test_sharded_weights_are_refused_naming_the_field(tmp_path):
 def test_it_trains_under_torch_compile(tmp_path, story_data):
     """dynamo cannot trace the tiles' checkpoints inside a compiled block: the tiled MLP runs eagerly there."""
     from helpers import losses
-    from studio.core.commands import EXIT_OK
+    from studio.core.run.commands import EXIT_OK
     from studio.train.worker import run
 
     config = quick_config(story_data, training={"torch_compile": True, "tiled_mlp": True, "max_steps": 3})
@@ -94,7 +94,7 @@ def test_it_trains_under_torch_compile(tmp_path, story_data):
 def test_dropout_draws_the_same_masks_when_a_tile_is_recomputed():
     """Backward recomputes each tile under the random state its forward pass had: the gradients are those of
     the masks the loss saw (with other masks the half of the units they drop would differ)."""
-    from studio.train.tiled_mlp import _TiledMLP
+    from studio.train.savers.tiled_mlp import _TiledMLP
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 8))

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from helpers import losses, quick_config, with_demo_tokenizer
-from studio.core.commands import EXIT_FAILED, EXIT_OK
+from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import ProblemsError
-from studio.core.events import read_events
+from studio.core.run.events import read_events
 from studio.train.worker import run
 
 
@@ -145,7 +145,7 @@ def test_bad_data_row_fails_naming_file_and_line(tmp_path, small_data):
 
 
 def test_an_unreachable_hub_fails_at_once_for_a_model_not_cached(tmp_path, small_data, monkeypatch):
-    from studio.train import model
+    from studio.train.model import build as model
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))

@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from studio.core.errors import Problem, ProblemsError
-from studio.core.hub_data import is_hub_spec
+from studio.core.data.hub import is_hub_spec
 from studio.core.methods import METHOD_SPECS, MethodSpec
 
 SCHEMA_VERSION = 1

@@ -18,7 +18,7 @@ EVERY_WEIGHT = "every weight"
 LINEAR_LAYERS = "linear layers"
 VIRTUAL_TOKENS = "virtual tokens"
 
-# How an adapted linear layer computes (what the memory estimate's tape replays, studio.core.memory.tape).
+# How an adapted linear layer computes (what the memory estimate's tape replays, studio.core.memory.parts.tape).
 LOW_RANK = "low-rank"  # the input, dropped out, through A then B, added to the base layer's output
 SCALING = "scaling"  # the output, or a feedforward layer's input, times a trained vector
 REBUILT = "rebuilt"  # the full-size update is rebuilt from its factors, then applied to the input

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from studio.core.config import RunConfig
-from studio.core.runtime import studio_source_root
+from studio.core.runtime.environment import studio_source_root
 
 RESOURCES = studio_source_root() / "resources"  # beside the studio package: a checkout, or the bundle's copy
 DEMO_MODEL = RESOURCES / "models" / "studio-tiny"

@@ -11,14 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.dataset import SUFFIXES
+from studio.core.data.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
-from studio.core.hub_data import is_hub_spec, parse_hub_spec
+from studio.core.data.hub import is_hub_spec, parse_hub_spec
 from studio.core.memory.regime import embedding_on_cpu_allowed, output_layer_refusal
-from studio.core.row_formats import DataError
+from studio.core.data.row_formats import DataError
 from studio.core.methods import ADALORA_BUDGET, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
-from studio.core.modelcheck import is_local_model
-from studio.core.modelinfo import looks_like_path
+from studio.core.model.check import is_local_model
+from studio.core.model.info import looks_like_path
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:

@@ -6,11 +6,11 @@ import sys
 
 from PySide6.QtWidgets import QApplication
 
-from studio.core.runtime import is_bundle
+from studio.core.runtime.environment import is_bundle
 from studio.gui.errors import install_excepthook
 from studio.gui.main_window import MainWindow
-from studio.gui.runtime_dialog import check_runtime_at_start
-from studio.gui.widgets import apply_app_style
+from studio.gui.runtime.dialog import check_runtime_at_start
+from studio.gui.widgets.common import apply_app_style
 
 
 def create_app(argv: list[str] | None = None) -> QApplication:

@@ -8,8 +8,8 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices, QFontDatabase
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QPlainTextEdit, QPushButton, QTabWidget, QVBoxLayout, QWidget
 
-from studio.core.rundir import RunDir
-from studio.gui.console import CONSOLE_FILE
+from studio.core.run.directory import RunDir
+from studio.gui.state.console import CONSOLE_FILE
 
 MAX_CHARS = 2_000_000  # the end of a huge log is what matters
 

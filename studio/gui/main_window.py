@@ -13,24 +13,24 @@ from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QS
 
 from studio.core.errors import Problem
 from studio.core.presets import RESOURCES
-from studio.core.rundir import default_runs_root
-from studio.gui import settings as app_settings
-from studio.gui.charts import WAITING, ChartsPanel
-from studio.gui.data_panel import DataPanel
-from studio.gui.estimate_panel import EstimatePanel
-from studio.gui.export_panel import ExportPanel
-from studio.gui.history_panel import HistoryPanel
-from studio.gui.job_state import TERMINAL, State, status_text
+from studio.core.run.directory import default_runs_root
+from studio.gui.state import settings as app_settings
+from studio.gui.widgets.charts import WAITING, ChartsPanel
+from studio.gui.panels.data import DataPanel
+from studio.gui.panels.estimate import EstimatePanel
+from studio.gui.panels.export import ExportPanel
+from studio.gui.panels.history import HistoryPanel
+from studio.gui.state.job_state import TERMINAL, State, status_text
 from studio.gui.log_dialog import LogDialog
-from studio.gui.model_panel import ModelPanel
-from studio.gui.run_history import live_runs
-from studio.gui.runtime_dialog import open_runtime_dialog
+from studio.gui.panels.model import ModelPanel
+from studio.gui.state.run_history import live_runs
+from studio.gui.runtime.dialog import open_runtime_dialog
 from studio.gui.runs import RunController
-from studio.gui.scale_panel import ScalePanel
+from studio.gui.panels.scale import ScalePanel
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
-from studio.gui.techniques_panel import TechniquesPanel
-from studio.gui.try_panel import TryPanel
-from studio.gui.widgets import Banner, ConfigStore, VerticalScroll, problems_html
+from studio.gui.panels.techniques import TechniquesPanel
+from studio.gui.panels.try_it import TryPanel
+from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, problems_html
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"

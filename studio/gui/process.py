@@ -20,7 +20,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 import studio
-from studio.gui.console import LineSplitter
+from studio.gui.state.console import LineSplitter
 
 STUDIO_ROOT = Path(studio.__file__).resolve().parents[1]
 TERMINATE_GRACE_MS = 5000

@@ -20,16 +20,16 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from studio.core import commands
+from studio.core.run import commands
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
-from studio.core.events import EventReader
-from studio.core.rundir import RunDir, default_runs_root
-from studio.gui.console import CONSOLE_FILE, ConsoleTail, console_error
-from studio.gui.job_state import Job, State
+from studio.core.run.events import EventReader
+from studio.core.run.directory import RunDir, default_runs_root
+from studio.gui.state.console import CONSOLE_FILE, ConsoleTail, console_error
+from studio.gui.state.job_state import Job, State
 from studio.gui.process import background_python, launch_detached
-from studio.gui.run_history import find_process, process_alive, worker_pid
-from studio.gui.series import RunSeries
+from studio.gui.state.run_history import find_process, process_alive, worker_pid
+from studio.gui.state.series import RunSeries
 
 POLL_MS = 250
 ABORT_GRACE_S = 10.0  # after ABORT: time to exit on its own before terminate

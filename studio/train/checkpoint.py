@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from studio.core.errors import StudioError
-from studio.core.rundir import RunDir
-from studio.train.model import load_trainable_state_dict
+from studio.core.run.directory import RunDir
+from studio.train.model.build import load_trainable_state_dict
 
 TENSORS = "trainable.safetensors"
 
@@ -41,7 +41,7 @@ def _restore_rng(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: RunDir, step: int, engine, raw_model, scheduler, extra: dict) -> Path:
-    """Write the checkpoint of ``step``; every rank calls it (see studio.train.distributed)."""
+    """Write the checkpoint of ``step``; every rank calls it (see studio.train.distributed.engine)."""
     tensors = engine.trainable_tensors(raw_model)
     destination = run_dir.checkpoint_path(step)
     with engine.shared_staging(destination) as staging:

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from studio.core.rundir import RunDir
+from studio.core.run.directory import RunDir
 
 
 class StopController:

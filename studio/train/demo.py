@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from studio.core.commands import EXIT_OK
-from studio.core.dataset import inspect_files
-from studio.core.events import EventWriter
+from studio.core.run.commands import EXIT_OK
+from studio.core.data.dataset import inspect_files
+from studio.core.run.events import EventWriter
 from studio.core.presets import DEMO_HELDOUT, demo_config
-from studio.core.rundir import RunDir
+from studio.core.run.directory import RunDir
 from studio.train.checkpoint import load_weights
-from studio.train.evaluate import exact_match
-from studio.train.export import export_run
-from studio.train.model import build_model, load_base_model, load_tokenizer
+from studio.train.evaluation.exact_match import exact_match
+from studio.train.export.hf_format import export_run
+from studio.train.model.build import build_model, load_base_model, load_tokenizer
 from studio.train.worker import run
 
 log = logging.getLogger("studio.train")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from studio.core.commands import run_handler
+from studio.core.run.commands import run_handler
 from studio.core.errors import StudioError
 
 PROG = "studio train"

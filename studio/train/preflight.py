@@ -17,12 +17,12 @@ import logging
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.dataset import DatasetReport, inspect_files
+from studio.core.data.dataset import DatasetReport, inspect_files
 from studio.core.errors import Problem, ProblemsError, StudioError
-from studio.core.events import EventWriter
-from studio.core.modelcheck import is_local_model, raise_for_model, remote_code_warning, weight_format
-from studio.core.modelinfo import SUPPORTED_MODEL_TYPES, cached_config
-from studio.train.hub_datasets import load_hub_datasets
+from studio.core.run.events import EventWriter
+from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
+from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config
+from studio.train.data.hub import load_hub_datasets
 
 log = logging.getLogger("studio.train")
 
@@ -32,7 +32,7 @@ DataReports = tuple[DatasetReport, DatasetReport | None]
 def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
     """Validate the data and the model; warn about remote code and pickle weights.
 
-    Returns the (train, eval) data reports for studio.train.data.prepare_data.
+    Returns the (train, eval) data reports for studio.train.data.prepare.prepare_data.
     Raises ProblemsError (kind "data" or "model") naming the file and line.
     """
     data = config.data

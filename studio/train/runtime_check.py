@@ -1,4 +1,4 @@
-"""Check the Python this runs in as a training runtime; print one JSON line (studio.core.runtime_report reads it).
+"""Check the Python this runs in as a training runtime; print one JSON line (studio.core.runtime.report reads it).
 
     python -m studio.train.runtime_check
 

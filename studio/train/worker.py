@@ -2,7 +2,7 @@
 
 Read top to bottom: ``Worker.setup`` loads data and model and restores a checkpoint
 when resuming, ``Worker.train`` runs the optimizer loop, ``Worker.save`` writes a
-checkpoint. Everything a viewer needs goes to ``events.jsonl`` (studio.core.events).
+checkpoint. Everything a viewer needs goes to ``events.jsonl`` (studio.core.run.events).
 
 Data order is a pure function of the seed and the step, so a run resumed at step k
 sees exactly the micro-batches an uninterrupted run would have seen from step k.
@@ -11,8 +11,8 @@ micro-batches (not a mean of per-micro-batch means), which makes gradient
 accumulation equal to a bigger batch.
 
 With ``distributed.num_processes`` N > 1 the command launches itself N times
-through torchrun (studio.train.launcher) and each process trains as one rank
-(studio.train.distributed): an optimizer step takes N x accumulation micro-batches
+through torchrun (studio.train.distributed.launcher) and each process trains as one rank
+(studio.train.distributed.engine): an optimizer step takes N x accumulation micro-batches
 of the same plan, each rank its own contiguous share, so N processes equal one
 process with N times the accumulation. Rank 0 writes the events and checkpoints;
 the ranks agree on a stop at the same step.
@@ -33,37 +33,37 @@ from pathlib import Path
 
 import torch
 
-from studio.core.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
+from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
 from studio.core.config import RunConfig, load_config, save_config, to_dict
 from studio.core.errors import StudioError
-from studio.core.estimate import estimate
+from studio.core.memory.estimate import estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
-from studio.core.events import EventWriter
+from studio.core.run.events import EventWriter
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.regime import loss_impl_for
-from studio.core.modelinfo import load_model_config
-from studio.core.rundir import RunDir, default_runs_root
+from studio.core.model.info import load_model_config
+from studio.core.run.directory import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
-from studio.train.attention import attend_packed
+from studio.train.data.packed_attention import attend_packed
 from studio.train.control import StopController
-from studio.train.data import PreparedData, collate, load_prepared, prepare_data, save_prepared
-from studio.train.layersplit import placement_of, run_scale_out
-from studio.train.loss import lean_output_layer, token_loss_sum
-from studio.train.memtrack import tracker_for
-from studio.train.metrics import LoadingMemory, describe_devices, library_versions, memory_snapshot
-from studio.train.distributed import leave_process_group, make_engine, process_rank
-from studio.train.failure import FailureReporter, SilentEvents
-from studio.train.launcher import launch, launched_by_studio
-from studio.train.methods import adapter_regularization, after_optimizer_step
-from studio.train.model import (adapted_module_names, build_model, count_parameters, host_weights,
-                                 keep_weights_on_cpu, load_tokenizer)
-from studio.train.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
+from studio.train.data.prepare import PreparedData, collate, load_prepared, prepare_data, save_prepared
+from studio.train.model.layersplit import placement_of, run_scale_out
+from studio.train.objectives.next_token import lean_output_layer, token_loss_sum
+from studio.train.measure.memtrack import tracker_for
+from studio.train.measure.metrics import LoadingMemory, describe_devices, library_versions, memory_snapshot
+from studio.train.distributed.engine import leave_process_group, make_engine, process_rank
+from studio.train.distributed.failure import FailureReporter, SilentEvents
+from studio.train.distributed.launcher import launch, launched_by_studio
+from studio.train.model.methods import adapter_regularization, after_optimizer_step
+from studio.train.model.build import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.savers.host_weights import host_weights, keep_weights_on_cpu
+from studio.train.measure.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
-from studio.train.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
+from studio.train.data.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
 from studio.train.preflight import check_inputs
-from studio.train.rankwatch import is_lost_contact
-from studio.train.trace import write_trace
+from studio.train.distributed.rankwatch import is_lost_contact
+from studio.train.measure.trace import write_trace
 
 log = logging.getLogger("studio.train")
 
@@ -206,7 +206,7 @@ class Worker:
         return True
 
     def _lean_output_layer(self) -> torch.nn.Module | None:
-        """The output layer for the chunked loss, or None for the full-logits loss (see studio.train.loss)."""
+        """The output layer for the chunked loss, or None for the full-logits loss (see studio.train.objectives.next_token)."""
         if loss_impl_for(self.config) != "chunked":
             return None
         layer = lean_output_layer(self.raw_model)
@@ -440,7 +440,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     A config that cannot start raises StudioError before anything is loaded; every
     later failure becomes an ``error`` event and a non-zero exit code. With
     ``distributed.num_processes`` > 1 this process prepares the run directory and
-    launches the ranks (studio.train.launcher); inside torchrun it trains as its rank.
+    launches the ranks (studio.train.distributed.launcher); inside torchrun it trains as its rank.
     """
     config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
     use_expandable_segments()

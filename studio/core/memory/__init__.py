@@ -1,14 +1,14 @@
-"""The parts of the memory estimator; ``studio.core.estimate`` puts them together.
+"""The memory estimate: what a run needs on each device, itemized, and how to make it fit.
 
-Each module has one job, and each imports only those listed before it:
-
-* ``parts``: the names of the memory parts and of a step's phases, with the words users read for them;
+* ``estimate``: puts the parts together: the phases of a step, their peak on each device, the notes;
 * ``results``: what an estimate says (bytes per part and device, the verdict) and byte sizes as text;
 * ``regime``: a run's settings that memory depends on, resolved from its config, and the rules the
-  worker applies too (the loaded weights' dtype, which loss it computes);
-* ``states``: the trainable tensors, the weights as loaded, the optimizer's state: the model states;
-* ``tape``: the activations, from interpreting each decoder block's recipe, and the logits and loss;
-* ``sharding``: how the model states spread over GPUs (ZeRO, offload) and what CUDA adds.
-
-``studio.core.placement`` (the layer split) builds on ``results``, ``regime`` and ``states``.
+  worker applies too (the loaded weights' dtype, which loss it computes, which weights stay in CPU RAM);
+* ``parts``: the parts a step's memory is itemized into, each counted by one of its modules;
+* ``sharding``: how the model states spread over GPUs (ZeRO, offload) and what CUDA adds;
+* ``placement``: the layer split: which device holds each part of the model;
+* ``derived``: the estimate of a model no family describes, scaled from a traced step (``studio.train.measure.trace``);
+* ``recount``: LoRA's rank, targets and dropout recounted from the trace's block record;
+* ``run_data``: the run's own data: its longest micro-batch, for the estimate of what it will really train;
+* ``fit``: the fastest configuration whose estimate fits a GPU.
 """

@@ -1,6 +1,6 @@
 """The estimate of a model no family describes, derived from a traced training step of its own code.
 
-``studio.train.trace`` builds copies of the model with ``TRACE_DEPTHS`` decoder
+``studio.train.measure.trace`` builds copies of the model with ``TRACE_DEPTHS`` decoder
 blocks on fake tensors and runs the worker's training step at the
 ``trace_points`` (micro-batch, length). Each step records, over the model
 states live when it starts (weights, adapters, optimizer state, inputs), the
@@ -52,7 +52,7 @@ from studio.core.memory.recount import (adapter_bytes, adapter_tensors, lora_blo
                                         recounts_lora)
 from studio.core.memory.results import Estimate
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
-from studio.core.memory.states import OPTIMIZERS, ModelStates, TensorGroup
+from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
 
 TRACE_VERSION = 4
 # The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
@@ -66,7 +66,7 @@ DESCRIBED_ACCURACY = "measured: median 0.34 %, worst 8.40 %"
 DERIVED_ACCURACY = "measured: median 0.19 %, worst 2.89 %; after a toggle median 0.31 %, worst 0.49 %"
 
 
-TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.methods): the base's loading is a regime
+TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.model.methods): the base's loading is a regime
 
 
 # Issue 14's savers change what a step keeps: traced as set, never recounted (the trace counts the device's

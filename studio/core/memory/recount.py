@@ -1,6 +1,6 @@
 """LoRA's rank, targets and dropout, recounted from a traced block's record instead of traced anew.
 
-``studio.train.trace`` records the first and a typical decoder block of the model with
+``studio.train.measure.trace`` records the first and a typical decoder block of the model with
 LoRA on every linear layer (rank ``RECORD_RANK``), once with adapter dropout and once
 without:
 for each linear, its input and output width, which linears receive the same input

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.families import LinearLayer
+from studio.core.model.families import LinearLayer
 from studio.core.methods import DORA, INPUT_TOKENS, METHOD_SPECS, MethodSpec
-from studio.core.modelinfo import ModelShape
+from studio.core.model.info import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1, "int64": 8}
 # Methods whose peft adapter also wraps parameters (a mixture of experts' router and experts), not only modules.
@@ -51,8 +51,8 @@ class Regime:
     lean_head: bool = False  # and the output layer
     embedding_on_host: bool = False  # the frozen input embedding stays in CPU RAM (training.embedding_on_cpu)
     head_on_host: bool = False  # the frozen output layer too, on the device only in the loss (output_layer_on_cpu)
-    activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.offload)
-    tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.tiled)
+    activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.parts.offload)
+    tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.parts.tiled)
 
     @property
     def kbit_prepared(self) -> bool:
@@ -85,7 +85,7 @@ class Regime:
 
 
 LOSS_IMPLS = ("full_fp32", "chunked")
-CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss (studio.train.loss)
+CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss (studio.train.objectives.next_token)
 
 
 def loss_impl_for(config: RunConfig) -> str:
@@ -122,7 +122,7 @@ def output_layer_on_cpu_allowed(config: RunConfig) -> bool:
 
 def output_layer_refusal(config: RunConfig) -> str | None:
     """Why the output layer cannot stay in CPU RAM, or None where it can: frozen (an adapter that does not target
-    it), and the chunked loss, which computes all the loss's gradients in that call (studio.train.loss), in
+    it), and the chunked loss, which computes all the loss's gradients in that call (studio.train.objectives.next_token), in
     processes that each hold the whole model (no ZeRO, no layer split)."""
     d = config.distributed
     if not config.uses_adapter:
@@ -146,7 +146,7 @@ def output_layer_on_host(config: RunConfig, tied: bool, plain_logits: bool) -> b
 
 def lean_outer_weights(lean: bool, autocast: bool, embedding_scales: bool, tied: bool) -> tuple[bool, bool]:
     """Which frozen weights k-bit preparation leaves 16-bit instead of upcasting them: (input embedding, output
-    layer). studio.train.model asks the same, from the modules it holds.
+    layer). studio.train.model.build asks the same, from the modules it holds.
 
     An upcast lookup equals the lookup upcast, so the embedding stays 16-bit and its output is cast to fp32,
     unless its module scales the rows in the weight's dtype (Gemma's). Under autocast the output layer's matmul
@@ -160,7 +160,7 @@ def lean_outer_weights(lean: bool, autocast: bool, embedding_scales: bool, tied:
 
 def weight_dtype_name(config: RunConfig) -> str:
     """The dtype of the loaded (non-quantized) weights, by name (see ModelConfig.dtype): fp32 for full
-    fine-tuning unless configured, else the compute precision. studio.train.model loads them so."""
+    fine-tuning unless configured, else the compute precision. studio.train.model.build loads them so."""
     if config.model.dtype != "auto":
         return _CONFIG_DTYPES[config.model.dtype]
     return "fp32" if config.method_spec.trains_every_weight else config.training.precision
@@ -168,7 +168,7 @@ def weight_dtype_name(config: RunConfig) -> str:
 
 def lora_dropout_for(config: RunConfig, adapted: tuple[LinearLayer, ...]) -> float:
     """The adapter's dropout: none when it wraps parameters (peft's ParamWrapper takes no dropout), so that a
-    mixture of experts' experts and router are adapted too; studio.train.methods does the same."""
+    mixture of experts' experts and router are adapted too; studio.train.model.methods does the same."""
     return 0.0 if any(not layer.is_module for layer in adapted) else config.lora.dropout
 
 

@@ -122,7 +122,7 @@ class Estimate:
     trainable_parameters: int
     tokens_per_micro_batch: int
     notes: tuple[str, ...] = ()
-    placement: Any = None  # a layer split's studio.core.placement.Placement
+    placement: Any = None  # a layer split's studio.core.memory.placement.Placement
     # "described" (the model's family, by hand) or "derived" (a traced step); left out of repr, which
     # fit results print, so that described estimates read as they always did
     kind: str = field(default="described", repr=False)

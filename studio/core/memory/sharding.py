@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.results import GIB, DeviceEstimate, LoadingEstimate, complete_parts
-from studio.core.memory.states import ModelStates
+from studio.core.memory.parts.states import ModelStates
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class ScaleOut:
     precision: 16-bit weights and gradients, fp32 master weights; FSDP's full
     sharding is counted as stage 3). ``split_devices`` holds the memory of each
     device of a layer split (one process, blocks spread over them, see
-    studio.core.placement), ``split_weight_limit`` the configured weight bytes
+    studio.core.memory.placement), ``split_weight_limit`` the configured weight bytes
     per device (0: the device's memory minus room for the rest) and
     ``split_offload_bytes`` the CPU RAM that may hold the blocks that do not fit.
     """

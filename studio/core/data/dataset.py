@@ -1,0 +1,467 @@
+"""Reading training data files into validated examples, without a tokenizer.
+
+This is the fast, pure-Python half of the data pipeline: the GUI calls
+``inspect_files`` for a preview and the worker calls it before loading a model,
+so a bad file is refused in a second instead of after minutes of setup.
+``studio.train.data.prepare`` turns the examples into tokens.
+
+Files: ``.jsonl`` (one JSON object a line), ``.json`` (a list of objects; an
+object holding exactly one list of them, like ``{"data": [...]}``; a single
+row object; or JSON Lines saved as .json), ``.csv`` (comma-separated, a header
+row of column names), ``.parquet`` and ``.txt`` (one example a non-blank line).
+
+Locations name the row the way an editor finds it: ``data.jsonl:12`` (1-based
+line; for CSV the line a row starts on, the header being line 1),
+``data.json[3] (line 12)`` (0-based list index and the line it starts on),
+``data.parquet row 7`` (1-based), ``hub:OWNER/NAME row 7`` (the entry as written) and ``notes.txt:3``.
+
+The row formats and their validation are in ``studio.core.data.row_formats``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import Problem, ProblemsError
+from studio.core.data.hub import is_hub_spec, parse_hub_spec, rows_file
+from studio.core.data.row_formats import FORMATS, DataError, Example, describe_value, detect_format, to_messages
+
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+MAX_PROBLEMS = 20
+"""inspect_files stops reading after this many problems: enough to see a pattern."""
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    """What ``inspect_files`` found: the format, row counts (per file too) and the examples kept.
+
+    ``complete`` is False when ``limit`` stopped the reading early: ``rows`` is
+    then a lower bound.
+    """
+
+    format: str
+    rows: int
+    file_rows: dict[str, int] = field(default_factory=dict)
+    examples: tuple[Example, ...] = ()
+    complete: bool = True
+
+
+# ---------------------------------------------------------------- reading files
+
+Row = tuple[str, "dict | Problem"]
+"""(location, record) where a record that could not be read is a Problem instead."""
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """Yield (location, record) for every row of one file; raise DataError at the first bad one.
+
+    Raises DataError for an unreadable, empty or unsupported file too.
+    """
+    for location, record in _read_file(Path(path)):
+        if isinstance(record, Problem):
+            raise DataError(record.where, record.message, record.hint)
+        yield location, record
+
+
+def _read_file(path: Path) -> Iterator[Row]:
+    """Dispatch on the suffix; turn OS errors and empty files into Problems."""
+    if is_hub_spec(path.as_posix()):
+        yield from _read_hub(path.as_posix())
+        return
+    name = path.name
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        yield name, Problem(name, f"unsupported file type '{path.suffix}'", "use " + ", ".join(SUFFIXES))
+        return
+    try:
+        if path.stat().st_size == 0:
+            yield name, Problem(name, "the file is empty: no rows", "choose a file with training rows")
+            return
+        yield from reader(path, name)
+    except OSError as exc:
+        yield name, Problem(name, f"cannot read the file: {exc.strerror or exc}", "check the path and its permissions")
+
+
+def _read_hub(name: str) -> Iterator[Row]:
+    """The rows of a Hub dataset split, from the Parquet file the worker wrote when it loaded it."""
+    try:
+        local = rows_file(parse_hub_spec(name))
+    except DataError as exc:
+        yield name, exc.problem
+        return
+    if not local.is_file():
+        yield name, Problem(name, f"the Hub dataset {name} has not been loaded on this machine yet",
+                            "`studio config check CONFIG` or starting the training loads it (needs the network once)")
+        return
+    yield from _read_parquet(local, name)
+
+
+def _text_lines(path: Path, name: str) -> Iterator[tuple[int, str | Problem]]:
+    """(1-based line number, line with its ending) for each line, decoding UTF-8 line by line.
+
+    Decoding each line separately lets one bad byte cost one row, not the file,
+    and name the line and byte offset. A leading byte-order mark is dropped.
+    """
+    offset = 0
+    with open(path, "rb") as file:
+        for number, raw in enumerate(file, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, offset = raw[3:], 3
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = raw[exc.start]
+                yield number, Problem(
+                    f"{name}:{number}",
+                    f"not valid UTF-8: byte 0x{byte:02x} at byte offset {offset + exc.start} of the file",
+                    "save the file as UTF-8",
+                )
+            offset += len(raw)
+
+
+def _read_jsonl(path: Path, name: str) -> Iterator[Row]:
+    for number, line in _text_lines(path, name):
+        if isinstance(line, Problem) or line.strip():
+            yield _json_row(line, f"{name}:{number}")
+
+
+def _json_row(line: str | Problem, where: str) -> Row:
+    if isinstance(line, Problem):
+        return where, line
+    line = line.rstrip("\r\n")
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        hint = "each line must hold one complete JSON object"
+        if exc.msg.startswith("Unterminated string") or exc.pos >= len(line.rstrip()):
+            return where, Problem(where, "not valid JSON: the line ends before the object does (cut off?)", hint)
+        return where, Problem(where, f"not valid JSON: {exc.msg} (column {exc.colno})", hint)
+    return where, _object_or_problem(value, where)
+
+
+def _object_or_problem(value: Any, where: str) -> dict | Problem:
+    if isinstance(value, dict):
+        return value
+    return Problem(where, f"expected a JSON object {{...}}, got {describe_value(value)}", "each row must be an object of fields")
+
+
+def _read_text(path: Path, name: str) -> Iterator[Row]:
+    for number, line in _text_lines(path, name):
+        where = f"{name}:{number}"
+        if isinstance(line, Problem):
+            yield where, line
+        elif line.strip():
+            yield where, {"text": line.rstrip("\r\n")}
+
+
+def _read_csv(path: Path, name: str) -> Iterator[Row]:
+    """Rows of a CSV with a header; stops at the first undecodable line or broken quoting."""
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # a single 10 MB cell is fine
+    stopped: list[Problem] = []
+
+    def lines() -> Iterator[str]:
+        for _, line in _text_lines(path, name):
+            if isinstance(line, Problem):
+                stopped.append(line)
+                return
+            yield line
+
+    reader = csv.reader(lines())
+    try:
+        yield from _csv_rows(reader, name)
+    except csv.Error as exc:
+        where = f"{name}:{reader.line_num}"
+        yield where, Problem(where, f"not valid CSV: {exc}", "check the quoting around this line")
+    for problem in stopped:
+        yield problem.where, problem
+
+
+def _csv_rows(reader: Any, name: str) -> Iterator[Row]:
+    header = next(reader, None)
+    if header is None:
+        return
+    columns = [c.strip() for c in header]
+    problem = _check_header(columns, name)
+    if problem:
+        yield problem.where, problem
+        return
+    start = reader.line_num + 1
+    for cells in reader:
+        where, start = f"{name}:{start}", reader.line_num + 1
+        if not cells:
+            continue
+        if len(cells) != len(columns):
+            message = f"the row has {_count(len(cells), 'value')} but the header has {_count(len(columns), 'column')}"
+            yield where, Problem(where, message, "quote values that contain commas or line breaks")
+        else:
+            yield where, dict(zip(columns, cells))
+
+
+def _check_header(columns: list[str], name: str) -> Problem | None:
+    where = f"{name}:1"
+    if len(columns) == 1:
+        for sep, label in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars")):
+            if sep in columns[0]:
+                return Problem(where, f"the header is a single column {columns[0]!r}: the file seems to "
+                               f"separate columns with {label}", "save it as comma-separated CSV")
+    duplicates = sorted({c for c in columns if columns.count(c) > 1})
+    if duplicates:
+        return Problem(where, f"the header repeats column(s) {', '.join(map(repr, duplicates))}", "give each column its own name")
+    return None
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _read_parquet(path: Path, name: str) -> Iterator[Row]:
+    try:
+        import pyarrow
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow comes with datasets
+        yield name, Problem(name, "reading Parquet needs the pyarrow package", "pip install pyarrow")
+        return
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pyarrow.ArrowException, ValueError) as exc:
+        yield name, Problem(name, f"not a readable Parquet file: {exc}", "check that the file is complete")
+        return
+    with closing(parquet):
+        number = 0
+        for batch in parquet.iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                number += 1
+                yield f"{name} row {number}", record
+
+
+def _read_json(path: Path, name: str) -> Iterator[Row]:
+    """A .json file: a list of rows, an object holding one list of rows, one row, or JSON Lines."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        where = f"{name}:{_line_of(raw, exc.start)}"
+        yield where, Problem(where, f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at byte offset {exc.start}",
+                             "save the file as UTF-8")
+        return
+    try:
+        yield from _json_document(text, name, path)
+    except json.JSONDecodeError as exc:
+        where = f"{name}:{exc.lineno}"
+        yield where, Problem(where, f"not valid JSON: {exc.msg} (column {exc.colno})", "check the JSON syntax")
+
+
+def _json_document(text: str, name: str, path: Path) -> Iterator[Row]:
+    start = _skip_space(text, 0)
+    if start == len(text):
+        return
+    if text[start] == "[":
+        yield from _json_list_rows(text, start, name)
+        return
+    value, end = _DECODER.raw_decode(text, start)
+    rest = _skip_space(text, end)
+    if rest < len(text) and isinstance(value, dict) and "\n" not in text[start:end]:
+        yield from _read_jsonl(path, name)  # JSON Lines saved with a .json suffix
+        return
+    if rest < len(text):
+        raise json.JSONDecodeError("Extra data", text, rest)
+    if not isinstance(value, dict):
+        yield name, Problem(name, f"expected a list of row objects, got {describe_value(value)}", "put the rows in a JSON list [...]")
+    elif detect_format(value):
+        yield f"{name}:{_line_of(text, start)}", value
+    else:
+        yield from _wrapped_rows(text, start, value, name)
+
+
+def _wrapped_rows(text: str, start: int, value: dict, name: str) -> Iterator[Row]:
+    """The rows of ``{"data": [...]}``: the one list the object holds."""
+    lists = [key for key, item in value.items() if isinstance(item, list)]
+    if len(lists) != 1:
+        message = (f"the top-level object holds several lists ({', '.join(lists)})" if lists
+                   else f"the top-level object has no list of rows (fields: {', '.join(value) or 'none'})")
+        yield name, Problem(name, message, "put the rows in a JSON list [...] or in a single key like {\"data\": [...]}")
+        return
+    for key, position in _json_members(text, start):
+        if key == lists[0]:
+            yield from _json_list_rows(text, position, name)
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_space(text: str, position: int) -> int:
+    return _SPACE.match(text, position).end()
+
+
+def _line_of(text: str | bytes, position: int) -> int:
+    newline = "\n" if isinstance(text, str) else b"\n"
+    return text.count(newline, 0, position) + 1
+
+
+def _json_list_rows(text: str, position: int, name: str) -> Iterator[Row]:
+    """Decode a JSON list element by element to know the line each row starts on."""
+    line, counted = 1, 0
+    for index, start, value in _json_elements(text, position):
+        line, counted = line + text.count("\n", counted, start), start
+        where = f"{name}[{index}] (line {line})"
+        yield where, _object_or_problem(value, where)
+
+
+def _json_elements(text: str, position: int) -> Iterator[tuple[int, int, Any]]:
+    """(index, start offset, value) of each element of the list starting at ``position``."""
+    position = _skip_space(text, position + 1)
+    index = 0
+    if text.startswith("]", position):
+        return
+    while True:
+        value, end = _DECODER.raw_decode(text, position)
+        yield index, position, value
+        index += 1
+        position = _skip_space(text, end)
+        if text.startswith("]", position):
+            return
+        if not text.startswith(",", position):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, position)
+        position = _skip_space(text, position + 1)
+
+
+def _json_members(text: str, position: int) -> Iterator[tuple[str, int]]:
+    """(key, value start offset) of each member of an already-validated JSON object."""
+    position = _skip_space(text, position + 1)
+    while not text.startswith("}", position):
+        key, end = _DECODER.raw_decode(text, position)
+        value_start = _skip_space(text, _skip_space(text, end) + 1)  # skip the colon
+        yield key, value_start
+        _, end = _DECODER.raw_decode(text, value_start)
+        position = _skip_space(text, end)
+        if text.startswith(",", position):
+            position = _skip_space(text, position + 1)
+
+
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet, ".txt": _read_text}
+
+
+# ---------------------------------------------------------------- whole datasets
+
+
+class _Scanner:
+    """Validates the rows of several files in order, as one dataset.
+
+    Under "auto" the first valid row decides the format and a later row that
+    looks like another format is a problem (mixed formats); with an explicit
+    format every row is validated against it.
+    """
+
+    def __init__(self, fmt: str):
+        if fmt != "auto" and fmt not in FORMATS:
+            raise DataError("data.format", f"{fmt!r} is not one of auto, {', '.join(FORMATS)}")
+        self.requested = fmt
+        self.format: str | None = None if fmt == "auto" else fmt
+        self.decided_at = ""
+        self.complete = True
+        self.rows_checked = 0
+        self.wrong_format = False  # the explicit format does not fit the first row: stop at that one problem
+
+    def items(self, paths: list[Path], limit: int | None = None) -> Iterator[tuple[Path, Example | Problem]]:
+        """(file, example or problem) for each row; files without rows are problems too."""
+        for path in paths:
+            read = 0
+            with closing(_read_file(path)) as records:
+                for location, record in records:
+                    if limit is not None and read >= limit:
+                        self.complete = False
+                        break
+                    read += 1
+                    yield path, record if isinstance(record, Problem) else self._example(record, location)
+            if read == 0:
+                yield path, Problem(path.name, "no rows", "the file holds no data rows")
+
+    def _example(self, record: dict, location: str) -> Example | Problem:
+        seen = detect_format(record)
+        try:
+            if self.format is None:
+                example = to_messages(record, "auto", location)
+                self.format, self.decided_at = example.kind, location
+                return example
+            if self.requested == "auto" and seen and seen != self.format:
+                return Problem(location, f"mixed formats: this row looks like {seen}, earlier rows are "
+                               f"{self.format} ({self.decided_at})", "use one row format per dataset")
+            return to_messages(record, self.format, location)
+        except DataError as exc:
+            if self.requested != "auto" and seen and seen != self.format:
+                if not self.rows_checked:  # the first row already: the whole dataset is likely another format
+                    self.wrong_format = True
+                    return Problem(exc.problem.where, f"the rows look like {seen}, but data.format is {self.format} "
+                                   f"({exc.problem.message})", f"set data.format to {seen} or auto")
+                return Problem(exc.problem.where, exc.problem.message,
+                               f"the row looks like {seen} but data.format is {self.format}")
+            return exc.problem
+        finally:
+            self.rows_checked += 1
+
+
+def iter_examples(paths: Iterable[str | Path], fmt: str = "auto") -> Iterator[Example]:
+    """Every example of the files in order; raise DataError at the first problem.
+
+    Meant for data already checked by ``inspect_files`` (pass its ``format``).
+    """
+    with closing(_Scanner(fmt).items(_paths(paths))) as items:
+        for _, item in items:
+            if isinstance(item, Problem):
+                raise DataError(item.where, item.message, item.hint)
+            yield item
+
+
+def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | None = None,
+                  keep: int | None = None) -> DatasetReport:
+    """Read and validate the files: the format, the row counts and the examples.
+
+    Reads every row, or the first ``limit`` rows of each file, and keeps the
+    first ``keep`` examples in the report (None: all that were read; a GUI
+    preview passes a small number). Collects up to MAX_PROBLEMS problems, then
+    raises them together as a ProblemsError (kind "data"). No tokenizer: fast
+    enough for the GUI.
+    """
+    paths = _paths(paths)
+    if not paths:
+        raise DataError("data.train_files", "no data files", "choose at least one file")
+    scanner = _Scanner(fmt)
+    problems: list[Problem] = []
+    kept: list[Example] = []
+    counts = {str(p): 0 for p in paths}
+    with closing(scanner.items(paths, limit)) as items:
+        for path, item in items:
+            if isinstance(item, Example):
+                counts[str(path)] += 1
+                if keep is None or len(kept) < keep:
+                    kept.append(item)
+            elif len(problems) < MAX_PROBLEMS:
+                problems.append(item)
+                if scanner.wrong_format:
+                    break
+            else:
+                problems.append(Problem("", f"stopped checking after {MAX_PROBLEMS} problems"))
+                break
+    if problems:
+        raise ProblemsError(problems, "data", _describe_paths(paths))
+    assert scanner.format is not None  # a dataset without rows has problems
+    return DatasetReport(scanner.format, sum(counts.values()), counts, tuple(kept), scanner.complete)
+
+
+def _paths(paths: Iterable[str | Path] | str | Path) -> list[Path]:
+    """A single path is a list of one, not a sequence of characters."""
+    return [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+
+
+def _describe_paths(paths: list[Path]) -> str:
+    if len(paths) <= 3:
+        return ", ".join(str(p) for p in paths)
+    return f"{len(paths)} data files"

@@ -1,0 +1,233 @@
+"""The row formats of training data: what a record's fields say it is, and validating it into an Example.
+
+Row formats (``DataConfig.format``), detected from the fields of the first row:
+
+- chat: ``messages`` (OpenAI role/content) or ``conversations`` (ShareGPT
+  from/value with system/human/gpt); after an optional system turn, user and
+  assistant turns alternate, starting with user and ending with assistant.
+  TRL's conversational prompt/completion rows (``prompt`` and ``completion``
+  each a list of messages) are chat rows too: the prompt's turns, then the
+  completion's.
+- instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
+  optional ``system``); becomes a user and an assistant message.
+- prompt_completion: ``prompt`` (may be empty) and ``completion``.
+- text: ``text``.
+
+``studio.core.data.dataset`` reads the files and hands every record to ``to_messages``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from studio.core.errors import Problem, StudioError
+
+FORMATS = ("instruction", "chat", "prompt_completion", "text")
+ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
+_ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
+_FORMAT_FIELDS = {  # the fields that make a row look like each format, in detection order
+    "chat": (("messages",), ("conversations",)),
+    "instruction": (("instruction", "output"),),
+    "prompt_completion": (("prompt", "completion"),),
+    "text": (("text",),),
+}
+_FORMAT_HINT = "rows need messages, conversations, instruction+output, prompt+completion or text; or set data.format"
+_MISSING = object()
+
+
+class DataError(StudioError):
+    """One problem with the data; carries it as a Problem so that callers can collect many."""
+
+    def __init__(self, where: str, message: str, hint: str = ""):
+        self.problem = Problem(where, message, hint)
+        super().__init__(f"{where}: {message}" if where else message, hint, kind="data")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One validated row in a format-independent shape.
+
+    ``kind`` is the row format. Instruction and chat rows carry ``messages``
+    (dicts with ``role`` and ``content``, ready for a chat template);
+    prompt_completion rows ``prompt`` and ``completion``; text rows ``text``.
+    """
+
+    kind: str
+    messages: tuple[dict[str, str], ...] = ()
+    prompt: str = ""
+    completion: str = ""
+    text: str = ""
+    location: str = ""
+
+
+def detect_format(record: dict) -> str | None:
+    """The row format the record's fields point to, or None when they fit none."""
+    for fmt, alternatives in _FORMAT_FIELDS.items():
+        if any(all(key in record for key in keys) for keys in alternatives):
+            return "chat" if fmt == "prompt_completion" and _conversational(record) else fmt
+    return None
+
+
+def _conversational(record: dict) -> bool:
+    """A TRL conversational prompt/completion row: the completion is a list of messages."""
+    return isinstance(record.get("completion"), list)
+
+
+def _guess_format(record: dict) -> str | None:
+    """A format sharing at least one field with the record: its validation names what is missing."""
+    for fmt, alternatives in _FORMAT_FIELDS.items():
+        if any(key in record for keys in alternatives for key in keys):
+            return fmt
+    return None
+
+
+def to_messages(record: dict, fmt: str, location: str = "") -> Example:
+    """Validate one record as ``fmt`` ("auto": detect it) and normalize it into an Example.
+
+    Raises DataError naming the location and the field at the first problem.
+    """
+    if fmt == "auto":
+        fmt = detect_format(record) or _guess_format(record) or ""
+    if fmt not in _BUILDERS:
+        fields = ", ".join(map(str, record)) or "none"
+        raise DataError(location, f"cannot tell the row format from its fields ({fields})", _FORMAT_HINT)
+    return _BUILDERS[fmt](record, location)
+
+
+def _instruction(record: dict, location: str) -> Example:
+    instruction = _text(record, "instruction", location)
+    extra = _text(record, "input", location, required=False, blank_ok=True)
+    output = _text(record, "output", location)
+    system = _text(record, "system", location, required=False, blank_ok=True)
+    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    messages = ({"role": "system", "content": system},) if system.strip() else ()
+    messages += ({"role": "user", "content": user}, {"role": "assistant", "content": output})
+    return Example("instruction", messages=messages, location=location)
+
+
+def _chat(record: dict, location: str) -> Example:
+    if "messages" not in record and "conversations" not in record and _conversational(record):
+        return _conversational_prompt_completion(record, location)
+    key = "messages" if "messages" in record else "conversations"
+    turns = record.get(key, _MISSING)
+    if isinstance(turns, str):  # a CSV cell holding the conversation as JSON
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError:
+            pass
+    if turns is _MISSING:
+        raise DataError(location, "field 'messages' is missing", _FORMAT_HINT)
+    if not isinstance(turns, list):
+        raise DataError(location, f"field '{key}' must be a list of turns, got {describe_value(turns)}")
+    if not turns:
+        raise DataError(location, f"field '{key}' has no turns")
+    messages = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(turns))
+    _check_turn_order(messages, key, location)
+    return Example("chat", messages=messages, location=location)
+
+
+def _conversational_prompt_completion(record: dict, location: str) -> Example:
+    prompt = record.get("prompt") or []
+    if not isinstance(prompt, list):
+        raise DataError(location, f"field 'prompt' must be a list of messages like the completion, got {describe_value(prompt)}")
+    turns = [(turn, f"prompt[{index}]") for index, turn in enumerate(prompt)]
+    turns += [(turn, f"completion[{index}]") for index, turn in enumerate(record["completion"])]
+    messages = tuple(_turn(turn, path, location) for turn, path in turns)
+    _check_turn_order(messages, "prompt+completion", location)
+    return Example("chat", messages=messages, location=location)
+
+
+def _turn(turn: Any, path: str, location: str) -> dict[str, str]:
+    """One chat turn, OpenAI style (role/content) or ShareGPT style (from/value)."""
+    if not isinstance(turn, dict):
+        raise DataError(location, f"{path} must be an object with role and content, got {describe_value(turn)}")
+    sharegpt = turn.get("from") is not None and turn.get("role") is None
+    role_key, content_key, allowed = ("from", "value", tuple(SHAREGPT_ROLES)) if sharegpt else ("role", "content", ROLES)
+    name = turn.get(role_key, _MISSING)
+    if name is _MISSING:
+        raise DataError(location, f"{path}.{role_key} is missing", f"each turn needs {role_key} and {content_key}")
+    role = _ROLE_ALIASES.get(name) if isinstance(name, str) else None
+    if role is None:
+        raise DataError(location, f"{path}.{role_key} {_short(name)} is not one of {', '.join(allowed)}")
+    content = _text(turn, content_key, location, path=f"{path}.{content_key}", blank_ok=role == "system")
+    return {"role": role, "content": content}
+
+
+def _check_turn_order(messages: tuple[dict[str, str], ...], key: str, location: str) -> None:
+    """[system] user assistant (user assistant)...: what every chat template can render and learn from."""
+    hint = "after an optional first system turn, user and assistant turns alternate, starting with user"
+    expected = "user"
+    for index, message in enumerate(messages):
+        role = message["role"]
+        if role == "system" and index == 0:
+            continue
+        if role == "system":
+            raise DataError(location, f"{key}[{index}] is a system turn after the start", "a system turn may only come first")
+        if role != expected:
+            what = "the conversation starts with an assistant turn" if expected == "user" and index <= 1 \
+                else f"two {role} turns in a row"
+            raise DataError(location, f"{key}[{index}]: {what}", hint)
+        expected = "assistant" if role == "user" else "user"
+    if expected == "assistant" or len(messages) < 2:
+        raise DataError(location, f"field '{key}' does not end with an assistant turn", "the last turn is the response to learn")
+
+
+def _prompt_completion(record: dict, location: str) -> Example:
+    if _conversational(record):
+        raise DataError(location, "the completion is a list of messages: a conversational row, not plain text",
+                        "set data.format to chat (or auto)")
+    prompt = _text(record, "prompt", location, blank_ok=True)
+    completion = _text(record, "completion", location)
+    return Example("prompt_completion", prompt=prompt, completion=completion, location=location)
+
+
+def _plain_text(record: dict, location: str) -> Example:
+    return Example("text", text=_text(record, "text", location), location=location)
+
+
+_BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text}
+
+
+def _text(record: dict, key: str, location: str, *, path: str = "", required: bool = True,
+          blank_ok: bool = False) -> str:
+    """The text value of ``record[key]``: missing, null, blank or not-text values are named errors.
+
+    required=False: a missing or null field reads as "". blank_ok: "" and null are allowed.
+    """
+    path = path or f"field '{key}'"
+    value = record.get(key, _MISSING)
+    if value is _MISSING:
+        if required:
+            raise DataError(location, f"{path} is missing")
+        return ""
+    if value is None:
+        if required and not blank_ok:
+            raise DataError(location, f"{path} is empty (null)")
+        return ""
+    if not isinstance(value, str):
+        raise DataError(location, f"{path} must be text, got {describe_value(value)}")
+    if not blank_ok and not value.strip():
+        raise DataError(location, f"{path} is empty", "remove the row or fill it in")
+    return value
+
+
+def describe_value(value: Any) -> str:
+    """A user-level description: 'a number (5)', 'a list', 'an object'."""
+    if isinstance(value, bool):
+        return f"true/false ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"text {_short(value)}"
+    if value is None:
+        return "null"
+    names = {list: "a list", tuple: "a list", dict: "an object", bytes: "binary data"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

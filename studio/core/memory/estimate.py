@@ -1,0 +1,239 @@
+"""Peak memory of a fine-tuning run, itemized, from the model's config.json and the run config.
+
+The model of memory
+-------------------
+The estimate predicts the peak of live tensor bytes during a steady training step
+(the second and every later one: optimizer state allocated) of the worker in
+``studio.train``, plus, on CUDA, the context and the caching allocator's margin.
+Live tensors at any moment are
+
+* persistent: base weights (in their dtype, or 4/8-bit with bitsandbytes'
+  quantization state; k-bit preparation upcasts everything it does not quantize
+  to fp32), LoRA adapters (fp32, as peft keeps them), optimizer state, and the
+  inputs;
+* gradients, in the trainable parameters' dtype (alive from backward to
+  ``zero_grad``; with gradient accumulation also through the next forward);
+* saved activations: what autograd keeps for the backward pass. They are
+  counted by interpreting each architecture's decoder block (a recipe in
+  ``studio.core.model.info``) with the saving rules of every operation:
+  a linear layer keeps its input when its weight trains and its (autocast)
+  weight copy when its input needs a gradient; RMSNorm keeps an fp32 copy of
+  its input; SiLU keeps its input; SDPA keeps q, k, v, output and log-sum-exp;
+  dropout keeps a mask; peft's LoRA keeps its own copy of every adapted input.
+  Views share their storage and a tensor saved twice counts once. With
+  gradient checkpointing only each block's input is kept, and one block is
+  recomputed during backward;
+* logits and loss: the worker's loss upcasts the logits to fp32 for every
+  position, so at its peak (log-softmax backward) three fp32 copies of the
+  logits live together;
+* temporaries: autocast's 16-bit weight copies, optimizer-step buffers.
+
+Each phase of a step sums these parts at its own peak moment: ``forward`` (the
+end of the forward pass and the start of backward, where the loss is),
+``backward`` (all gradients, one recomputed block), ``optimizer`` (the update).
+The peak is the largest phase; its parts are reported and sum to the total.
+Under ZeRO stages, offload and several GPUs the model states (weights,
+gradients, fp32 master weights and optimizer state) are split as the ZeRO
+paper and DeepSpeed's estimators do; activations stay per GPU.
+
+This module puts together the parts in ``studio.core.memory`` (see its list)
+and, for a layer split, ``studio.core.memory.placement``: the phases of a step, their
+peak on each device, and the notes.
+
+Pure Python (no torch): the GUI recomputes it on every toggle (well under 5 ms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from studio.core.config import RunConfig
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
+from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
+                                        format_bytes, parse_size, verdict_for)
+from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
+from studio.core.memory.parts.states import ModelStates, host_head_bytes, host_weight_bytes, model_states
+from studio.core.memory.parts.logits import logits_loss_bytes
+from studio.core.memory.parts.offload import host_activation_bytes, offloaded_activations, with_host_activations
+from studio.core.memory.parts.tape import Activations, activations
+from studio.core.memory.parts.tiled import feedforward_for
+from studio.core.methods import ATTENTION_TOKENS
+from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_estimate, regime_axes, regime_id,
+                                        trace_path)
+from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
+from studio.core.memory.placement import split_devices
+
+# What callers of the estimate use; the parts of the model live in studio.core.memory.
+__all__ = ["estimate", "Estimate", "DeviceEstimate", "Verdict", "verdict_for", "ScaleOut", "CudaOverheads",
+           "format_bytes", "parse_size", "GIB", "TIGHT_FRACTION"]
+
+
+def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations) -> dict[str, dict[str, int]]:
+    """Every part at each phase's peak moment, on one device."""
+    inputs = 3 * 8 * regime.tokens * regime.accumulation  # input_ids, attention_mask, labels (int64), all micro-batches
+    inputs += prefix_bytes(shape, regime)
+    persistent = {"weights": states.weights, "adapter_weights": states.adapters,
+                  "optimizer_state": states.optimizer_state, "master_weights": states.master_weights}
+    # an output layer kept in CPU RAM is on the device while the loss runs, which is the forward phase's peak
+    in_loss = {"weights": states.weights + host_head_bytes(shape, regime)}
+    return {
+        "forward": {**persistent, **in_loss, **_loss_moment(shape, regime, states, acts, inputs)},
+        "backward": {**persistent, **_backward_moment(shape, regime, states, acts, inputs)},
+        "optimizer": {**persistent, "gradients": states.gradients, "activations": inputs,
+                      "temporaries": states.optimizer_temporaries},
+    }
+
+
+def _loss_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:
+    """The end of the forward pass: every saved activation, and the logits and loss at their largest."""
+    loss_forward, loss_backward = logits_loss_bytes(shape, regime, acts.logits_dtype)
+    # autocast's cache (checkpointed blocks' weight copies) lives until the forward pass leaves autocast
+    in_forward = loss_forward + acts.autocast_cache > loss_backward
+    return {"gradients": states.gradients if regime.accumulation > 1 else 0,
+            "activations": acts.saved - acts.weight_copies + inputs,
+            "logits_loss": loss_forward if in_forward else loss_backward,
+            "temporaries": acts.weight_copies + (acts.autocast_cache if in_forward else 0)}
+
+
+def _backward_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:
+    """The largest of: the last block's backward, the first block's, and the embeddings' gradient at the end."""
+    earlier_grads = acts.head_grads + (shape.layers - 1) * acts.block_grads
+    candidates = [
+        {"gradients": acts.head_grads + acts.last_block.parameter_grads,
+         "activations": inputs + acts.before_last_block + acts.last_block.saved,
+         "temporaries": acts.last_block.in_flight},
+        {"gradients": earlier_grads + acts.first_block.parameter_grads,
+         "activations": inputs + acts.before_first_block + acts.first_block.saved,
+         "temporaries": acts.first_block.in_flight},
+        {"gradients": states.gradients, "activations": inputs,
+         # a tied embedding's gradient is computed apart, then added to the head's
+         "temporaries": shape.head_elements * DTYPE_BYTES[regime.base_dtype] if regime.full and shape.tie_embeddings else 0},
+    ]
+    return max(candidates, key=lambda parts: sum(parts.values()))
+
+
+def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
+    """Prefix tuning's keys and values for one micro-batch: the fp32 prefix, and every layer's
+    attention keeping keys and values longer by the virtual tokens (compute dtype)."""
+    if regime.method.token_entry != ATTENTION_TOKENS:
+        return 0
+    elements = regime.micro_batch * regime.virtual_tokens * 2 * shape.layers * shape.kv_width
+    return elements * (4 + DTYPE_BYTES[regime.compute])
+
+
+def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: str = "cuda",
+             scale_out: ScaleOut = ScaleOut(), loss_impl: str | None = None,
+             overheads: CudaOverheads = CudaOverheads()) -> Estimate:
+    """The itemized peak memory of ``config`` on ``model_config`` (a config.json mapping).
+
+    ``device_type`` "cuda" adds the CUDA context and the allocator margin;
+    "cpu" predicts the live tensor bytes a CPU run reaches. A model of a family
+    ``studio.core.model.info`` does not describe is estimated from its traced
+    step (``studio.core.memory.derived``); without a trace for these settings
+    it raises TraceNeededError. Raises StudioError for LoRA targets it does not know.
+    """
+    if isinstance(model_config, dict) and not _described(model_config):
+        return _derived(model_config, config, device_type, scale_out, overheads)
+    shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
+    regime = regime_for(config, shape, device_type, loss_impl)
+    states = model_states(shape, regime)
+    if scale_out.uses_zero and regime.full:  # DeepSpeed trains 16-bit weights: autocast has no copies to make
+        regime = replace(regime, base_dtype=regime.compute)
+    acts = activations(shape, regime, feedforward_for(shape, regime))
+    if regime.activation_offload:
+        acts = offloaded_activations(acts, shape, regime)
+    phases = _phases(shape, regime, states, acts)
+    if scale_out.layer_split:
+        devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
+    else:
+        placement = None
+        block_parameters = sum(p.elements for p in shape.block_parameters)
+        devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
+        kept = host_weight_bytes(shape, regime) * scale_out.num_gpus  # never with a split (regime); one per process
+        if kept:
+            parts = dict(host.parts) if host is not None else complete_parts({})
+            host = DeviceEstimate("host", {**parts, "weights": parts["weights"] + kept},
+                                  host.peak_phase if host is not None else "forward")
+    if device_type == "cuda":
+        devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
+    peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
+    if regime.activation_offload:
+        host = with_host_activations(host, host_activation_bytes(acts, shape))
+    if host is not None:
+        devices.append(host)
+    notes = _notes(shape, regime, config)
+    if placement is not None and placement.offloaded_layers and not regime.checkpointing:
+        notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
+                  "turn on gradient checkpointing to fetch one at a time",)
+    loading = loading_per_process(states, scale_out, config.sharded_loading)
+    return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
+                    trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
+                    notes=notes, placement=placement, loading=loading)
+
+
+def _described(model_config: dict) -> bool:
+    """Whether a family of studio.core.model.info describes the model (a config without model_type is refused there)."""
+    try:
+        family_of(model_config)
+    except UnknownArchitectureError:
+        return False
+    return True
+
+
+def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out: ScaleOut,
+             overheads: CudaOverheads) -> Estimate:
+    """A model no family describes: scale its traced step, or say that it needs tracing."""
+    trace = cached_trace(model_config, config)
+    if trace is None:
+        raise TraceNeededError(model_config["model_type"], trace_path(model_config, config),
+                               regime_id(regime_axes(config)))
+    return derived_estimate(trace, config, device_type, scale_out, overheads)
+
+
+def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:
+    notes = []
+    known = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "gelu_fast", "quick_gelu"}
+    if shape.activation not in known:
+        notes.append(f"activation {shape.activation} is modelled as keeping its input")
+    if regime.dora:
+        notes.append("DoRA is modelled approximately (its weight-norm temporaries are not counted)")
+    if regime.loss_impl == "chunked":
+        notes.append("lean loss: logits are computed for at most "
+                     f"{max(1, CHUNKED_LOSS_BYTES // (4 * shape.vocab)):,} tokens at a time")
+    elif config.training.chunked_loss and config.distributed.shards_weights:
+        notes.append(f"no lean loss with {config.distributed.sharding}: its sharded output layer is gathered only "
+                     "inside the model's forward, so the whole logits and their loss are counted; zero2 or no "
+                     "sharding computes them a chunk at a time")
+    if any(not layer.is_module for layer in regime.adapted):
+        notes.append("LoRA adapts the router and every expert: peft folds the factors into a new copy of each "
+                     "weight at every forward, kept for backward (counted), and trains without dropout")
+    if shape.attached:
+        notes.append(f"{sum(p.elements for p in shape.attached):,} parameters of a vision tower load with the model "
+                     "(counted as weights); text training never runs, trains or adapts them")
+    if shape.transformed_logits:
+        capped = "soft-capped" if shape.logit_softcap else "scaled"
+        notes.append(f"{capped} logits: the lean loss needs plain output-layer logits, so this model computes "
+                     "the full fp32 loss over every position (counted)")
+    if regime.method.token_entry == ATTENTION_TOKENS:
+        notes.append("prefix tuning's longer keys and values are modelled approximately")
+    if regime.qat:
+        notes.append("QAT: each fake-quantized weight is a new tensor kept for backward (fp32 work while it is made)")
+    if regime.embedding_on_host:
+        notes.append("the input embedding stays in CPU RAM (host); only the looked-up rows reach the GPU")
+    elif config.training.embedding_on_cpu and shape.tie_embeddings:
+        notes.append("training.embedding_on_cpu has no effect here: the output layer shares the embedding's weight")
+    notes += _output_layer_note(shape, regime, config)
+    return tuple(notes)
+
+
+def _output_layer_note(shape: ModelShape, regime: Regime, config: RunConfig) -> list[str]:
+    if regime.head_on_host:
+        return ["the output layer stays in CPU RAM (host); it is copied to the GPU only while the loss is computed"]
+    if not config.training.output_layer_on_cpu:
+        return []
+    if shape.tie_embeddings:
+        return ["training.output_layer_on_cpu has no effect here: the output layer shares the embedding's weight"]
+    if shape.transformed_logits:
+        return ["training.output_layer_on_cpu has no effect here: the full loss over these logits needs the "
+                "output layer on the GPU"]
+    return []

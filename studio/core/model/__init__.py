@@ -1,0 +1,7 @@
+"""What the studio knows about a model before loading it, from its config.json and its folder.
+
+* ``families``: each architecture family by hand: its config fields, linear layers, parameters and the block
+  recipe the activation tape replays;
+* ``info``: a model's shape (``ModelShape``) from its config.json, read from a folder or the Hub cache;
+* ``check``: a local model folder checked file by file before anything loads it, and what remote code would run.
+"""

@@ -1,0 +1,256 @@
+"""The dataset picker: files, detected format with an override, row count, a preview rendered as the
+model sees it (the loss-masked part set apart), and a token-length histogram with the max-length cut."""
+
+from __future__ import annotations
+
+import html
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget, QPushButton, QSplitter,
+                               QTextBrowser, QVBoxLayout, QWidget)
+
+from studio.core.config import RunConfig
+from studio.core.data.dataset import SUFFIXES
+from studio.core.errors import ProblemsError, StudioError
+from studio.core.presets import DEMO_TRAIN
+from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleControl
+from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview
+from studio.gui.widgets.histogram import LengthHistogram
+from studio.gui.state.model_summary import ModelSummary
+from studio.gui.tasks import BackgroundTask
+from studio.gui.widgets.common import BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation, VerticalScroll
+
+FORMATS = {
+    "auto": ("auto", "Detected from the columns of the first row."),
+    "instruction": ("instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
+    "chat": ("chat (messages / conversations)", "OpenAI role/content or ShareGPT from/value turns."),
+    "prompt_completion": ("prompt / completion", "The prompt as context, the completion learned."),
+    "text": ("plain text", "Every token is learned (continued pre-training)."),
+}
+TEMPLATES = {
+    "auto": ("auto", "The tokenizer's chat template when it has one, else ChatML."),
+    "tokenizer": ("the tokenizer's template", "Exactly how the model was trained to chat."),
+    "chatml": ("ChatML", "<|im_start|>role … <|im_end|> turns: a common choice for base models."),
+    "alpaca": ("Alpaca", "### Instruction / ### Response: single-turn rows only."),
+}
+# The input fields whose change needs the files read again; max_length only moves the cut line.
+_PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
+
+
+class DataPanel(VerticalScroll):
+    # the token lengths of the preview's rows (None: not counted in tokens) and whether they are all the rows
+    lengths_changed = Signal(object, bool)
+
+    def __init__(self, store: ConfigStore, parent: QWidget | None = None):
+        super().__init__(parent=parent)
+        self.store = store
+        self.tokenizer = TokenizerInfo()
+        self.preview: Preview | None = None
+        self._preview_inputs: tuple | None = None
+        self.choose_files_dialog = lambda: QFileDialog.getOpenFileNames(
+            self, "Choose training data", "", "Data files (" + " ".join(f"*{s}" for s in SUFFIXES) + ")")[0]
+        self.task = BackgroundTask(self)
+        self.task.result.connect(self._show_preview)
+        self.task.failed.connect(self._show_error)
+
+        self.files = QListWidget()
+        self.files.setMaximumHeight(46)
+        self.files.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.summary = QLabel()
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.banner = Banner()
+        # Explanations as tooltips here: the preview needs the height.
+        self.format = ChoiceControl(store, "data.format", "Format", FORMATS, compact=True)
+        self.template = ChoiceControl(store, "data.template", "Template", TEMPLATES,
+                                      extra_rule=self._template_rule, compact=True)
+        self.train_on_prompt = ToggleControl(store, "data.train_on_prompt", "Also learn the prompts",
+                                             "Off: the loss covers the responses only (the usual choice). On: prompts "
+                                             "are learned too, which suits continued pre-training.", compact=True)
+        self.eval_fraction = NumberControl(store, "data.eval_fraction", "Held out for eval", "A share of the rows "
+                                           "kept out of training to measure eval loss (0 = none).", 0.0, 0.5,
+                                           decimals=2, step=0.05, compact=True)
+        self.examples = QTextBrowser()
+        self.examples.setOpenLinks(False)
+        self.examples.setMinimumHeight(80)
+        self.histogram = LengthHistogram()
+        self.cut_note = explanation("")
+        self._build_layout()
+        store.changed.connect(self._on_config)
+        self._on_config(store.config)
+
+    def _build_layout(self) -> None:
+        files = QGroupBox("Training data")
+        layout = QVBoxLayout(files)
+        buttons = QHBoxLayout()
+        for text, slot in (("Add files…", self._add_files), ("Remove", self._remove_selected),
+                           ("Demo dataset", lambda: self.set_files([str(DEMO_TRAIN)]))):
+            button = QPushButton(text)
+            button.clicked.connect(slot)
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        layout.addLayout(buttons)
+        layout.addWidget(self.files)
+        layout.addWidget(self.summary)
+        grid = QGridLayout()
+        grid.setContentsMargins(0, 0, 0, 0)
+        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.eval_fraction)):
+            grid.addWidget(widget, index // 2, index % 2)
+        layout.addLayout(grid)
+
+        preview = QWidget()
+        preview_layout = QVBoxLayout(preview)
+        preview_layout.setContentsMargins(0, 0, 0, 0)
+        legend = QLabel(f"Preview as the model sees it: <span style='background:{TRAINED_BG}'>&nbsp;learned (in the "
+                        f"loss)&nbsp;</span> <span style='background:{MASKED_BG}; color:{MUTED}'>&nbsp;context only "
+                        "(masked)&nbsp;</span>")
+        preview_layout.addWidget(legend)
+        preview_layout.addWidget(self.examples, 1)
+        histogram = QWidget()
+        histogram_layout = QVBoxLayout(histogram)
+        histogram_layout.setContentsMargins(0, 0, 0, 0)
+        histogram_layout.addWidget(self.histogram, 1)
+        histogram_layout.addWidget(self.cut_note)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(preview)
+        splitter.addWidget(histogram)
+        splitter.setSizes([260, 170])
+
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.addWidget(files)
+        layout.addWidget(self.banner)
+        layout.addWidget(splitter, 1)
+        self.setWidget(content)
+
+    # ------------------------------------------------------------ choosing files
+    def set_files(self, paths: list[str]) -> None:
+        self.store.update(data={"train_files": tuple(paths)})
+
+    def _add_files(self) -> None:
+        chosen = self.choose_files_dialog()
+        if chosen:
+            self.set_files(list(dict.fromkeys(list(self.store.config.data.train_files) + chosen)))
+
+    def _remove_selected(self) -> None:
+        selected = {item.text() for item in self.files.selectedItems()}
+        self.set_files([f for f in self.store.config.data.train_files if f not in selected])
+
+    def set_model(self, summary: ModelSummary | None) -> None:
+        """The tokenizer the preview renders and counts with."""
+        if summary is None or summary.folder is None:
+            self.tokenizer = TokenizerInfo()
+        else:
+            self.tokenizer = TokenizerInfo(summary.chat_template, summary.special_tokens,
+                                           summary.folder / "tokenizer.json")
+        self._preview_inputs = None
+        self.template.refresh(self.store.config)
+        self._on_config(self.store.config)
+
+    def _template_rule(self, value: str) -> str:
+        if value == "tokenizer" and not self.tokenizer.chat_template:
+            return "this model's tokenizer has no chat template"
+        return ""
+
+    # ------------------------------------------------------------ preview
+    def _on_config(self, config: RunConfig) -> None:
+        data = config.data
+        self._show_file_list(data.train_files)
+        inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + (self.tokenizer,)
+        if inputs != self._preview_inputs:
+            self._preview_inputs = inputs
+            self._start_preview(config)
+        self._show_cut(data.max_length)
+
+    def _show_file_list(self, files: tuple[str, ...]) -> None:
+        if [self.files.item(i).text() for i in range(self.files.count())] != list(files):
+            self.files.clear()
+            self.files.addItems(files)
+
+    def _start_preview(self, config: RunConfig) -> None:
+        data = config.data
+        if not data.train_files:
+            self.task.cancel()  # a preview of the files just removed must not arrive after this message
+            self._show_error(StudioError("no training data", "add a data file or use the demo dataset"))
+            return
+        tokenizer = self.tokenizer
+        self.summary.setText(f"<span style='color:{MUTED}'>Reading {len(data.train_files)} file(s)…</span>")
+        self.task.submit(lambda: build_preview(data.train_files, data.format, data.template, tokenizer,
+                                               data.train_on_prompt))
+
+    def _show_preview(self, preview: Preview) -> None:
+        self.preview = preview
+        self.banner.hide()
+        rows = f"{preview.rows:,} rows" + ("" if preview.complete else " (at least)")
+        template = {"none": "", "tokenizer": " · the tokenizer's chat template"}.get(
+            preview.template, f" · {preview.template} template")
+        self.summary.setText(f"<b>{rows}</b> · format <b>{preview.format}</b>{template}")
+        self.format.combo.setItemText(0, f"auto (detected: {preview.format})")
+        self.examples.setHtml(examples_html(preview))
+        self._draw_histogram(preview)
+        tokens = tuple(int(n) for n in preview.lengths) if preview.unit == "tokens" else None
+        self.lengths_changed.emit(tokens, preview.sampled >= preview.rows and preview.complete)
+
+    def _show_error(self, error: Exception) -> None:
+        self.preview = None
+        self.lengths_changed.emit(None, False)
+        self.banner.show_message(_readable(error), error=True)
+        self.summary.setText("")
+        self.examples.setHtml(f"<p style='color:{MUTED}'>No preview: fix the data problem above.</p>")
+        self.histogram.show_message("No lengths to show.")
+        self.cut_note.setText("")
+
+    def _draw_histogram(self, preview: Preview) -> None:
+        sampled = f"the first {preview.sampled:,} rows" if preview.sampled < preview.rows else f"all {preview.rows:,} rows"
+        self.histogram.show_lengths(preview.lengths, preview.unit, f"Length of {sampled}")
+        self._show_cut(self.store.config.data.max_length)
+
+    def _show_cut(self, max_length: int) -> None:
+        preview = self.preview
+        if preview is None:
+            return
+        if preview.unit != "tokens":
+            self.histogram.set_cut(None)
+            self.cut_note.setText("Lengths in characters: this model has no tokenizer.json to count tokens with, "
+                                  "so the max-length cut cannot be placed.")
+            return
+        self.histogram.set_cut(max_length)
+        cut = preview.truncated(max_length)
+        share = cut / max(preview.sampled, 1)
+        longest = int(preview.lengths.max()) if len(preview.lengths) else 0
+        self.cut_note.setText(f"{cut:,} of {preview.sampled:,} rows ({share:.0%}) are longer than {max_length} "
+                              "tokens and get cut." if cut else f"Every row fits in {max_length} tokens (longest: {longest}).")
+
+
+def examples_html(preview: Preview) -> str:
+    """The first examples, learned text on green and masked context in grey, newlines kept visible."""
+    blocks = []
+    for example in preview.examples:
+        head = f"<div style='color:{MUTED}; font-size:11px'>{html.escape(example.location)}"
+        if example.tokens is not None:
+            head += f" · {example.tokens} tokens"
+        head += "</div>"
+        if example.error:
+            body = f"<div style='color:{BAD}'>{html.escape(example.error)}</div>"
+        else:
+            body = "".join(_segment_html(text, trainable) for text, trainable in example.segments)
+            body = f"<div style='font-family:monospace; white-space:pre-wrap'>{body}</div>"
+        blocks.append(head + body)
+    return "".join(f"<div style='margin-bottom:10px'>{block}</div>" for block in blocks) or \
+        f"<p style='color:{MUTED}'>No rows.</p>"
+
+
+def _segment_html(text: str, trainable: bool) -> str:
+    escaped = html.escape(text).replace("\n", "↵<br>")
+    if trainable:
+        return f"<span style='background:{TRAINED_BG}; color:#111'>{escaped}</span>"
+    return f"<span style='background:{MASKED_BG}; color:{MUTED}'>{escaped}</span>"
+
+
+def _readable(error: Exception) -> str:
+    if isinstance(error, ProblemsError):
+        items = "".join(f"<li>{html.escape(str(p))}</li>" for p in error.problems[:8])
+        more = f"<li>… and {len(error.problems) - 8} more</li>" if len(error.problems) > 8 else ""
+        return f"<b>The data has problems:</b><ul style='margin:0'>{items}{more}</ul>"
+    if isinstance(error, StudioError):
+        return f"<b>{html.escape(error.message)}</b><br>{html.escape(error.hint)}"
+    return f"<b>Cannot read the data:</b> {html.escape(f'{type(error).__name__}: {error}')}"
+

@@ -1,0 +1,323 @@
+"""The techniques: method, LoRA, precision, memory savers, batch and length, optimizer, training length.
+
+Each control says in one line what it saves and what it costs; choices that
+core validation rejects in the current combination are disabled with the
+reason (see controls.BoundControl).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QCheckBox, QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+
+from studio.core.config import RunConfig
+from studio.core.errors import StudioError
+from studio.core.methods import (ADALORA_BUDGET, ALPHA, DORA, DROPOUT, LORA_SETTINGS, METHOD_SPECS, RANK, RSLORA,
+                                 VIRTUAL_TOKEN_COUNT)
+from studio.core.model.info import model_shape
+from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
+from studio.gui.state.memory import model_config_of
+from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
+
+METHODS = [Option(name, spec.label, spec.explanation) for name, spec in METHOD_SPECS.items()]
+QAT_WEIGHTS = {
+    "none": ("off", "No quantization-aware training: the merged export keeps full-precision weights."),
+    "int4": ("int4", "Train with the block linears' weights rounded to 4 bits (torchao): the int4 export "
+                     "keeps most of the accuracy; costs a fake-quantized copy of each weight during the step."),
+    "int8": ("int8", "Train with 8-bit weights: small accuracy loss even without QAT; the same memory cost."),
+}
+QAT_ACTIVATIONS = {
+    "none": ("full precision", "Only the weights are quantized."),
+    "int8": ("int8 (dynamic)", "Also round each linear's input to 8 bits per token, as the quantized model "
+                               "will: costs a copy of every linear input."),
+}
+LOAD_IN = {
+    "auto": ("auto", "4-bit for QLoRA, unquantized otherwise."),
+    "none": ("none (16/32-bit)", "Unquantized base weights: the most memory, the fastest steps."),
+    "4bit": ("4-bit", "A quarter of the 16-bit weight memory; slower steps, tiny accuracy loss."),
+    "8bit": ("8-bit", "Half of the 16-bit weight memory; slower steps than 4-bit on most GPUs."),
+}
+QUANT_TYPES = {
+    "nf4": ("nf4", "Normal float 4: QLoRA's default, best accuracy for normally distributed weights."),
+    "fp4": ("fp4", "Plain 4-bit float: same memory as nf4, usually a little less accurate."),
+}
+PRECISIONS = {
+    "fp32": ("fp32", "Full precision: the most activation memory and the slowest; never overflows."),
+    "bf16": ("bf16 (mixed)", "Halves activation memory and speeds up recent GPUs (Ampere and newer); "
+                             "the fp32 range with less precision."),
+    "fp16": ("fp16 (mixed)", "Halves activation memory on older GPUs; can overflow: lower the learning "
+                             "rate if the loss turns NaN."),
+}
+WEIGHT_DTYPES = {
+    "auto": ("auto", "fp32 for full fine-tuning (the optimizer needs fp32 weights), the precision's "
+                     "16-bit type for a frozen LoRA base."),
+    "float32": ("float32", "4 bytes per weight: exact, twice the memory of 16-bit."),
+    "bfloat16": ("bfloat16", "2 bytes per weight: half the memory; full fine-tuning then loses small updates."),
+    "float16": ("float16", "2 bytes per weight with a narrow range: for GPUs without bf16."),
+}
+OPTIMIZERS = {
+    "adamw": ("AdamW", "Two fp32 states per trainable parameter (8 bytes): the reliable default."),
+    "adamw_8bit": ("AdamW 8-bit", "8-bit states (bitsandbytes): 6 bytes less per trainable parameter, "
+                                  "the same results in practice."),
+    "paged_adamw_8bit": ("Paged AdamW 8-bit", "8-bit states that can spill to CPU RAM under pressure: "
+                                              "avoids out-of-memory spikes, slower while paging."),
+    "sgd": ("SGD (momentum)", "One state per parameter (4 bytes): little memory, needs more tuning."),
+    "adafactor": ("Adafactor", "Factored second moments, almost no state: the least memory, "
+                               "may converge more slowly."),
+}
+# Measured effects: docs/performance.md (benchmarks/throughput.py, 56M Llama, LoRA r8, batch 8, lengths 16-256).
+PACKINGS = {
+    "padding_free": ("Padding-free packing", "A micro-batch's examples end to end in one row, each attending only "
+                     "to itself: the same losses with no compute on padding. With the lean loss, measured 2.7x the "
+                     "tokens/s of the Hugging Face Trainer with padding on instruction-like data (docs/performance.md)."),
+    "length_grouped": ("Group by length", "Padded micro-batches of similar lengths: less padding without packing, "
+                       "but it changes which examples train together."),
+    "none": ("Pad each micro-batch", "Every example padded to the longest of its micro-batch: compute is spent on "
+             "padding."),
+}
+ALL_LINEAR = "all-linear"
+
+
+class TechniquesPanel(SettingsColumn):
+    def __init__(self, store: ConfigStore, parent: QWidget | None = None):
+        super().__init__(store, parent)
+        self.method = RadioChoice(store, "method", METHODS)
+        method_group = group_box("Method", self.method, self._quantization())
+        self.lora_group = self._lora_group()
+        self.virtual_group = self._virtual_tokens_group()
+        self.adalora_group = self._adalora_group()
+        for group in (method_group, self.lora_group, self.virtual_group, self.adalora_group, self._qat_group(),
+                      self._precision_group(), self._batch_group(), self._speed_group(), self._length_group()):
+            self.column.addWidget(group)
+        self.finish(self._refresh_groups)
+
+    def _quantization(self) -> QWidget:
+        box = QWidget()
+        layout = QVBoxLayout(box)
+        layout.setContentsMargins(0, 4, 0, 0)
+        self.load_in = ChoiceControl(self.store, "quantization.load_in", "Base weights", LOAD_IN)
+        self.quant_type = ChoiceControl(self.store, "quantization.quant_type", "4-bit type", QUANT_TYPES)
+        self.double_quant = ToggleControl(self.store, "quantization.double_quant", "Double quantization",
+                                          "Quantizes the 4-bit scales too: saves about 0.4 bits per weight, costs nothing noticeable.")
+        self.lean_weights = ToggleControl(self.store, "training.lean_weights", "Lean 16-bit embedding and head",
+                                          "Keeps the frozen embedding and output layer 16-bit instead of fp32: the "
+                                          "same losses and gradients, about 2 GiB less for an 8B model with a "
+                                          "128k vocabulary.")
+        for widget in (self.load_in, self.quant_type, self.double_quant, self.lean_weights):
+            layout.addWidget(widget)
+        return box
+
+    def _lora_group(self) -> QGroupBox:
+        store = self.store
+        self.rank = NumberControl(store, "lora.r", "Rank", "Capacity of the adapter: higher learns more and costs "
+                                  "more memory (8 to 64 is typical).", 1, 1024)
+        self.alpha = NumberControl(store, "lora.alpha", "Alpha", "Scales the update by alpha / rank: about 2 x rank "
+                                   "is a good start. No memory cost.", 0.5, 4096, decimals=1)
+        self.dropout = NumberControl(store, "lora.dropout", "Dropout", "Regularizes small datasets; costs a little "
+                                     "activation memory when above 0.", 0.0, 0.9, decimals=2, step=0.05)
+        self.targets = TargetModules(store)
+        self.rslora = ToggleControl(store, "lora.use_rslora", "rsLoRA (rank-stabilized)",
+                                    "Scales by alpha / sqrt(rank): high ranks keep learning. No memory cost.")
+        self.dora = ToggleControl(store, "lora.use_dora", "DoRA (weight-decomposed)",
+                                  "Learns magnitude and direction apart: often a little better; costs memory and "
+                                  "about 20 % speed.")
+        self.lora_note = explanation("", role="reason")
+        return group_box("LoRA adapter", self.lora_note, self.rank, self.alpha, self.dropout, self.targets,
+                      self.rslora, self.dora)
+
+    def _virtual_tokens_group(self) -> QGroupBox:
+        self.virtual_tokens = NumberControl(self.store, "peft.num_virtual_tokens", "Virtual tokens",
+                                            "Trained tokens in front of every example: more learn more and make "
+                                            "every sequence longer.", 1, 4096)
+        return group_box("Virtual tokens (prefix and prompt tuning)", self.virtual_tokens)
+
+    def _adalora_group(self) -> QGroupBox:
+        store = self.store
+        self.adalora_target = NumberControl(store, "peft.adalora_target_r", "Target rank", "Average rank per layer "
+                                            "after pruning; it starts from the rank above.", 1, 1024)
+        self.adalora_warmup = NumberControl(store, "peft.adalora_warmup_ratio", "Warmup", "Fraction of the steps at "
+                                            "the full rank before pruning starts.", 0.0, 0.95, decimals=2, step=0.05)
+        self.adalora_final = NumberControl(store, "peft.adalora_final_ratio", "Final phase", "Fraction of the steps "
+                                           "at the end with the ranks fixed.", 0.0, 0.95, decimals=2, step=0.05)
+        self.adalora_every = NumberControl(store, "peft.adalora_update_every", "Re-allocate every", "Steps between "
+                                           "two rank re-allocations.", 1, 100_000, suffix=" steps")
+        return group_box("AdaLoRA rank budget", self.adalora_target, self.adalora_warmup, self.adalora_final,
+                      self.adalora_every)
+
+    def _qat_group(self) -> QGroupBox:
+        store = self.store
+        self.qat_weights = ChoiceControl(store, "qat.weights", "QAT weights", QAT_WEIGHTS)
+        self.qat_activations = ChoiceControl(store, "qat.activations", "QAT activations", QAT_ACTIVATIONS)
+        self.qat_group_size = NumberControl(store, "qat.group_size", "Group size", "Weights sharing one scale: "
+                                            "smaller groups are more accurate and store more scales.", 1, 8192)
+        return group_box("Quantization-aware training (for a quantized export)", self.qat_weights,
+                      self.qat_activations, self.qat_group_size)
+
+    def _precision_group(self) -> QGroupBox:
+        store = self.store
+        self.precision = ChoiceControl(store, "training.precision", "Precision", PRECISIONS)
+        self.weight_dtype = ChoiceControl(store, "model.dtype", "Weights dtype", WEIGHT_DTYPES)
+        self.checkpointing = ToggleControl(store, "training.gradient_checkpointing", "Gradient checkpointing",
+                                           "Keeps only each layer's input and recomputes the rest in the backward "
+                                           "pass: saves most activation memory, costs about 30 % more time.")
+        self.activation_offload = ToggleControl(store, "training.activation_offload", "Offload layer inputs to CPU RAM",
+                                                "Keeps the layer inputs that checkpointing saves in CPU RAM, copied "
+                                                "while the GPU computes: same results, less GPU memory, a little "
+                                                "more time (the estimate shows the CPU RAM).")
+        self.tiled_mlp = ToggleControl(store, "training.tiled_mlp", "Tiled MLP (long sequences)",
+                                       "Recomputes each layer's MLP a slice of the tokens at a time in the backward "
+                                       "pass, so its wide intermediate is never whole: same results, about 20 % "
+                                       "more time. Not for mixtures of experts.")
+        self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer", OPTIMIZERS)
+        self.embedding_on_cpu = ToggleControl(store, "training.embedding_on_cpu", "Embedding in CPU RAM",
+                                              "Looks the tokens up in CPU RAM and moves only their rows to the GPU: "
+                                              "the same numbers, the embedding's memory (1 GiB for a 128k-vocabulary "
+                                              "8B) moves to CPU RAM. Adapters on one GPU; not with a tied output layer.")
+        self.output_layer_on_cpu = ToggleControl(store, "training.output_layer_on_cpu", "Output layer in CPU RAM",
+                                                 "Copies the output layer to the GPU only while the lean loss runs "
+                                                 "(it computes all its gradients there): the same numbers, the layer's "
+                                                 "memory (1 GiB for a 128k-vocabulary 8B) off the GPU for the backward "
+                                                 "pass. Adapters with the lean loss, no ZeRO; not with a tied layer.")
+        return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing,
+                         self.activation_offload, self.tiled_mlp, self.optimizer, self.embedding_on_cpu,
+                         self.output_layer_on_cpu)
+
+    def _batch_group(self) -> QGroupBox:
+        store = self.store
+        self.micro_batch = NumberControl(store, "training.micro_batch_size", "Micro-batch", "Examples per forward and "
+                                         "backward pass: the biggest lever on activation memory.", 1, 4096)
+        self.accumulation = NumberControl(store, "training.gradient_accumulation_steps", "Gradient accumulation",
+                                          "Micro-batches added up per optimizer step: a bigger batch for no memory, "
+                                          "costs time per step.", 1, 4096)
+        self.effective_batch = QLabel()
+        self.effective_batch.setProperty("role", "heading")  # bold: the number the two controls make
+        self.max_length = NumberControl(store, "data.max_length", "Sequence length", "Tokens per example; longer "
+                                        "examples are cut. Activation memory grows with it.", 8, 1_000_000, suffix=" tokens")
+        return group_box("Batch and sequence length", self.micro_batch, self.accumulation, self.effective_batch, self.max_length)
+
+    def _speed_group(self) -> QGroupBox:
+        store = self.store
+        self.packing = ChoiceControl(store, "data.packing", "Batch layout", PACKINGS)
+        self.chunked_loss = ToggleControl(store, "training.chunked_loss", "Lean loss (chunked, targets only)",
+                                          "Projects only the tokens that carry a loss to the vocabulary, a chunk at a "
+                                          "time: same loss and gradients, 3.8-4.4x less logits memory "
+                                          "(measured at a 32k vocabulary) and less compute with prompt masking "
+                                          "(docs/performance.md).")
+        self.torch_compile = ToggleControl(store, "training.torch_compile", "torch.compile",
+                                           "Compiles the model: faster steps after a slow first one (minutes for "
+                                           "big models). Not with 4/8-bit weights or DeepSpeed.")
+        return group_box("Speed", self.packing, self.chunked_loss, self.torch_compile)
+
+    def _length_group(self) -> QGroupBox:
+        store = self.store
+        self.max_steps = NumberControl(store, "training.max_steps", "Steps", "Optimizer steps to run; "
+                                       "\"by epochs\" derives them from the epochs below.", 0, 10_000_000,
+                                       special_zero="by epochs")
+        self.epochs = NumberControl(store, "training.epochs", "Epochs", "Passes over the training data "
+                                    "(used when Steps is \"by epochs\").", 0.01, 1000, decimals=2, step=0.5)
+        self.learning_rate = ScientificControl(store, "training.learning_rate", "Learning rate",
+                                               "Peak learning rate: about 2e-4 for LoRA, 1e-5 for full fine-tuning.")
+        self.log_every = NumberControl(store, "schedule.log_every", "Chart a point every", "Steps between points on "
+                                       "the charts; 1 shows every step.", 1, 100_000, suffix=" steps")
+        self.save_every = NumberControl(store, "schedule.save_every", "Checkpoint every", "Steps between saved "
+                                        "checkpoints (disk space and a few seconds each); a stop always saves.",
+                                        0, 10_000_000, suffix=" steps", special_zero="end only")
+        return group_box("Training length", self.max_steps, self.epochs, self.learning_rate, self.log_every, self.save_every)
+
+    def _refresh_groups(self, config: RunConfig) -> None:
+        """Sections that do not apply to the current method are disabled, and say why."""
+        spec = config.method_spec
+        adapts_linears = spec.adapts_linears
+        for control in (self.rank, self.alpha, self.dropout, self.targets, self.rslora, self.dora):
+            control.setEnabled(adapts_linears)
+        # full fine-tuning shows LoRA's basic settings greyed out, under the note saying why
+        shown = spec.settings if spec.uses_adapter else LORA_SETTINGS
+        for control, setting in ((self.rank, RANK), (self.alpha, ALPHA), (self.dropout, DROPOUT),
+                                 (self.rslora, RSLORA), (self.dora, DORA)):
+            control.setVisible(setting in shown)
+        self.lora_note.setText("" if adapts_linears else "Only for adapter methods: full fine-tuning trains the "
+                               "weights themselves.")
+        self.lora_note.setVisible(not adapts_linears)
+        self.lora_group.setTitle(spec.group_title)
+        self.lora_group.setVisible(not spec.trains_virtual_tokens)  # nothing of it applies to virtual tokens
+        self.virtual_group.setVisible(VIRTUAL_TOKEN_COUNT in spec.settings)
+        self.adalora_group.setVisible(ADALORA_BUDGET in spec.settings)
+        qat = config.qat.enabled
+        for control in (self.qat_activations, self.qat_group_size):
+            control.setEnabled(qat)
+            control.setToolTip("" if qat else "Turn QAT on first (choose int4 or int8 weights).")
+        four_bit = config.effective_load_in == "4bit"
+        for control in (self.quant_type, self.double_quant):
+            control.setEnabled(four_bit)
+            control.setToolTip("" if four_bit else "Only for 4-bit base weights (QLoRA).")
+        t = config.training
+        self.activation_offload.setEnabled(t.gradient_checkpointing)
+        self.activation_offload.setToolTip("" if t.gradient_checkpointing else "Turn gradient checkpointing on first.")
+        self.output_layer_on_cpu.setEnabled(t.chunked_loss)
+        self.output_layer_on_cpu.setToolTip("" if t.chunked_loss else "Turn the lean loss on first (Speed section).")
+        self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
+                                     f"{config.effective_batch_size} examples per optimizer step")
+
+
+class TargetModules(BoundControl):
+    """Which linear layers get an adapter: all of them, or a choice among the model's own module names."""
+
+    def __init__(self, store: ConfigStore):
+        super().__init__(store, "lora.target_modules", "Attention-only adapters (q, v) use the least memory; all "
+                         "linear layers learn the most.")
+        self.all_linear = QCheckBox("All linear layers")
+        self.all_linear.toggled.connect(self._on_all_toggled)
+        self.column.addWidget(QLabel("Target modules"))
+        self.column.addWidget(self.all_linear)
+        self.grid = QGridLayout()
+        self.grid.setContentsMargins(22, 0, 0, 0)
+        self.column.addLayout(self.grid)
+        self.module_checks: dict[str, QCheckBox] = {}
+        self._model = None
+        self.finish_layout()
+
+    def refresh(self, config: RunConfig) -> None:
+        self._rebuild_modules(config)
+        targets = config.lora.target_modules
+        every = tuple(targets) == (ALL_LINEAR,)
+        self.all_linear.blockSignals(True)
+        self.all_linear.setChecked(every)
+        self.all_linear.blockSignals(False)
+        for name, check in self.module_checks.items():
+            check.blockSignals(True)
+            check.setChecked(every or name in targets)
+            check.setEnabled(not every)
+            check.blockSignals(False)
+        self.show_reason("" if targets else "Choose at least one module (or all linear layers).")
+
+    def _rebuild_modules(self, config: RunConfig) -> None:
+        if self._model == config.model.name_or_path:
+            return
+        self._model = config.model.name_or_path
+        for check in self.module_checks.values():
+            self.grid.removeWidget(check)
+            check.hide()
+            check.deleteLater()
+        self.module_checks = {}
+        for index, name in enumerate(_module_names(config)):
+            check = QCheckBox(name)
+            check.toggled.connect(self._on_module_toggled)
+            self.grid.addWidget(check, index // 4, index % 4)
+            self.module_checks[name] = check
+
+    def _on_all_toggled(self, checked: bool) -> None:
+        if checked:
+            self.write((ALL_LINEAR,))
+        else:
+            self.write(tuple(self.module_checks) or (ALL_LINEAR,))
+
+    def _on_module_toggled(self) -> None:
+        self.write(tuple(name for name, check in self.module_checks.items() if check.isChecked()))
+
+
+def _module_names(config: RunConfig) -> list[str]:
+    """The distinct linear layer names of the model's blocks (q_proj, ..., down_proj); none when unknown."""
+    try:
+        shape = model_shape(model_config_of(config))
+    except StudioError:
+        return []
+    return list(dict.fromkeys(layer.name for layer in shape.block_linears))

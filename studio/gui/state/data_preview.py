@@ -1,0 +1,190 @@
+"""The dataset preview: examples rendered as the model will see them, and their token lengths. No Qt.
+
+Rendering follows the worker (studio.train.data.prepare.render_segments) without
+importing it: built-in templates come from studio.core.data.templates, and a
+tokenizer's own chat template is rendered here with Jinja in a sandbox,
+split at the assistant turns the same way, so the preview masks exactly what
+training masks. Token counts use the Rust ``tokenizers`` library on the
+model's tokenizer.json (the transformers tokenizer would import torch); a model
+without one gets character lengths, labelled as such.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from studio.core.data import templates
+from studio.core.data.dataset import inspect_files
+from studio.core.data.row_formats import DataError, Example
+from studio.core.data.templates import Segment
+
+PREVIEW_EXAMPLES = 5
+LENGTH_SAMPLE = 2000  # rows tokenized for the histogram
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What rendering needs from the model's tokenizer files."""
+
+    chat_template: str | None = None
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    tokenizer_json: Path | None = None
+
+    @property
+    def eos(self) -> str:
+        return self.special_tokens.get("eos_token", "")
+
+    @property
+    def bos(self) -> str:
+        return self.special_tokens.get("bos_token", "")
+
+
+@dataclass(frozen=True)
+class RenderedExample:
+    location: str
+    segments: tuple[Segment, ...]
+    tokens: int | None  # None when there is no tokenizer (length in characters then)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Preview:
+    format: str
+    rows: int
+    complete: bool
+    template: str  # what rendered the rows: tokenizer, chatml, alpaca, or "none" for text/prompt_completion
+    examples: tuple[RenderedExample, ...]
+    lengths: np.ndarray  # per sampled row: tokens, or characters when unit is "characters"
+    unit: str  # "tokens" or "characters"
+    sampled: int  # rows the lengths cover
+
+    def truncated(self, max_length: int) -> int:
+        return int((self.lengths > max_length).sum()) if self.unit == "tokens" else 0
+
+
+def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo,
+                  train_on_prompt: bool = False) -> Preview:
+    """Read the files (all rows, for the count), render the first examples and measure a sample.
+
+    Raises the dataset's ProblemsError/StudioError with every problem found.
+    """
+    report = inspect_files(files, fmt, keep=LENGTH_SAMPLE)
+    encoder = _load_encoder(tokenizer)
+    resolved = resolve_template(template, tokenizer) if report.format in ("instruction", "chat") else "none"
+    rendered, lengths = [], []
+    for index, example in enumerate(report.examples):
+        try:
+            segments = render_example(example, resolved, tokenizer, train_on_prompt)
+        except DataError as exc:
+            if index < PREVIEW_EXAMPLES:
+                rendered.append(RenderedExample(example.location, (), None, str(exc)))
+            continue
+        if encoder is not None:
+            segments = _with_bos(segments, encoder, tokenizer, train_on_prompt)
+        length = encoder.count(segments) if encoder else sum(len(text) for text, _ in segments)
+        lengths.append(length)
+        if index < PREVIEW_EXAMPLES:
+            rendered.append(RenderedExample(example.location, tuple(segments), length if encoder else None))
+    return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
+                   np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths))
+
+
+def resolve_template(template: str, tokenizer: TokenizerInfo) -> str:
+    if template == "auto":
+        return "tokenizer" if tokenizer.chat_template else "chatml"
+    if template == "tokenizer" and not tokenizer.chat_template:
+        raise DataError("data.template", "the tokenizer has no chat template", "choose auto, chatml or alpaca")
+    return template
+
+
+def render_example(example: Example, template: str, tokenizer: TokenizerInfo,
+                   train_on_prompt: bool = False) -> list[Segment]:
+    """The example as (text, trainable) segments, exactly as the worker renders it."""
+    eos = tokenizer.eos
+    if example.kind == "prompt_completion":
+        segments = [(example.prompt, False), (example.completion + eos, True)]
+    elif example.kind == "text":
+        segments = [(example.text + eos, True)]
+    elif template == "tokenizer":
+        segments = _chat_template_segments(example.messages, tokenizer)
+    else:
+        segments = templates.render(template, example.messages, eos)
+    segments = [(text, trainable or train_on_prompt) for text, trainable in segments if text]
+    return templates.merge_segments(segments)
+
+
+# ---------------------------------------------------------------- the tokenizer's chat template
+
+
+def _chat_template_segments(messages: Sequence[dict[str, str]], tokenizer: TokenizerInfo) -> list[Segment]:
+    return templates.split_rendered_chat(messages, lambda head, prompt: _apply(tokenizer, head, prompt))
+
+
+def _apply(tokenizer: TokenizerInfo, messages, generation_prompt: bool) -> str:
+    try:
+        return _compiled(tokenizer.chat_template).render(
+            messages=list(messages), add_generation_prompt=generation_prompt, **tokenizer.special_tokens)
+    except Exception as exc:  # jinja raises whatever the template author wrote
+        raise DataError("", f"the tokenizer's chat template failed: {exc}", templates.TEMPLATE_HINT) from None
+
+
+_TEMPLATE_CACHE: dict[str, object] = {}
+
+
+def _compiled(source: str | None):
+    """The template in Jinja's immutable sandbox, configured like transformers' renderer."""
+    if source not in _TEMPLATE_CACHE:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise ValueError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        _TEMPLATE_CACHE[source] = env.from_string(source or "")
+    return _TEMPLATE_CACHE[source]
+
+
+# ---------------------------------------------------------------- tokens
+
+
+class _Encoder:
+    """Counts tokens the way the worker does: each segment on its own, without special tokens."""
+
+    def __init__(self, tokenizer, bos: str):
+        tokenizer.no_padding()  # a tokenizer.json may pad batches to their longest row
+        tokenizer.no_truncation()
+        self._tokenizer = tokenizer
+        bos_id = tokenizer.token_to_id(bos) if bos else None
+        self.adds_bos = bos_id is not None and tokenizer.encode("a").ids[:1] == [bos_id]
+
+    def count(self, segments: Sequence[Segment]) -> int:
+        texts = [text for text, _ in segments]
+        return sum(len(e.ids) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)) if texts else 0
+
+
+def _load_encoder(tokenizer: TokenizerInfo) -> _Encoder | None:
+    path = tokenizer.tokenizer_json
+    if path is None or not Path(path).is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return _Encoder(Tokenizer.from_file(str(path)), tokenizer.bos)
+    except Exception:  # a tokenizer.json this version cannot read: fall back to characters
+        return None
+
+
+def _with_bos(segments: list[Segment], encoder: _Encoder, tokenizer: TokenizerInfo, train_on_prompt: bool) -> list[Segment]:
+    """The bos token the worker puts first when the tokenizer adds one."""
+    bos = tokenizer.bos
+    if not segments or not encoder.adds_bos or segments[0][0].startswith(bos):
+        return segments
+    return templates.merge_segments([(bos, train_on_prompt)] + list(segments))

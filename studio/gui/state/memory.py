@@ -1,0 +1,140 @@
+"""The GUI's only door to the memory estimator (studio.core.memory.estimate, studio.core.memory.fit) and the simulation.
+
+Every call the window makes into that code goes through a function here, so a
+change in their interface is one edit. No Qt.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
+from studio.core.config import RunConfig, save_config
+from studio.core.memory.estimate import Estimate, ScaleOut, estimate
+from studio.core.memory.fit import fit, fit_own_data
+from studio.core.model.info import load_model_config
+
+
+def model_config_of(config: RunConfig) -> dict:
+    """The model's config.json from disk or the Hugging Face cache; never the network (this runs per keystroke)."""
+    path = Path(config.model.name_or_path).expanduser() / "config.json"
+    stamp = path.stat().st_mtime if path.is_file() else 0.0
+    return _cached_model_config(config.model.name_or_path, config.model.revision, stamp)
+
+
+@lru_cache(maxsize=16)
+def _cached_model_config(name: str, revision: str, stamp: float) -> dict:
+    return load_model_config(name, revision, allow_network=False)
+
+
+def estimate_run(config: RunConfig, device_type: str = "cuda", gpu_bytes: int = 0, gpu_count: int = 1) -> Estimate:
+    """The estimate of ``config`` with its distributed section (a layer split spreads over ``gpu_count`` GPUs
+    of ``gpu_bytes``); raises StudioError when the model or its architecture is unknown."""
+    devices = (gpu_bytes,) * gpu_count if gpu_bytes else ()
+    return estimate(model_config_of(config), config, device_type=device_type,
+                    scale_out=ScaleOut.from_config(config, devices))
+
+
+# ---------------------------------------------------------------- the trace of a model no family describes
+
+
+@dataclass
+class _Tracing:
+    process: subprocess.Popen
+    folder: tempfile.TemporaryDirectory
+
+    @property
+    def output(self) -> Path:
+        return Path(self.folder.name) / "output.txt"
+
+
+_tracing: dict[tuple[Path, str], _Tracing] = {}
+
+
+def trace_in_background(config: RunConfig, trace_file: Path, regime: str = "") -> str:
+    """Start the memory trace for ``trace_file`` and ``regime`` (studio.core.memory.derived) once, detached
+    from the window: it traces these settings and their one-toggle neighbours, so that toggling them later
+    needs no trace.
+
+    Returns "" while it runs (ask again later: the estimate appears once the file
+    holds the regime), else why no trace came of it.
+    """
+    tracing = _tracing.get((trace_file, regime))
+    if tracing is None and any(f == trace_file and t.process.poll() is None for (f, _), t in _tracing.items()):
+        return ""  # the trace running now may well hold this regime too; one writer per trace file
+    if tracing is None:
+        folder = tempfile.TemporaryDirectory(prefix="studio-trace-")
+        path = Path(folder.name) / "config.yaml"
+        save_config(config, path)
+        with open(Path(folder.name) / "output.txt", "w", encoding="utf-8") as output:
+            process = subprocess.Popen(trace_command(sys.executable, path), stdout=output, stderr=subprocess.DEVNULL)
+        _tracing[(trace_file, regime)] = tracing = _Tracing(process, folder)
+    if tracing.process.poll() is None:
+        return ""
+    printed = tracing.output.read_text(encoding="utf-8") if tracing.output.is_file() else ""
+    result = last_json_object(printed) or {}
+    return "the memory trace failed: " + str(result.get("error") or "it left no trace for these settings")
+
+
+# ---------------------------------------------------------------- fit to a GPU
+
+
+@dataclass(frozen=True)
+class FitSuggestion:
+    config: RunConfig
+    changes: tuple[str, ...]  # each: what changed, and the memory it saves
+    verdict: str  # fits | tight | does not fit
+    peak_bytes: int
+    explanation: str  # the solver's own summary (what stands in the way when nothing fits)
+    relative_step_time: float
+
+
+def suggest_fit(config: RunConfig, gpu_bytes: int, longest_row: int | None = None) -> FitSuggestion:
+    """The fastest configuration that fits ``gpu_bytes`` (studio.core.memory.fit), keeping the effective batch; for
+    the data's own rows when ``longest_row`` (the longest of all of them, in tokens) is known.
+
+    Offload is not offered: it needs a ZeRO setup the run config cannot express yet.
+    """
+    model_config = model_config_of(config)
+    result = (fit(model_config, config, gpu_bytes) if longest_row is None
+              else fit_own_data(model_config, config, gpu_bytes, longest_row))
+    return FitSuggestion(result.config, tuple(str(change) for change in result.changes),
+                         result.estimate.verdict(gpu_bytes).status, result.estimate.peak_bytes, result.explanation,
+                         result.relative_step_time)
+
+
+# ---------------------------------------------------------------- simulation in a subprocess
+
+
+def simulate_command(config_path: Path) -> list[str]:
+    """The subprocess that simulates the training step on fake tensors."""
+    return estimate_simulation_command(sys.executable, config_path)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    peak_bytes: int | None
+    peak_phase: str = ""
+    seconds: float | None = None
+    error: str = ""
+    hint: str = ""
+
+
+def parse_simulation(stdout: str) -> Simulation:
+    """What ``studio estimate --simulate --json`` printed last: the simulated step, or why there is none."""
+    data = last_json_object(stdout) or {}
+    if "error" in data:
+        error = data["error"]
+        if isinstance(error, dict):
+            return Simulation(None, error=str(error.get("message", error)), hint=str(error.get("hint", "")))
+        return Simulation(None, error=str(error), hint=str(data.get("hint", "")))
+    found = data.get("simulated")
+    if isinstance(found, dict) and "peak_bytes" in found:
+        return Simulation(int(found["peak_bytes"]), str(found.get("peak_phase", "")), found.get("seconds"))
+    return Simulation(None, error="the simulation printed no result", hint="see its output for details")
+

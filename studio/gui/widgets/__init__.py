@@ -1,0 +1,8 @@
+"""The building blocks of the panels.
+
+* ``common``: explanations, banners, colors, and the config store every control reads and writes;
+* ``controls``: controls bound to one config field, which disable the choices validation refuses, saying why;
+* ``charts``: the live charts (loss, learning rate, tokens/s, memory per device);
+* ``histogram``: the token-length histogram with the max-length cut;
+* ``plotting``: pyqtgraph, imported on first use.
+"""

@@ -1,0 +1,249 @@
+"""Live charts (pyqtgraph): loss (raw, smoothed, eval), learning rate, tokens/s, memory per device.
+
+Data lives in ``series.RunSeries`` (growing numpy buffers); a QTimer redraws
+at a fixed rate and only the curves whose series changed, so a burst of
+events costs one redraw. Curves downsample by peaks and clip to the visible
+range: 100k points stay smooth. A chart without points shows why (waiting
+for the first step, loading the model) instead of an empty plot. Several runs
+can be shown at once (History's comparison): each gets its own colors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
+
+from studio.gui.widgets.plotting import pg, plot_widget
+from studio.gui.state.series import GIB, RunSeries, Series
+from studio.gui.widgets.common import BAD
+
+REDRAW_MS = 100
+WAITING = "Waiting for the first step…"
+NO_RUN = "Start a run (or open one in History) to see it here."
+
+
+@dataclass(frozen=True)
+class Palette:
+    raw: str
+    main: str
+    eval: str
+    other: str
+
+
+PALETTES = (Palette("#a6c8e8", "#1f6feb", "#e8590c", "#6f42c1"), Palette("#b7e4c7", "#2b8a3e", "#c2255c", "#0b7285"))
+MEMORY_STYLES = {"allocated": Qt.PenStyle.SolidLine, "reserved": Qt.PenStyle.DashLine,
+                 "nvml used": Qt.PenStyle.DotLine, "process": Qt.PenStyle.SolidLine}
+
+
+def run_letter(index: int) -> str:
+    """How compared runs are told apart in legends: A, B, ..."""
+    return chr(ord("A") + index)
+
+
+class ChartCard(QWidget):
+    """A titled plot that shows a placeholder message until it has data (the plot is built then)."""
+
+    def __init__(self, title: str, y_label: str):
+        super().__init__()
+        self.y_label = y_label
+        self.title = QLabel(f"<b>{title}</b>")
+        self.placeholder = QLabel(WAITING)
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setProperty("role", "placeholder")
+        self.stack = QStackedLayout()
+        self.stack.addWidget(self.placeholder)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.setSpacing(2)
+        layout.addWidget(self.title)
+        layout.addLayout(self.stack, 1)
+        self._plot = None
+        self.legend = None
+        self.curves: dict[str, Any] = {}  # key -> pyqtgraph PlotDataItem
+        self.lines: dict[str, Any] = {}  # key -> pyqtgraph InfiniteLine
+
+    @property
+    def plot(self):
+        if self._plot is None:
+            self._plot = plot_widget(self.y_label, "step")
+            item = self._plot.getPlotItem()
+            item.setDownsampling(auto=True, mode="peak")
+            item.setClipToView(True)
+            # An opaque, framed legend: curves pass behind it, not through its labels.
+            self.legend = item.addLegend(offset=(-8, 8), labelTextSize="8pt", brush=pg().mkBrush(255, 255, 255, 245),
+                                         pen=pg().mkPen("#d0d7de"))
+            self.stack.addWidget(self._plot)
+        return self._plot
+
+    def set_title(self, title: str) -> None:
+        self.title.setText(f"<b>{title}</b>")
+
+    def show_placeholder(self, text: str) -> None:
+        self.placeholder.setText(text)
+        self.stack.setCurrentWidget(self.placeholder)
+
+    def show_plot(self) -> None:
+        self.stack.setCurrentWidget(self.plot)
+
+    @property
+    def showing_plot(self) -> bool:
+        return self._plot is not None and self.stack.currentWidget() is self._plot
+
+    def curve(self, key: str, name: str | None, color: str, width: float = 1, style=Qt.PenStyle.SolidLine,
+              symbol: str | None = None):
+        if key not in self.curves:
+            pen = pg().mkPen(color, width=width, style=style)
+            options = {"symbol": symbol, "symbolSize": 6, "symbolBrush": color, "symbolPen": None} if symbol else {}
+            curve = self.plot.plot(name=name, pen=pen, skipFiniteCheck=True, **options)
+            curve.setDownsampling(auto=True, method="peak")
+            curve.setClipToView(True)
+            self.curves[key] = curve
+        return self.curves[key]
+
+    def horizontal_line(self, key: str, value: float, label: str, color: str, style=Qt.PenStyle.SolidLine,
+                        label_below: bool = False) -> None:
+        """A labelled level; a label below its line stays inside the plot when the line is its top."""
+        line = self.lines.get(key)
+        if line is None:
+            anchor = (0, 0) if label_below else (0, 1)
+            line = self.lines[key] = pg().InfiniteLine(
+                angle=0, pen=pg().mkPen(color, width=1, style=style), label=label,
+                labelOpts={"position": 0.08, "color": color, "anchors": [anchor, anchor]})
+            self.plot.addItem(line)
+        line.setValue(value)
+        line.label.setFormat(label)
+
+    def clear(self) -> None:
+        if self._plot is None:
+            return
+        for item in list(self.curves.values()) + list(self.lines.values()):
+            self._plot.removeItem(item)
+        self.legend.clear()
+        self.curves, self.lines = {}, {}
+
+
+class ChartsPanel(QWidget):
+    def __init__(self, parent: QWidget | None = None, redraw_ms: int = REDRAW_MS, no_run_text: str = NO_RUN):
+        super().__init__(parent)
+        self.no_run_text = no_run_text  # what the charts say before any run is shown
+        self.loss = ChartCard("Training loss", "loss")
+        self.lr = ChartCard("Learning rate", "lr")
+        self.throughput = ChartCard("Throughput", "tokens/s")
+        self.memory = ChartCard("Memory", "GiB")
+        grid = QGridLayout(self)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setSpacing(6)
+        for index, card in enumerate(self.cards):
+            grid.addWidget(card, index // 2, index % 2)
+        grid.setRowStretch(0, 3)
+        grid.setRowStretch(1, 2)
+        self.runs: list[RunSeries] = []
+        self.waiting_text = WAITING
+        self._drawn: dict[tuple[int, str], int] = {}
+        self._timer = QTimer(self)
+        self._timer.timeout.connect(self.redraw)
+        self._timer.start(redraw_ms)
+        self.redraw()
+
+    @property
+    def cards(self) -> tuple[ChartCard, ...]:
+        return (self.loss, self.lr, self.throughput, self.memory)
+
+    def show_runs(self, runs: list[RunSeries]) -> None:
+        """Replace what is shown (one live run, or runs to compare)."""
+        self.runs = list(runs)
+        self._drawn.clear()
+        for card in self.cards:
+            card.clear()
+        self.memory.set_title("Memory")  # until the first step says GPU or CPU
+        self.redraw()
+
+    def set_waiting_text(self, text: str) -> None:
+        """What the charts say before the first step (e.g. "Loading model… 12 s")."""
+        self.waiting_text = text
+        self.redraw()
+
+    # ------------------------------------------------------------ drawing
+    def redraw(self) -> None:
+        if not any(run.step_count for run in self.runs):
+            # The loss chart says why there is nothing yet; the others say what they will show.
+            self.loss.show_placeholder(self.waiting_text if self.runs else self.no_run_text)
+            for card, what in ((self.lr, "The learning rate schedule"), (self.throughput, "Tokens per second"),
+                               (self.memory, "Memory per device")):
+                card.show_placeholder(f"{what} appears with the first step.")
+            return
+        for card in self.cards:
+            card.show_plot()
+        several = len(self.runs) > 1
+        for index, run in enumerate(self.runs):
+            palette = PALETTES[index % len(PALETTES)]
+            prefix = f"{run_letter(index)}: " if several else ""  # run names are too long for a legend
+            self._draw_run(index, run, palette, prefix)
+
+    def _draw_run(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
+        # Pens wider than 1 px are slow to draw with many points: only the smoothed loss gets one.
+        raw_name = None if prefix else "loss"  # comparing: the smoothed curves say enough in the legend
+        self._update(index, "loss_raw", run.loss, self.loss.curve(f"{index}.raw", raw_name, palette.raw))
+        self._update(index, "loss_smooth", run.loss_smoothed,
+                     self.loss.curve(f"{index}.smooth", f"{prefix}loss (smoothed)", palette.main, 2))
+        if len(run.eval_loss):
+            self._update(index, "eval", run.eval_loss,
+                         self.loss.curve(f"{index}.eval", f"{prefix}eval loss", palette.eval, symbol="o"))
+        self._update(index, "lr", run.lr, self.lr.curve(f"{index}.lr", f"{prefix}learning rate", palette.main))
+        self._update(index, "tps", run.tokens_per_s, self.throughput.curve(f"{index}.tps", None if prefix else "tokens/s",
+                                                                      palette.raw))
+        self._update(index, "tps_smooth", run.tokens_per_s_smoothed,
+                     self.throughput.curve(f"{index}.tps_smooth", f"{prefix}tokens/s (smoothed)", palette.main, 2))
+        self._draw_memory(index, run, palette, prefix)
+
+    def _draw_memory(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
+        gpu = any(trace.is_gpu for trace in run.memory.values())
+        if index == 0:
+            self.memory.set_title("GPU memory" if gpu else "Process memory — CPU RAM of the worker (no GPU)")
+        colors = (palette.main, palette.other, palette.eval, palette.raw)
+        for device_number, trace in enumerate(run.memory.values()):
+            color = colors[device_number % len(colors)]
+            device = f"{trace.label} " if gpu and len(run.memory) > 1 else ""
+            for name, series in trace.series.items():
+                label = "process memory (CPU)" if name == "process" else name
+                curve = self.memory.curve(f"{index}.{trace.device}.{name}", f"{prefix}{device}{label}", color,
+                                          style=MEMORY_STYLES.get(name, Qt.PenStyle.SolidLine))
+                self._update(index, f"mem.{trace.device}.{name}", series, curve)
+        if index == 0:
+            several_gpus = gpu and len(run.memory) > 1
+            capacities = [(trace.label, trace.capacity_bytes) for trace in run.memory.values() if trace.capacity_bytes]
+            self._grouped_lines("cap", capacities, several_gpus, "capacity {:.0f} GiB", "#111827", label_below=True)
+        if gpu and run.estimate_bytes and index == 0:
+            self._draw_estimates(run)
+
+    def _draw_estimates(self, run: RunSeries) -> None:
+        """Beside several GPUs' curves each one's own estimate (ZeRO's ranks, a layer split's devices), else the peak."""
+        own = [(device, total) for device, total in run.estimate_by_device.items() if device in run.memory]
+        if len(run.memory) > 1 and own:
+            self._grouped_lines("estimate", own, True, "estimate {:.1f} GiB", BAD, style=Qt.PenStyle.DashLine)
+        else:
+            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GiB",
+                                        BAD, Qt.PenStyle.DashLine)
+
+    def _grouped_lines(self, key: str, levels: list[tuple[str, int]], several_gpus: bool, text: str, color: str,
+                       **style) -> None:
+        """One line per level (GPU, bytes): GPUs at the same level share it (their labels would print over each other)."""
+        owners: dict[int, list[str]] = {}
+        for owner, level in levels:
+            owners.setdefault(level, []).append(owner)
+        for level, names in owners.items():
+            owner = ""
+            if several_gpus:
+                owner = "each GPU " if len(names) == len(levels) > 1 else f"{', '.join(names)} "
+            self.memory.horizontal_line(f"{key}.{level}", level / GIB, owner + text.format(level / GIB), color, **style)
+
+    def _update(self, index: int, key: str, series: Series, curve) -> None:
+        if self._drawn.get((index, key)) == series.version:
+            return
+        self._drawn[(index, key)] = series.version
+        curve.setData(series.x, series.y)
+

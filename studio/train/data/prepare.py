@@ -1,0 +1,298 @@
+"""From data files to tokenized ``datasets.Dataset`` splits with loss masks.
+
+Every example is rendered into segments ``(text, trainable)`` (see
+studio.core.data.templates), each segment is tokenized on its own and the ids are
+concatenated. Tokenizing the pieces separately means the prompt tokens in
+training are exactly the tokens ``encode_prompt`` gives for generation, and the
+loss mask follows the segment borders without character offsets.
+
+Labels are the input ids where the text is trainable and -100 elsewhere (the
+model shifts them by one position itself). Files are validated by
+studio.core.data.dataset first, so bad data is refused before any tokenizing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import torch
+from datasets.table import InMemoryTable
+
+from studio.core.data import templates
+from studio.core.config import RunConfig
+from studio.core.data.dataset import MAX_PROBLEMS, inspect_files, iter_examples
+from studio.core.errors import Problem, ProblemsError, StudioError
+from studio.core.data.row_formats import DataError, Example
+from studio.core.data.templates import Segment
+
+IGNORE_INDEX = -100
+_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])
+_BATCH_ROWS = 1000
+
+
+@dataclass
+class PreparedData:
+    """The tokenized splits (columns input_ids and labels) and what went into them.
+
+    ``stats`` maps "train" (and "eval" when there is one) to: rows (kept),
+    tokens (input tokens after truncation), target_tokens (tokens with a
+    label), truncated (kept rows cut at max_length), dropped (rows whose
+    response lay wholly beyond max_length), format and template.
+    """
+
+    train: datasets.Dataset
+    eval: datasets.Dataset | None
+    """None without eval data, or when every eval row was dropped (stats["eval"] still says so)."""
+    stats: dict[str, dict[str, Any]]
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def resolve_template(template: str, tokenizer: Any) -> str:
+    """"tokenizer" or a built-in template name: auto picks the tokenizer's own when it has one."""
+    has_own = bool(getattr(tokenizer, "chat_template", None))
+    if template == "auto":
+        return "tokenizer" if has_own else "chatml"
+    if template == "tokenizer" and not has_own:
+        raise StudioError("data.template is tokenizer, but the tokenizer has no chat template",
+                          "set data.template to auto, chatml or alpaca", kind="data")
+    return template
+
+
+def render_segments(example: Example, tokenizer: Any, template: str) -> list[Segment]:
+    """The example as (text, trainable) segments.
+
+    Instruction and chat rows go through the template; prompt_completion rows
+    are the prompt then the completion with eos; text rows are wholly trainable
+    text with eos. Raises DataError naming the example's location.
+    """
+    eos = tokenizer.eos_token or ""
+    if example.kind == "prompt_completion":
+        return [(example.prompt, False), (example.completion + eos, True)]
+    if example.kind == "text":
+        return [(example.text + eos, True)]
+    try:
+        name = resolve_template(template, tokenizer)
+        if name == "tokenizer":
+            return _tokenizer_segments(example.messages, tokenizer)
+        return templates.render(name, example.messages, eos)
+    except DataError as exc:
+        if exc.problem.where:
+            raise
+        raise DataError(example.location, exc.problem.message, exc.problem.hint) from None
+
+
+def _tokenizer_segments(messages: Sequence[dict[str, str]], tokenizer: Any) -> list[Segment]:
+    return templates.split_rendered_chat(messages, lambda head, prompt: _apply_template(tokenizer, head, prompt))
+
+
+def _apply_template(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as exc:  # jinja raises anything the template author wrote
+        raise DataError("", f"the tokenizer's chat template failed: {exc}", templates.TEMPLATE_HINT) from None
+
+
+# ---------------------------------------------------------------- tokenizing
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether the tokenizer puts its bos token before a text (Llama: yes; GPT-2, Qwen: no).
+
+    Asking the tokenizer itself respects its config instead of guessing from
+    the mere presence of a bos token.
+    """
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+
+
+def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_on_prompt: bool = False,
+           add_bos: bool | None = None) -> dict[str, Any]:
+    """Token ids, labels and whether the example was cut at ``max_length`` (right truncation).
+
+    A bos token is prepended when the tokenizer adds one (``add_bos``; None:
+    ask it) and the text does not start with it already (a template wrote it).
+    """
+    texts = [text for text, _ in segments]
+    pieces = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    if add_bos is None:
+        add_bos = adds_bos(tokenizer)
+    first = next((text for text in texts if text), "")
+    ids: list[int] = []
+    labels: list[int] = []
+    if add_bos and not first.startswith(tokenizer.bos_token):
+        ids.append(tokenizer.bos_token_id)
+        labels.append(tokenizer.bos_token_id if train_on_prompt else IGNORE_INDEX)
+    for piece, (_, trainable) in zip(pieces, segments):
+        ids += piece
+        labels += piece if trainable or train_on_prompt else [IGNORE_INDEX] * len(piece)
+    return {"input_ids": ids[:max_length], "labels": labels[:max_length], "truncated": len(ids) > max_length}
+
+
+def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list[int], str]:
+    """The tokens before the last response, exactly as in training, and that response's text.
+
+    For generation-based evaluation: the model continues the prompt ids and
+    its answer is compared to the expected response (without end marker).
+    """
+    if example.kind == "text":
+        raise DataError(example.location, "text rows have no prompt to answer",
+                        "evaluate with instruction, chat or prompt_completion rows")
+    prompt = templates.prompt_segments(render_segments(example, tokenizer, template))
+    ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
+    expected = example.messages[-1]["content"] if example.messages else example.completion
+    return ids, expected
+
+
+def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """A right-padded batch: input_ids (pad id), labels (-100) and attention_mask."""
+    rows = [as_token_list(f["input_ids"]) for f in features]
+    labels = [as_token_list(f["labels"]) for f in features]
+    width = max(len(row) for row in rows)
+
+    def pad(values: list[list[int]], fill: int) -> torch.Tensor:
+        return torch.tensor([v + [fill] * (width - len(v)) for v in values], dtype=torch.long)
+
+    return {"input_ids": pad(rows, pad_token_id), "labels": pad(labels, IGNORE_INDEX),
+            "attention_mask": pad([[1] * len(row) for row in rows], 0)}
+
+
+def as_token_list(values: Any) -> list[int]:
+    """A row's token ids as a plain list, whether the dataset gave a tensor or a sequence."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+# ---------------------------------------------------------------- whole splits
+
+
+class _SplitBuilder:
+    """Collects encoded rows of one split into Arrow batches and counts them."""
+
+    def __init__(self, fmt: str, template: str):
+        self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
+                                      "dropped": 0, "format": fmt, "template": template}
+        self._batches: list[pa.RecordBatch] = []
+        self._ids: list[list[int]] = []
+        self._labels: list[list[int]] = []
+
+    def add(self, encoded: dict[str, Any]) -> None:
+        targets = sum(label != IGNORE_INDEX for label in encoded["labels"])
+        if targets == 0:  # the response lay beyond max_length: nothing to learn
+            self.stats["dropped"] += 1
+            return
+        self.stats["rows"] += 1
+        self.stats["tokens"] += len(encoded["input_ids"])
+        self.stats["target_tokens"] += targets
+        self.stats["truncated"] += encoded["truncated"]
+        self._ids.append(encoded["input_ids"])
+        self._labels.append(encoded["labels"])
+        if len(self._ids) >= _BATCH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._ids:
+            self._batches.append(pa.record_batch([self._ids, self._labels], schema=_SCHEMA))
+            self._ids, self._labels = [], []
+
+    def dataset(self) -> datasets.Dataset:
+        self._flush()
+        return datasets.Dataset(InMemoryTable(pa.Table.from_batches(self._batches, schema=_SCHEMA)))
+
+
+def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None) -> PreparedData:
+    """Validate, render and tokenize the training (and eval) data.
+
+    Every file is checked first (all problems reported together), unless
+    ``reports`` holds the (train, eval) inspect_files reports of a check
+    already made; then one pass tokenizes. The eval split comes from data.eval_files, else a
+    seeded random eval_fraction of the training rows, else there is none.
+    """
+    data = config.data
+    if reports is None:
+        reports = (inspect_files(data.train_files, data.format, keep=0),
+                   inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None)
+    train_report, eval_report = reports
+    formats = {report.format for report in (train_report, eval_report) if report}
+    template = resolve_template(data.template, tokenizer) if formats & {"instruction", "chat"} else "none"
+    encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt)
+
+    held_out = set() if eval_report else _held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
+    train = _SplitBuilder(train_report.format, template)
+    evaluation = _SplitBuilder((eval_report or train_report).format, template) if eval_report or held_out else None
+    encoder.run(iter_examples(data.train_files, train_report.format),
+                lambda index: evaluation if index in held_out else train)
+    if eval_report is not None:
+        encoder.run(iter_examples(data.eval_files, eval_report.format), lambda index: evaluation)
+    encoder.raise_problems()
+
+    if train.stats["rows"] == 0:
+        raise StudioError(f"no training rows left: in all {train.stats['dropped']} rows the response starts after "
+                          f"max_length ({data.max_length}) tokens", "raise data.max_length", kind="data")
+    if evaluation is None:
+        return PreparedData(train.dataset(), None, {"train": train.stats})
+    eval_set = evaluation.dataset() if evaluation.stats["rows"] else None
+    return PreparedData(train.dataset(), eval_set, {"train": train.stats, "eval": evaluation.stats})
+
+
+def save_prepared(data: PreparedData, folder: Path) -> None:
+    """The tokenized splits and their stats, for the other processes of this machine (load_prepared)."""
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier attempt's
+    folder.mkdir(parents=True)
+    data.train.save_to_disk(str(folder / "train"))
+    if data.eval is not None:
+        data.eval.save_to_disk(str(folder / "eval"))
+    (folder / "stats.json").write_text(json.dumps(data.stats), encoding="utf-8")
+
+
+def load_prepared(folder: Path) -> PreparedData:
+    """What save_prepared wrote: the same rows, ids and stats as preparing them here."""
+    evaluation = datasets.load_from_disk(str(folder / "eval")) if (folder / "eval").is_dir() else None
+    stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+    return PreparedData(datasets.load_from_disk(str(folder / "train")), evaluation, stats)
+
+
+class _Encoder:
+    """Renders and tokenizes examples into split builders, collecting per-row problems."""
+
+    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool):
+        self.tokenizer, self.template = tokenizer, template
+        self.max_length, self.train_on_prompt = max_length, train_on_prompt
+        self.add_bos = adds_bos(tokenizer)
+        self.problems: list[Problem] = []
+
+    def run(self, examples: Iterable[Example], split_of: Callable[[int], _SplitBuilder]) -> None:
+        """Add each example to the split that ``split_of(its index)`` names."""
+        for index, example in enumerate(examples):
+            if len(self.problems) >= MAX_PROBLEMS:
+                return
+            try:
+                segments = render_segments(example, self.tokenizer, self.template)
+            except DataError as exc:
+                self.problems.append(exc.problem)
+                continue
+            split_of(index).add(encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos))
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise ProblemsError(self.problems, "data", "the data")
+
+
+def _held_out_rows(rows: int, fraction: float, seed: int) -> set[int]:
+    """Indices of a seeded random ``fraction`` of the rows (at least one), leaving at least one."""
+    if fraction <= 0:
+        return set()
+    count = max(1, round(rows * fraction))
+    if count >= rows:
+        raise StudioError(f"cannot hold out {fraction:.0%} of {rows} row(s) for eval and still train",
+                          "add rows, lower data.eval_fraction or give data.eval_files", kind="data")
+    return set(random.Random(seed).sample(range(rows), count))

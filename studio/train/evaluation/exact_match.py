@@ -1,0 +1,37 @@
+"""Generation-based evaluation: does the model answer held-out prompts exactly right?"""
+
+from __future__ import annotations
+
+import torch
+
+from studio.train.data.prepare import encode_prompt
+
+
+@torch.no_grad()
+def exact_match(model, tokenizer, examples, template: str, max_new_tokens: int = 24, batch_size: int = 32) -> float:
+    """Fraction of examples whose greedy answer equals the expected response (stripped)."""
+    model.eval()
+    prompts = [encode_prompt(example, tokenizer, template) for example in examples]
+    correct = 0
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        answers = generate_answers(model, tokenizer, [ids for ids, _ in chunk], max_new_tokens)
+        correct += sum(answer.strip() == expected.strip() for answer, (_, expected) in zip(answers, chunk))
+    return correct / max(len(prompts), 1)
+
+
+@torch.no_grad()
+def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy answers for a batch of token prompts (left-padded so all end together)."""
+    device = next(model.parameters()).device
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, prompt in enumerate(prompts):
+        ids[i, length - len(prompt):] = torch.tensor(prompt)
+        mask[i, length - len(prompt):] = 1
+    output = model.generate(
+        input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+        do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    return tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)

@@ -1,0 +1,51 @@
+"""``studio generate RUN_DIR --prompt TEXT``: the base model and the fine-tuned one answer side by side.
+
+The prompt is rendered the way the run's training data was (chat template for
+instruction and chat runs, raw text otherwise), so the answers show what the
+fine-tune changed. Runs in its own process: the GUI starts it with QProcess.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from studio.core.config import RunConfig, load_config
+from studio.core.errors import StudioError
+from studio.core.data.row_formats import Example
+from studio.core.run.directory import RunDir
+from studio.train.checkpoint import load_weights
+from studio.train.data.prepare import encode_prompt
+from studio.train.evaluation.exact_match import generate_answers
+from studio.train.model.build import build_model, load_base_model, load_tokenizer
+from studio.train.quiet import quiet_progress_bars
+
+
+def _prompt_example(config: RunConfig, prompt: str) -> Example:
+    if config.data.format in ("prompt_completion", "text"):
+        return Example(kind="prompt_completion", prompt=prompt, completion="")
+    return Example(kind="chat", messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": ""}))
+
+
+def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[str, str]:
+    """{"base": answer, "tuned": answer, "checkpoint": name} for one prompt."""
+    rd = RunDir(run_dir)
+    if not rd.config.is_file():
+        raise StudioError(f"{rd.path} is not a run directory (no config.yaml)", "pick a run from the history", kind="usage")
+    checkpoint = rd.latest_checkpoint()
+    if checkpoint is None:
+        raise StudioError("the run has no checkpoint yet", "train (or stop-and-save) it first", kind="usage")
+    config = load_config(rd.config).replace(training={"gradient_checkpointing": False})
+    quiet_progress_bars()
+    tokenizer = load_tokenizer(config)
+    model = build_model(config, torch.device("cuda" if torch.cuda.is_available() else "cpu"), for_inference=True)
+    load_weights(checkpoint, model)
+    ids, _ = encode_prompt(_prompt_example(config, prompt), tokenizer, config.data.template)
+    tuned = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
+    if config.uses_adapter:
+        with model.disable_adapter():
+            base = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
+    else:
+        base = generate_answers(load_base_model(config, model.device), tokenizer, [ids], max_new_tokens)[0]
+    return {"base": base.strip(), "tuned": tuned.strip(), "checkpoint": checkpoint.name}

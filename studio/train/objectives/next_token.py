@@ -1,0 +1,129 @@
+"""The training loss: summed next-token cross-entropy over the target tokens, in fp32.
+
+Two ways to the same number (and the same gradients, tests prove it):
+
+- full: the model computes the logits of every position, which are upcast to fp32
+  and reduced with ``cross_entropy``. Memory: several fp32 copies of
+  (positions x vocabulary), padding and prompt positions included.
+- chunked: the model returns its final hidden states instead (``logits_to_keep``
+  of nothing), only the positions whose next token carries a loss are gathered,
+  and those are projected to the vocabulary a chunk at a time. The loss is the
+  last node of the graph, so each chunk's gradients (for the hidden states and any
+  trainable output-layer weights) are computed right there in the forward pass and
+  kept, as Liger's fused linear cross-entropy does: the fp32 logits of one chunk
+  exist at a time, they are never recomputed, and the backward pass only scales
+  the kept gradients. Prompt and padding positions never meet the output layer at
+  all, which also saves its compute.
+
+The chunked path needs logits that are exactly ``output_layer(hidden)``; models
+that scale or soft-cap their logits (Gemma 2, Cohere, Granite) use the full path.
+As it needs the output layer only while it runs, a frozen layer may wait in CPU RAM
+(training.output_layer_on_cpu): each call copies it to the device and drops the copy.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.nn.functional import cross_entropy, linear, pad
+
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
+from studio.train.data.prepare import IGNORE_INDEX
+from studio.train.data.packing import model_inputs
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None) -> torch.Tensor:
+    """Summed cross-entropy over the target tokens (labels != -100); chunked when given the output layer."""
+    targets = batch["labels"][:, 1:]
+    if output_layer is None:
+        logits = model(**model_inputs(batch)).logits
+        length = batch["input_ids"].shape[1]
+        if logits.shape[1] != length:  # prompt tuning prepends its virtual tokens' logits
+            logits = logits[:, -length:]  # (only then: the gradient of a slice is a zero-filled copy)
+        # Shifting the labels rather than the logits spares a copy of (positions x vocabulary) and of its gradient.
+        next_tokens = pad(targets, (0, 1), value=IGNORE_INDEX)
+        return cross_entropy(logits.flatten(0, 1).float(), next_tokens.flatten(), ignore_index=IGNORE_INDEX,
+                             reduction="sum")
+    hidden = predicting_hidden_states(model, batch)
+    keep = targets != IGNORE_INDEX
+    return chunked_cross_entropy(hidden[keep], targets[keep], output_layer)
+
+
+def predicting_hidden_states(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The final hidden states of the positions that predict a next token (all but the last), no logits."""
+    nothing = torch.zeros(0, dtype=torch.long, device=batch["input_ids"].device)
+    outputs = model(**model_inputs(batch), logits_to_keep=nothing, output_hidden_states=True)
+    length = batch["input_ids"].shape[1]  # prompt tuning prepends its virtual tokens
+    return outputs.hidden_states[-1][:, -length:-1]
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
+                          chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """sum(cross_entropy(output_layer(hidden).float(), targets)) without all the logits at once."""
+    chunk = max(1, chunk_bytes // (4 * output_layer.weight.shape[0]))
+    trainable = [p for p in output_layer.parameters() if p.requires_grad]
+    project = _on_device(output_layer, hidden.device)
+    if torch.is_grad_enabled() and (hidden.requires_grad or trainable):
+        return _ChunkedCrossEntropy.apply(hidden, targets, project, chunk, *trainable)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], chunk):
+        total = total + _chunk_loss(hidden[start:start + chunk], targets[start:start + chunk], project)
+    return total
+
+
+def _on_device(output_layer: torch.nn.Module, device: torch.device):
+    """The output layer as the loss calls it. One kept in CPU RAM (training.output_layer_on_cpu, a frozen
+    ``nn.Linear``) is copied to ``device`` once, here: the loss computes all its gradients before it returns,
+    and the copy goes with it. Always a copy, also on the CPU, where it is what a GPU would hold for the loss."""
+    if getattr(output_layer, "outputs_device", None) is None:
+        return output_layer
+    weight, bias = (None if p is None else p.to(device, non_blocking=True, copy=True)
+                    for p in (output_layer.weight, output_layer.bias))
+    return functools.partial(linear, weight=weight, bias=bias)
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """The chunked loss, with its gradients computed chunk by chunk in the forward pass (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, targets, output_layer, chunk, *trainable):  # output_layer: what _on_device gives
+        hidden_grad = torch.zeros_like(hidden, dtype=torch.float32)
+        weight_grads = [torch.zeros_like(p, dtype=torch.float32) for p in trainable]
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk):
+            with torch.enable_grad():
+                piece = hidden[start:start + chunk].detach().requires_grad_()
+                loss = _chunk_loss(piece, targets[start:start + chunk], output_layer)
+                grads = torch.autograd.grad(loss, [piece, *trainable], allow_unused=True)
+            hidden_grad[start:start + chunk] = grads[0]
+            for kept, grad in zip(weight_grads, grads[1:]):
+                if grad is not None:  # a trainable part the head skips (a disabled adapter) gets zeros
+                    kept += grad
+            total += loss.detach()
+        ctx.save_for_backward(hidden_grad, *weight_grads)
+        ctx.dtypes = [hidden.dtype, *(p.dtype for p in trainable)]
+        return total
+
+    @staticmethod
+    def backward(ctx, loss_grad):
+        # Scaled in fp32, then cast: with fp16's loss scaling, the scaled gradient is what must fit.
+        scaled = [(grad * loss_grad).to(dtype) for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
+        return scaled[0], None, None, None, *scaled[1:]
+
+
+def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module) -> torch.Tensor:
+    # Under a layer split the head may sit on another GPU (its hook moves the input there): the loss comes back.
+    logits = output_layer(hidden).float()
+    return cross_entropy(logits, targets.to(logits.device), reduction="sum").to(hidden.device)
+
+
+def lean_output_layer(model) -> torch.nn.Module | None:
+    """The model's output layer if its logits are plainly ``layer(hidden)``, else None (use the full loss)."""
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    layer = model.get_output_embeddings()
+    return layer if isinstance(getattr(layer, "weight", None), torch.Tensor) else None
