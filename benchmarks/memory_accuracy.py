@@ -245,7 +245,7 @@ OFFLOAD_CASES = [
     Case("mistral-26M", "lora", "fp32", 2, 512, checkpointing=True, changes=OFFLOAD),
 ]
 
-# The tiled MLP (studio.train.savers.tiled_mlp), alone and with checkpointing and its offload.
+# The tiled MLP (studio.train.savers.tiled), alone and with checkpointing and its offload.
 TILED = {"training": {"tiled_mlp": True}}
 TILED_CASES = [
     Case("llama-7M", "lora", "bf16", 4, 256, changes=TILED),

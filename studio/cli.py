@@ -164,7 +164,9 @@ def _config(args) -> int:
     from studio.core.validation import raise_if_invalid
 
     if args.action == "reference":
-        print(reference_markdown(), end="")
+        from studio.core.memory.savers import savers_reference
+
+        print(reference_markdown() + savers_reference(), end="")
         return 0
     if args.file is None:
         raise StudioError(f"`studio config {args.action}` needs a file", f"run `studio config {args.action} my-run.yaml`", kind="usage")

@@ -223,6 +223,14 @@ def run_json_subprocess(command: list[str], what: str, timeout_s: int = SIMULATI
 
 
 
+def _costly_savers(config) -> str:
+    """``, gradient checkpointing, offload layer inputs to CPU RAM``: the memory savers on that cost time."""
+    from studio.core.memory.savers import SAVER_SPECS
+
+    labels = [spec.label for spec in SAVER_SPECS.values() if spec.is_on(config) and spec.slowdown > 1]
+    return "".join(f", {label[:1].lower()}{label[1:]}" for label in labels)
+
+
 def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, simulated: dict | None = None) -> str:
     """The itemized estimate as text, with the verdict when the GPU size is known."""
     from studio.core.memory.estimate import format_bytes
@@ -231,9 +239,7 @@ def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, si
     lines = [
         f"{model_config.get('model_type', '?')} model, {result.parameters / 1e9:.3g} B parameters "
         f"({result.trainable_parameters:,} trained); {config.method}, {t.precision}, "
-        f"micro-batch {t.micro_batch_size} x {config.data.max_length} tokens"
-        + (", gradient checkpointing" if t.gradient_checkpointing else "")
-        + (" with its layer inputs in CPU RAM" if t.gradient_checkpointing and t.activation_offload else ""),
+        f"micro-batch {t.micro_batch_size} x {config.data.max_length} tokens" + _costly_savers(config),
         f"peak during {PHASE_LABELS.get(result.peak_phase, result.peak_phase)}",
     ]
     for device in result.devices:

@@ -81,7 +81,7 @@ def test_studio_estimate_prints_the_cpu_ram_beside_the_gpu(tiny):
     table = estimate_table(result, config, model_config, None)
     host = table[table.index("host:"):]
     block_inputs = LAYERS * BATCH * LENGTH * HIDDEN * 4  # the demo config trains in fp32
-    assert "cuda:0:" in table and "layer inputs in CPU RAM" in table
+    assert "cuda:0:" in table and "offload layer inputs to CPU RAM" in table
     assert "activations" in host and format_bytes(block_inputs) in host
     assert result.to_json()["devices"][-1]["parts"]["activations"] == block_inputs
 

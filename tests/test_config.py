@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import yaml
 
 from studio.core.config import RunConfig, load_config, parse_config, reference_markdown, save_config
+from studio.core.memory.savers import savers_reference
 from studio.core.errors import ProblemsError
 from studio.core.presets import demo_config
 from studio.core.validation import validate
@@ -78,7 +79,8 @@ def test_demo_config_is_valid():
 
 
 def test_reference_doc_is_generated_from_the_schema():
-    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), "regenerate: studio config reference > docs/config.md"
+    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown() + savers_reference(), \
+        "regenerate: studio config reference > docs/config.md"
 
 
 @settings(max_examples=200, deadline=None)

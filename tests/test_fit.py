@@ -10,7 +10,8 @@ import pytest
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import ScaleOut, estimate, format_bytes
-from studio.core.memory.fit import SAVERS, fit
+from studio.core.memory.fit import FIT_STEPS, fit
+from studio.core.validation import validate
 from test_estimate import LLAMA_31_8B
 
 GIB = 1024**3
@@ -57,8 +58,21 @@ def test_cheap_savings_come_first():
     """A smaller micro-batch costs less time than a 4-bit base: it is tried and explained first."""
     result = fit(LLAMA_31_8B, lora_run(), 16 * GIB)
     order = [change.saver for change in result.changes]
-    assert order == sorted(order, key=[saver.name for saver in SAVERS].index)
+    assert order == sorted(order, key=[step.name for step in FIT_STEPS].index)
     assert result.fits
+
+
+@pytest.mark.parametrize("distributed", [{"num_processes": 2, "sharding": "zero3"}, {"num_processes": 2, "sharding": "fsdp"},
+                                         {"num_processes": 2}, {"layer_split": True, "max_gpu_memory_gib": 80.0}])
+def test_fit_never_switches_on_a_saver_validation_refuses(distributed):
+    """From a valid run, every saver fit switches on is one this spread allows (the tiled MLP sums whole weights'
+    gradients, which ZeRO-3 and FSDP shard; the embedding in CPU RAM needs one process)."""
+    config = lora_run().replace(model={"name_or_path": "org/model"}, data={"train_files": ("train.jsonl",),
+                                "max_length": 8192}, distributed=distributed)
+    assert validate(config, check_files=False) == []
+    result = fit(LLAMA_31_8B, config, 80 * GIB, scale_out=ScaleOut.from_config(config, (80 * GIB,)))
+    switched = {f"training.{change.saver}" for change in result.changes} | {"training.gradient_checkpointing"}
+    assert result.changes and not [p for p in validate(result.config, check_files=False) if p.where in switched]
 
 
 def test_more_memory_never_means_a_slower_configuration():

@@ -109,7 +109,7 @@ def test_toggles_change_the_estimate(window):
     techniques.micro_batch.spin.setValue(64)
     bigger = panel.estimate.peak_bytes
     assert bigger > before
-    techniques.checkpointing.check.click()
+    techniques.savers["gradient_checkpointing"].check.click()
     checkpointed = panel.estimate.peak_bytes
     assert window.store.config.training.gradient_checkpointing and checkpointed < bigger
     techniques.method.buttons[0].click()  # full fine-tuning: gradients and optimizer state for every weight
@@ -122,11 +122,11 @@ def test_toggles_change_the_estimate(window):
 
 def test_activation_offload_needs_checkpointing_and_moves_memory_to_cpu_ram(window):
     panel, techniques = window.estimate_panel, window.techniques_panel
-    assert not techniques.activation_offload.isEnabled()  # checkpointing is off
-    techniques.checkpointing.check.click()
-    assert techniques.activation_offload.isEnabled()
+    assert not techniques.savers["activation_offload"].isEnabled()  # checkpointing is off
+    techniques.savers["gradient_checkpointing"].check.click()
+    assert techniques.savers["activation_offload"].isEnabled()
     checkpointed = panel.estimate.peak_bytes
-    techniques.activation_offload.check.click()
+    techniques.savers["activation_offload"].check.click()
     assert window.store.config.training.activation_offload
     assert panel.estimate.peak_bytes < checkpointed
     assert panel.estimate.devices[-1].device == "host"
@@ -137,7 +137,7 @@ def test_the_tiled_mlp_toggle_lowers_the_estimate(window):
     panel, techniques = window.estimate_panel, window.techniques_panel
     techniques.max_length.spin.setValue(4096)
     untiled = panel.estimate.peak_bytes
-    techniques.tiled_mlp.check.click()
+    techniques.savers["tiled_mlp"].check.click()
     assert window.store.config.training.tiled_mlp and panel.estimate.peak_bytes < untiled
 
 
@@ -148,10 +148,10 @@ def test_the_lean_loss_toggle_shows_its_memory_effect(window, tmp_path):
     window.store.update(model={"name_or_path": str(make_tiny_model("llama", tmp_path, weights=False, vocab_size=32000))})
     assert window.store.config.training.chunked_loss and window.store.config.data.packing == "padding_free"
     lean = panel.estimate.parts["logits_loss"]
-    techniques.chunked_loss.check.click()
+    techniques.savers["chunked_loss"].check.click()
     assert not window.store.config.training.chunked_loss
     assert panel.estimate.parts["logits_loss"] > 1.5 * lean  # every position a target: the worst case
-    assert "logits memory" in techniques.chunked_loss.explain.text()
+    assert "logits memory" in techniques.savers["chunked_loss"].explain.text()
 
 
 def test_the_output_layer_toggle_moves_it_to_cpu_ram_and_needs_the_lean_loss(window, tmp_path):
@@ -160,13 +160,13 @@ def test_the_output_layer_toggle_moves_it_to_cpu_ram_and_needs_the_lean_loss(win
     panel, techniques = window.estimate_panel, window.techniques_panel
     window.store.update(model={"name_or_path": str(make_tiny_model("llama", tmp_path, weights=False, vocab_size=32000))})
     on_device = panel.estimate.devices[0].phases["backward"]
-    techniques.output_layer_on_cpu.check.click()
+    techniques.savers["output_layer_on_cpu"].check.click()
     assert window.store.config.training.output_layer_on_cpu
     assert panel.estimate.devices[-1].device == "host" and "CPU RAM for offloaded weights" in panel.phase.text()
     host = panel.estimate.devices[-1]
     assert on_device - panel.estimate.devices[0].phases["backward"] == host.parts["weights"] == 32000 * 64 * 4
-    techniques.chunked_loss.check.click()
-    assert not techniques.output_layer_on_cpu.isEnabled() and "lean loss" in techniques.output_layer_on_cpu.toolTip()
+    techniques.savers["chunked_loss"].check.click()
+    assert not techniques.savers["output_layer_on_cpu"].isEnabled() and "lean loss" in techniques.savers["output_layer_on_cpu"].toolTip()
 
 
 def test_effective_batch_is_shown(window):
@@ -610,7 +610,7 @@ def test_out_of_memory_offers_the_suggested_change_and_applies_it(window, qtbot,
     assert "backward pass" in window.run_banner.text.text() and window.apply_fix_button.isVisible()
     window.apply_fix_button.click()
     assert window.store.config.training.gradient_checkpointing
-    assert window.techniques_panel.checkpointing.check.isChecked()
+    assert window.techniques_panel.savers["gradient_checkpointing"].check.isChecked()
     assert not window.apply_fix_button.isVisible() and "Applied" in window.run_banner.text.text()
 
 

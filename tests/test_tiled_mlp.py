@@ -94,7 +94,7 @@ def test_it_trains_under_torch_compile(tmp_path, story_data):
 def test_dropout_draws_the_same_masks_when_a_tile_is_recomputed():
     """Backward recomputes each tile under the random state its forward pass had: the gradients are those of
     the masks the loss saw (with other masks the half of the units they drop would differ)."""
-    from studio.train.savers.tiled_mlp import _TiledMLP
+    from studio.train.savers.tiled import _TiledMLP
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 8))

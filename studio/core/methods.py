@@ -66,6 +66,9 @@ class MethodSpec:
     token_shape: TokenShape | None = None  # for methods that train virtual tokens
     token_entry: str = ""  # INPUT_TOKENS or ATTENTION_TOKENS, for methods that train virtual tokens
     quantized_as: str = ""  # the method fit turns it into on a 4-bit base, if it is renamed (LoRA: QLoRA)
+    # peft's LoRA itself: its adapter also wraps a mixture of experts' router and expert parameters, and the
+    # derived estimate recounts its rank, targets and dropout from a record of one block
+    peft_lora: bool = False
 
     @property
     def trains_every_weight(self) -> bool:
@@ -143,7 +146,7 @@ _LINEAR_ADAPTER = {"trains": LINEAR_LAYERS, "mergeable": True}
 _VIRTUAL_TOKENS = {"trains": VIRTUAL_TOKENS, "mergeable": False, "kbit_base": "allowed",
                    "settings": frozenset({VIRTUAL_TOKEN_COUNT})}
 _LORA = {**_LINEAR_ADAPTER, "settings": LORA_SETTINGS | {RSLORA, DORA}, "linear_shapes": _lora_shapes,
-         "linear_form": LOW_RANK}
+         "linear_form": LOW_RANK, "peft_lora": True}
 
 # In the GUI's order.
 METHOD_SPECS: dict[str, MethodSpec] = {spec.name: spec for spec in (
@@ -188,3 +191,9 @@ METHOD_SPECS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                "cannot be merged. Every example grows by the virtual tokens.",
                token_shape=_prompt_token_shape, token_entry=INPUT_TOKENS, **_VIRTUAL_TOKENS),
 )}
+
+
+def trains_like(method: str) -> str:
+    """The method whose training step ``method`` runs: a quantized form (QLoRA) trains as its method does
+    (LoRA), on a base loaded another way."""
+    return next((spec.name for spec in METHOD_SPECS.values() if spec.quantized_as == method), method)

@@ -14,9 +14,9 @@ from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES
 from studio.core.errors import Problem, ProblemsError
 from studio.core.data.hub import is_hub_spec, parse_hub_spec
-from studio.core.memory.regime import embedding_on_cpu_allowed, output_layer_refusal
+from studio.core.memory.savers import SAVER_SPECS
 from studio.core.data.row_formats import DataError
-from studio.core.methods import ADALORA_BUDGET, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
+from studio.core.methods import ADALORA_BUDGET, ATTENTION_TOKENS, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.model.check import is_local_model
 from studio.core.model.info import looks_like_path
 
@@ -131,10 +131,10 @@ def _check_peft(config: RunConfig) -> list[Problem]:
     problems: list[Problem] = []
     if VIRTUAL_TOKEN_COUNT in settings:
         problems += _positive(p.num_virtual_tokens, "peft.num_virtual_tokens", "number of virtual tokens such as 20")
-        # prefix tuning alone (a name, not a table fact): only its virtual tokens reach the layers as a key/value cache
-        if config.method == "prefix_tuning" and config.training.gradient_checkpointing:
-            problems.append(Problem("training.gradient_checkpointing", "prefix tuning passes its prefix as a key/value "
-                                    "cache, which gradient checkpointing turns off", "turn gradient checkpointing off, "
+        # virtual tokens that enter as keys and values reach the layers as a key/value cache
+        if config.method_spec.token_entry == ATTENTION_TOKENS and config.training.gradient_checkpointing:
+            problems.append(Problem("training.gradient_checkpointing", f"{config.method_spec.label.lower()} passes its "
+                                    "prefix as a key/value cache, which gradient checkpointing turns off", "turn gradient checkpointing off, "
                                     "or use prompt_tuning"))
     if ADALORA_BUDGET in settings:
         problems += _positive(p.adalora_target_r, "peft.adalora_target_r", "target rank such as r / 2")
@@ -185,20 +185,9 @@ def _check_training(config: RunConfig) -> list[Problem]:
     if t.torch_compile and (config.effective_load_in != "none" or config.distributed.deepspeed_stage is not None):
         problems.append(Problem("training.torch_compile", "torch.compile does not work with bitsandbytes weights or DeepSpeed",
                                 "turn training.torch_compile off"))
-    if t.embedding_on_cpu and not embedding_on_cpu_allowed(config):
-        problems.append(Problem("training.embedding_on_cpu", "the input embedding stays in CPU RAM only for a frozen "
-                                "embedding (adapter methods on linear layers) in one process without sharding or "
-                                "layer split", "turn training.embedding_on_cpu off"))
-    if t.output_layer_on_cpu and (refusal := output_layer_refusal(config)):
-        problems.append(Problem("training.output_layer_on_cpu", refusal, "turn training.output_layer_on_cpu off"))
-    if t.activation_offload and not t.gradient_checkpointing:
-        problems.append(Problem("training.activation_offload", "offloads the block inputs that gradient "
-                                "checkpointing keeps, and gradient checkpointing is off",
-                                "turn training.gradient_checkpointing on, or training.activation_offload off"))
-    if t.tiled_mlp and config.distributed.shards_weights:
-        problems.append(Problem("training.tiled_mlp", f"the tiles' gradients are summed for each whole weight, and "
-                                f"{config.distributed.sharding} shards the weights",
-                                "turn training.tiled_mlp off, or use distributed.sharding zero2 or none"))
+    for spec in SAVER_SPECS.values():
+        if getattr(t, spec.name) and (refusal := spec.refused(config)):
+            problems.append(Problem(spec.field, refusal, spec.validation_hint))
     return problems
 
 

@@ -51,8 +51,10 @@ from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl
 from studio.core.memory.recount import (adapter_bytes, adapter_tensors, lora_block_bytes, lora_settings,
                                         recounts_lora)
 from studio.core.memory.results import Estimate
+from studio.core.memory.savers import SAVER_SPECS
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
+from studio.core.methods import trains_like
 
 TRACE_VERSION = 4
 # The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
@@ -66,14 +68,6 @@ DESCRIBED_ACCURACY = "measured: median 0.34 %, worst 8.40 %"
 DERIVED_ACCURACY = "measured: median 0.19 %, worst 2.89 %; after a toggle median 0.31 %, worst 0.49 %"
 
 
-TRAINS_ALIKE = {"qlora": "lora"}  # QLoRA trains as LoRA does (studio.train.model.methods): the base's loading is a regime
-
-
-# Issue 14's savers change what a step keeps: traced as set, never recounted (the trace counts the device's
-# memory only, so the CPU RAM they take is not in a derived estimate)
-TRACED_SAVERS = ("lean_weights", "embedding_on_cpu", "output_layer_on_cpu", "activation_offload", "tiled_mlp")
-
-
 def trace_settings(config: RunConfig) -> dict:
     """The run settings that change what a training step keeps alive, other than the sizes the trace scales,
     the regimes it traces side by side (``regime_axes``) and the LoRA settings it recounts."""
@@ -81,10 +75,14 @@ def trace_settings(config: RunConfig) -> dict:
     lora = {key: value for key, value in asdict(config.lora).items()
             if key not in scales and not (recounts_lora(config) and key in ("r", "target_modules", "dropout"))}
     quantization = {key: value for key, value in asdict(config.quantization).items() if key != "load_in"}
-    return {"method": TRAINS_ALIKE.get(config.method, config.method), "dtype": config.model.dtype,
+    # a quantized method trains as its method does: the base's loading is a regime (regime_axes)
+    return {"method": trains_like(config.method), "dtype": config.model.dtype,
             "attention": config.model.attn_implementation, "loss": loss_impl_for(config),
             "quantization": quantization, "lora": lora, "peft": asdict(config.peft), "qat": asdict(config.qat),
-            "memory_savers": {name: getattr(config.training, name) for name in TRACED_SAVERS}}
+            # savers that change what a step keeps: traced as set, never recounted (the trace counts the device's
+            # memory only, so the CPU RAM they take is not in a derived estimate)
+            "memory_savers": {spec.name: getattr(config.training, spec.name) for spec in SAVER_SPECS.values()
+                              if spec.retraced}}
 
 
 

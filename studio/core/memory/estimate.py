@@ -52,9 +52,9 @@ from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, r
 from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
                                         format_bytes, parse_size, verdict_for)
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
-from studio.core.memory.parts.states import ModelStates, host_head_bytes, host_weight_bytes, model_states
+from studio.core.memory.parts.states import ModelStates, host_head_bytes, host_weight_bytes, host_weight_notes, model_states
 from studio.core.memory.parts.logits import logits_loss_bytes
-from studio.core.memory.parts.offload import host_activation_bytes, offloaded_activations, with_host_activations
+from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.methods import ATTENTION_TOKENS
@@ -139,9 +139,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     states = model_states(shape, regime)
     if scale_out.uses_zero and regime.full:  # DeepSpeed trains 16-bit weights: autocast has no copies to make
         regime = replace(regime, base_dtype=regime.compute)
-    acts = activations(shape, regime, feedforward_for(shape, regime))
-    if regime.activation_offload:
-        acts = offloaded_activations(acts, shape, regime)
+    acts = offloaded_activations(activations(shape, regime, feedforward_for(shape, regime)), shape, regime)
     phases = _phases(shape, regime, states, acts)
     if scale_out.layer_split:
         devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
@@ -157,8 +155,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase
-    if regime.activation_offload:
-        host = with_host_activations(host, host_activation_bytes(acts, shape))
+    host = with_host_activations(host, acts, shape, regime)
     if host is not None:
         devices.append(host)
     notes = _notes(shape, regime, config)
@@ -218,22 +215,5 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
         notes.append("prefix tuning's longer keys and values are modelled approximately")
     if regime.qat:
         notes.append("QAT: each fake-quantized weight is a new tensor kept for backward (fp32 work while it is made)")
-    if regime.embedding_on_host:
-        notes.append("the input embedding stays in CPU RAM (host); only the looked-up rows reach the GPU")
-    elif config.training.embedding_on_cpu and shape.tie_embeddings:
-        notes.append("training.embedding_on_cpu has no effect here: the output layer shares the embedding's weight")
-    notes += _output_layer_note(shape, regime, config)
+    notes += host_weight_notes(shape, regime, config)
     return tuple(notes)
-
-
-def _output_layer_note(shape: ModelShape, regime: Regime, config: RunConfig) -> list[str]:
-    if regime.head_on_host:
-        return ["the output layer stays in CPU RAM (host); it is copied to the GPU only while the loss is computed"]
-    if not config.training.output_layer_on_cpu:
-        return []
-    if shape.tie_embeddings:
-        return ["training.output_layer_on_cpu has no effect here: the output layer shares the embedding's weight"]
-    if shape.transformed_logits:
-        return ["training.output_layer_on_cpu has no effect here: the full loss over these logits needs the "
-                "output layer on the GPU"]
-    return []

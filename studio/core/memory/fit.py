@@ -4,27 +4,24 @@
 savers below on the run config, estimates each (``studio.core.memory.estimate``,
 about a millisecond apiece) and returns the one with the shortest expected
 step time among those that fit; each change it made is explained with the
-bytes it saves, applied cheapest first. "Fit" means the estimate's verdict
+bytes it saves, applied in the steps' order. "Fit" means the estimate's verdict
 "fits" (below 90 % of the GPU); a "tight" candidate is taken only when none
 fits comfortably. When nothing fits it returns the closest candidate and says
 what stands in the way.
 
-The savers, cheapest first (``SAVERS``): a smaller micro-batch with more
-gradient accumulation (the effective batch micro-batch x accumulation is kept),
-gradient checkpointing, offloading its block inputs to CPU RAM, the 8-bit AdamW optimizer, the input embedding in
-CPU RAM (adapters on one GPU), the output layer in CPU RAM (adapters, the chunked loss), a 4-bit base model (LoRA becomes QLoRA), the tiled MLP and, when allowed, ZeRO optimizer offload to CPU RAM. The
-method (full or LoRA) and the sequence length are never changed: they change
-what is trained; the explanation says when they are what would help.
+Fit's steps, in the order it tries and explains them (``FIT_STEPS``): a smaller micro-batch with
+more gradient accumulation (the effective batch micro-batch x accumulation is kept), then, ranked among
+them, the switches of the table of memory savers that fit may turn on (``studio.core.memory.savers``:
+checkpointing, its block inputs in CPU RAM, the input embedding and the output layer in CPU RAM, the tiled
+MLP), the 8-bit AdamW optimizer, a 4-bit base model (LoRA becomes QLoRA) and, when allowed, ZeRO optimizer
+offload to CPU RAM. A switch is tried only where validation allows it and the candidate's GPUs can hold it.
+The method (full or LoRA) and the sequence length are never changed: they change what is trained; the
+explanation says when they are what would help.
 
-Expected step time is relative and rule-of-thumb: each micro-step costs a fixed
-overhead worth ``MICRO_STEP_OVERHEAD_TOKENS`` tokens, checkpointing recomputes
-the forward pass (x1.33), its offloaded block inputs cost what their copies do not hide behind the compute
-(x1.03: a block's input is 2·hidden bytes a token each way over PCIe, against about 8 x its parameters
-in FLOPs a token; docs/memory-estimate.md), a 4-bit base dequantizes every weight (x1.25), the tiled MLP
-runs the MLP's forward once more (about two thirds of a block's FLOPs, a sixth of a checkpointed step: x1.2), the
-8-bit optimizer step is a little slower (x1.02), the embedding in CPU RAM adds a gather and a copy (x1.01), the
-output layer in CPU RAM a copy of it to the GPU per micro-batch (x1.03) and offload moves the optimizer step to
-the CPU (x1.5).
+Expected step time is relative and rule-of-thumb: each micro-step costs a fixed overhead worth
+``MICRO_STEP_OVERHEAD_TOKENS`` tokens, and each step in force multiplies the time by its slowdown: the
+savers' from their table, and here a 4-bit base dequantizes every weight (x1.25), the 8-bit optimizer step
+is a little slower (x1.02) and offload moves the optimizer step to the CPU (x1.5).
 
 Pure Python, like the estimate: the GUI calls it directly. A model no family
 describes is searched the same way from its trace (``studio.core.memory.derived``:
@@ -42,24 +39,16 @@ from typing import Any, Callable
 from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate, format_bytes
-from studio.core.memory.derived import TRACED_SAVERS, TraceNeededError
+from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.parts import PARTS
-from studio.core.memory.regime import embedding_on_cpu_allowed, output_layer_on_cpu_allowed
 from studio.core.memory.run_data import config_for_longest_row
-from studio.core.memory.parts.tiled import tiles_its_mlp
+from studio.core.memory.savers import SAVER_SPECS, ZERO, SaverSpec
 from studio.core.model.info import ModelShape, UnknownArchitectureError, model_shape
 
 MICRO_STEP_OVERHEAD_TOKENS = 256
-CHECKPOINTING_SLOWDOWN = 1.33
 FOUR_BIT_SLOWDOWN = 1.25
 EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
-EMBEDDING_ON_CPU_SLOWDOWN = 1.01  # a CPU gather and one copy of the rows per micro-batch (not measured on a GPU)
-# the output layer copied to the GPU once per micro-batch (1 GiB of an 8B's at about 25 GB/s: some 40 ms against a
-# second or more of compute for a 2,048-token micro-batch; not measured on a GPU)
-OUTPUT_LAYER_ON_CPU_SLOWDOWN = 1.03
 OFFLOAD_SLOWDOWN = 1.5
-ACTIVATION_OFFLOAD_SLOWDOWN = 1.03
-TILED_MLP_SLOWDOWN = 1.2
 
 
 @dataclass(frozen=True)
@@ -71,12 +60,16 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Saver:
-    """One way to trade speed for memory: its options for a candidate, and how to describe a change."""
+class FitStep:
+    """One way to trade speed for memory: its options for a candidate, and how to describe and price a change."""
 
     name: str
+    rank: int  # fit tries the steps in this order (the savers' table ranks its switches among these)
     options: Callable[[Candidate], list[Candidate]]  # the candidate itself first
     describe: Callable[[Candidate, Candidate], str]  # (before, after) -> what changed
+    agrees: Callable[[Candidate, Candidate], bool]  # whether an option has what the chosen candidate has for it
+    slowdown: Callable[[Candidate], float]  # its factor on the candidate's step time (1.0 where not in force)
+    saver: SaverSpec | None = None  # the switch it turns on, for the table's switches
 
 
 def _micro_batches(c: Candidate) -> list[Candidate]:
@@ -87,26 +80,10 @@ def _micro_batches(c: Candidate) -> list[Candidate]:
             for m in sizes]
 
 
-def _checkpointing(c: Candidate) -> list[Candidate]:
-    options = [c]
-    if not c.config.training.gradient_checkpointing:
-        options.append(replace(c, config=c.config.replace(training={"gradient_checkpointing": True})))
-    return options
-
-
-def _activation_offload(c: Candidate) -> list[Candidate]:
-    options = [c]
-    t = c.config.training
-    if t.gradient_checkpointing and not t.activation_offload:
-        options.append(replace(c, config=c.config.replace(training={"activation_offload": True})))
-    return options
-
-
-def _tiled_mlp(c: Candidate) -> list[Candidate]:
-    options = [c]
-    if not c.config.training.tiled_mlp:
-        options.append(replace(c, config=c.config.replace(training={"tiled_mlp": True})))
-    return options
+def _describe_micro_batch(before: Candidate, after: Candidate) -> str:
+    b, a = before.config.training, after.config.training
+    return (f"training.micro_batch_size {b.micro_batch_size} -> {a.micro_batch_size} with "
+            f"gradient_accumulation_steps {b.gradient_accumulation_steps} -> {a.gradient_accumulation_steps}")
 
 
 def _eight_bit_optimizer(c: Candidate) -> list[Candidate]:
@@ -126,53 +103,56 @@ def _four_bit_base(c: Candidate) -> list[Candidate]:
     return options
 
 
-def _embedding_on_cpu(c: Candidate) -> list[Candidate]:
-    options = [c]
-    config = c.config
-    alone = c.scale_out.num_gpus == 1 and not c.scale_out.uses_zero
-    if not config.training.embedding_on_cpu and embedding_on_cpu_allowed(config) and alone:
-        options.append(replace(c, config=config.replace(training={"embedding_on_cpu": True})))
-    return options
-
-
-def _output_layer_on_cpu(c: Candidate) -> list[Candidate]:
-    options = [c]
-    config = c.config
-    whole_model = not c.scale_out.uses_zero and not c.scale_out.split_devices
-    if not config.training.output_layer_on_cpu and output_layer_on_cpu_allowed(config) and whole_model:
-        options.append(replace(c, config=config.replace(training={"output_layer_on_cpu": True})))
-    return options
-
-
 def _offload(c: Candidate) -> list[Candidate]:
     options = [c]
     t = c.config.training
-    if not c.scale_out.offload_optimizer and not t.embedding_on_cpu and not t.output_layer_on_cpu:
+    # ZeRO with savers that need each process to hold the whole model: refused (their table's not_with)
+    if not c.scale_out.offload_optimizer and not any(getattr(t, s.name) and ZERO in s.not_with for s in SAVER_SPECS.values()):
         stage = max(c.scale_out.zero_stage, 2)
         options.append(replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True)))
     return options
 
 
-def _describe_micro_batch(before: Candidate, after: Candidate) -> str:
-    b, a = before.config.training, after.config.training
-    return (f"training.micro_batch_size {b.micro_batch_size} -> {a.micro_batch_size} with "
-            f"gradient_accumulation_steps {b.gradient_accumulation_steps} -> {a.gradient_accumulation_steps}")
+def _slowdown_when(factor: float, in_force: Callable[[Candidate], bool]) -> Callable[[Candidate], float]:
+    return lambda c: factor if in_force(c) else 1.0
 
 
-SAVERS: tuple[Saver, ...] = (
-    Saver("micro_batch", _micro_batches, _describe_micro_batch),
-    Saver("checkpointing", _checkpointing, lambda b, a: "training.gradient_checkpointing on"),
-    Saver("activation_offload", _activation_offload,
-          lambda b, a: "training.activation_offload on (the block inputs wait in CPU RAM)"),
-    Saver("optimizer", _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit"),
-    Saver("embedding_on_cpu", _embedding_on_cpu, lambda b, a: "training.embedding_on_cpu on (the input embedding "
-          "in CPU RAM)"),
-    Saver("output_layer_on_cpu", _output_layer_on_cpu, lambda b, a: "training.output_layer_on_cpu on (the output "
-          "layer in CPU RAM, on the GPU only for the loss)"),
-    Saver("four_bit", _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)"),
-    Saver("tiled_mlp", _tiled_mlp, lambda b, a: "training.tiled_mlp on (each MLP recomputed a tile of tokens at a time)"),
-    Saver("offload", _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM"),
+_OWN_STEPS = (
+    FitStep("micro_batch", 10, _micro_batches, _describe_micro_batch,
+            lambda o, c: o.config.training.micro_batch_size == c.config.training.micro_batch_size, lambda c: 1.0),
+    FitStep("optimizer", 40, _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit",
+            lambda o, c: o.config.training.optimizer == c.config.training.optimizer,
+            _slowdown_when(EIGHT_BIT_OPTIMIZER_SLOWDOWN,
+                           lambda c: c.config.training.optimizer in ("adamw_8bit", "paged_adamw_8bit"))),
+    FitStep("four_bit", 70, _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)",
+            lambda o, c: o.config.effective_load_in == c.config.effective_load_in,
+            _slowdown_when(FOUR_BIT_SLOWDOWN, lambda c: c.config.effective_load_in == "4bit")),
+    FitStep("offload", 90, _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM",
+            lambda o, c: o.scale_out.offload_optimizer == c.scale_out.offload_optimizer,
+            _slowdown_when(OFFLOAD_SLOWDOWN, lambda c: c.scale_out.offload_optimizer)),
 )
+
+
+def _switch_on(spec: SaverSpec) -> FitStep:
+    """The step that turns a saver's switch on, where validation allows it and the candidate's GPUs hold it."""
+
+    def options(c: Candidate) -> list[Candidate]:
+        on = replace(c, config=c.config.replace(training={spec.name: True}))
+        if getattr(c.config.training, spec.name) or spec.refused(on.config) or not spec.spreads_as(c.scale_out):
+            return [c]
+        return [c, on]
+
+    def describe(before: Candidate, after: Candidate) -> str:
+        return f"{spec.field} on" + (f" ({spec.fit_note})" if spec.fit_note else "")
+
+    return FitStep(spec.fit_name or spec.name, spec.fit_rank, options, describe,
+                   lambda o, c: getattr(o.config.training, spec.name) == getattr(c.config.training, spec.name),
+                   _slowdown_when(spec.slowdown, lambda c: spec.is_on(c.config)), spec)
+
+
+FIT_STEPS: tuple[FitStep, ...] = tuple(sorted(
+    [*_OWN_STEPS, *(_switch_on(spec) for spec in SAVER_SPECS.values() if spec.fit_rank is not None)],
+    key=lambda step: step.rank))
 
 
 def relative_step_time(c: Candidate, reference: Candidate) -> float:
@@ -183,22 +163,8 @@ def relative_step_time(c: Candidate, reference: Candidate) -> float:
 def _step_cost(c: Candidate) -> float:
     t, config = c.config.training, c.config
     cost = t.gradient_accumulation_steps * (MICRO_STEP_OVERHEAD_TOKENS + t.micro_batch_size * config.data.max_length)
-    if t.gradient_checkpointing:
-        cost *= CHECKPOINTING_SLOWDOWN
-    if t.gradient_checkpointing and t.activation_offload:
-        cost *= ACTIVATION_OFFLOAD_SLOWDOWN
-    if t.tiled_mlp:
-        cost *= TILED_MLP_SLOWDOWN
-    if config.effective_load_in == "4bit":
-        cost *= FOUR_BIT_SLOWDOWN
-    if t.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        cost *= EIGHT_BIT_OPTIMIZER_SLOWDOWN
-    if t.embedding_on_cpu:
-        cost *= EMBEDDING_ON_CPU_SLOWDOWN
-    if t.output_layer_on_cpu:
-        cost *= OUTPUT_LAYER_ON_CPU_SLOWDOWN
-    if c.scale_out.offload_optimizer:
-        cost *= OFFLOAD_SLOWDOWN
+    for step in FIT_STEPS:
+        cost *= step.slowdown(c)
     return cost
 
 
@@ -256,17 +222,15 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
 
     original = Candidate(config, scale_out)
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
-    # a model no family describes: issue 14's savers would each need a new trace (TRACED_SAVERS), so not offered
-    savers = [s for s in SAVERS if (allow_offload or s.name != "offload") and (shape is not None or s.name not in
-              TRACED_SAVERS) and (s.name != "tiled_mlp" or (shape is not None and tiles_its_mlp(shape)))]
-    scored, untraced = _scored(_candidates(original, savers), estimated)
+    steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)]
+    scored, untraced = _scored(_candidates(original, steps), estimated)
     comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
     fitting = comfortable or [(c, e) for c, e in scored if e.peak_bytes <= gpu_bytes]
     if fitting:
         chosen, chosen_estimate = min(fitting, key=lambda ce: (relative_step_time(ce[0], original), ce[1].peak_bytes))
     else:
         chosen, chosen_estimate = min(scored, key=lambda ce: ce[1].peak_bytes)
-    changes = _explain_changes(original, chosen, savers, estimated)
+    changes = _explain_changes(original, chosen, steps, estimated)
     result = FitResult(bool(fitting), chosen.config, chosen.scale_out, chosen_estimate, gpu_bytes, tuple(changes),
                        relative_step_time(chosen, original), "")
     parameters = shape.parameter_count if shape else result.estimate.parameters
@@ -285,51 +249,47 @@ def _scored(candidates: list[Candidate], estimated) -> tuple[list[tuple[Candidat
     return scored, sorted(set(untraced))
 
 
-def _candidates(original: Candidate, savers: list[Saver]) -> list[Candidate]:
-    """Every combination of every saver's options (a few dozen: each saver has one to a handful)."""
+def _offered(step: FitStep, shape: ModelShape | None) -> bool:
+    """Whether fit tries ``step`` on this model: a model no family describes (``shape`` None) is estimated from
+    its trace, which a saver that keeps other tensors would need anew (fit never traces)."""
+    spec = step.saver
+    if spec is None:
+        return True
+    if shape is None:
+        return not spec.retraced and spec.model_refusal is None
+    return spec.model_refusal is None or spec.model_refusal(shape) is None
+
+
+def _candidates(original: Candidate, steps: list[FitStep]) -> list[Candidate]:
+    """Every combination of every step's options (a few dozen: each step has one to a handful)."""
     layer = [original]
-    for saver in savers:
-        layer = list(itertools.chain.from_iterable(saver.options(c) for c in layer))
+    for step in steps:
+        layer = list(itertools.chain.from_iterable(step.options(c) for c in layer))
     return layer
 
 
-def _explain_changes(original: Candidate, chosen: Candidate, savers: list[Saver], estimated) -> list[Change]:
-    """Apply the chosen candidate's changes one saver at a time, cheapest first, measuring each saving."""
+def _explain_changes(original: Candidate, chosen: Candidate, steps: list[FitStep], estimated) -> list[Change]:
+    """Apply the chosen candidate's changes one step at a time, in the steps' order, measuring each saving."""
     changes, current = [], original
     before = estimated(current)
-    for saver in savers:
-        target = _take(saver, current, chosen)
+    for step in steps:
+        target = _take(step, current, chosen)
         if target == current:
             continue
         after = estimated(target)
         deltas = {part: before.parts[part] - after.parts[part] for part in PARTS}
-        changes.append(Change(saver.name, saver.describe(current, target), before.peak_bytes - after.peak_bytes,
+        changes.append(Change(step.name, step.describe(current, target), before.peak_bytes - after.peak_bytes,
                               max(deltas, key=deltas.get)))
         current, before = target, after
     return changes
 
 
-def _take(saver: Saver, current: Candidate, chosen: Candidate) -> Candidate:
-    """The option of ``saver`` that matches what ``chosen`` has for it."""
-    for option in saver.options(current):
-        if _agrees(saver.name, option, chosen):
+def _take(step: FitStep, current: Candidate, chosen: Candidate) -> Candidate:
+    """The option of ``step`` that matches what ``chosen`` has for it."""
+    for option in step.options(current):
+        if step.agrees(option, chosen):
             return option
     return current
-
-
-def _agrees(saver: str, option: Candidate, chosen: Candidate) -> bool:
-    o, c = option.config, chosen.config
-    return {
-        "micro_batch": o.training.micro_batch_size == c.training.micro_batch_size,
-        "checkpointing": o.training.gradient_checkpointing == c.training.gradient_checkpointing,
-        "activation_offload": o.training.activation_offload == c.training.activation_offload,
-        "optimizer": o.training.optimizer == c.training.optimizer,
-        "embedding_on_cpu": o.training.embedding_on_cpu == c.training.embedding_on_cpu,
-        "output_layer_on_cpu": o.training.output_layer_on_cpu == c.training.output_layer_on_cpu,
-        "four_bit": o.effective_load_in == c.effective_load_in,
-        "tiled_mlp": o.training.tiled_mlp == c.training.tiled_mlp,
-        "offload": option.scale_out.offload_optimizer == chosen.scale_out.offload_optimizer,
-    }[saver]
 
 
 def _explanation(result: FitResult, parameters: int, original: Estimate, untraced: list[str]) -> str:
@@ -347,7 +307,8 @@ def _explanation(result: FitResult, parameters: int, original: Estimate, untrace
         over = format_bytes(result.estimate.peak_bytes - result.gpu_bytes)
         lines.append(f"Nothing fits in {gpu}. The closest needs {needed}, {over} too much. Changes tried:")
     lines += [f"  - {change}" for change in result.changes]
-    if any(change.saver == "activation_offload" for change in result.changes):
+    changed = {change.saver for change in result.changes}
+    if any(step.saver.host_activations for step in FIT_STEPS if step.saver and step.name in changed):
         host = next(d for d in result.estimate.devices if d.device == "host")
         lines.append(f"The offloaded activations need {format_bytes(host.parts['activations'])} of CPU RAM.")
     if not result.fits:

@@ -39,12 +39,11 @@ from studio.core.memory.regime import DTYPE_BYTES
 
 RECORD_RANK = 7  # a rank no layer width equals, so the rank-wide tensors are told apart by their width
 RECORD_LENGTH = 97  # and a length none equals either, so what grows with the tokens is told apart from weights
-RECOUNTED_METHODS = frozenset({"lora", "qlora"})
 
 
 def recounts_lora(config: RunConfig) -> bool:
     """Whether the run's rank, targets and dropout can be recounted from a record (see the module doc)."""
-    return config.method in RECOUNTED_METHODS and not config.lora.use_dora
+    return config.method_spec.peft_lora and not config.lora.use_dora
 
 
 def lora_settings(config: RunConfig) -> dict:

@@ -15,8 +15,6 @@ from studio.core.methods import DORA, INPUT_TOKENS, METHOD_SPECS, MethodSpec
 from studio.core.model.info import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1, "int64": 8}
-# Methods whose peft adapter also wraps parameters (a mixture of experts' router and experts), not only modules.
-PARAMETER_ADAPTERS = frozenset({"lora", "qlora"})
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -103,10 +101,18 @@ def lean_weights_apply(config: RunConfig) -> bool:
 
 
 def embedding_on_cpu_allowed(config: RunConfig) -> bool:
-    """Where the input embedding may stay in CPU RAM: frozen (an adapter on linear layers), in one process that
-    holds the whole model (no sharding, no layer split)."""
+    """Where the input embedding may stay in CPU RAM (``embedding_on_cpu_refusal``)."""
+    return embedding_on_cpu_refusal(config) is None
+
+
+def embedding_on_cpu_refusal(config: RunConfig) -> str | None:
+    """Why the input embedding cannot stay in CPU RAM, or None where it can: frozen (an adapter on linear
+    layers), in one process that holds the whole model (no sharding, no layer split)."""
     d = config.distributed
-    return config.adapts_linears and d.num_processes == 1 and d.sharding == "none" and not d.layer_split
+    if config.adapts_linears and d.num_processes == 1 and d.sharding == "none" and not d.layer_split:
+        return None
+    return ("the input embedding stays in CPU RAM only for a frozen embedding (adapter methods on linear layers) in "
+            "one process without sharding or layer split")
 
 
 def embedding_on_host(config: RunConfig, tied: bool) -> bool:
@@ -187,7 +193,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         raise StudioError(f"unknown loss implementation {loss_impl!r}", "use " + " or ".join(LOSS_IMPLS), kind="config")
     autocast = precision != "fp32"
     spec = config.method_spec
-    adapted = (shape.resolve_targets(config.lora.target_modules, parameters=spec.name in PARAMETER_ADAPTERS)
+    adapted = (shape.resolve_targets(config.lora.target_modules, parameters=spec.peft_lora)
                if config.adapts_linears else ())
     virtual = config.peft.num_virtual_tokens if spec.trains_virtual_tokens else 0
     prompt = virtual if spec.token_entry == INPUT_TOKENS else 0  # the virtual tokens run through the whole model

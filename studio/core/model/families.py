@@ -97,6 +97,8 @@ class Family:
     eager_softmax_fp32: bool = True  # eager attention asks softmax for fp32 (GPT-2 keeps the input dtype)
     sdpa: bool = True  # transformers runs it with sdpa (Gemma 2 does not: sdpa cannot soft-cap the scores)
     text_config: bool = False  # a multimodal checkpoint: the sizes are in config["text_config"]
+    # activations the family's code runs in place of the one its config names (transformers corrects them)
+    activation_aliases: tuple[tuple[str, str], ...] = ()
     # (name, shape) of the parameters of towers the causal-LM class loads but text training never runs
     attached: Callable[[dict], tuple[tuple[str, tuple[int, ...]], ...]] = lambda config: ()
 
@@ -154,7 +156,7 @@ def _attention_inputs(g, m: Shape, normed):
 
 
 def _gated_mlp(g, x):
-    """The MLP module (g.mlp: what training.tiled_mlp tiles)."""
+    """The MLP module (g.mlp: what the tiled MLP saver tiles)."""
     return g.mlp(x, lambda x: g.linear(g.mul(g.activation(g.linear(x, "mlp.gate_proj")), g.linear(x, "mlp.up_proj")),
                                        "mlp.down_proj"))
 
@@ -379,7 +381,7 @@ FAMILIES: tuple[Family, ...] = (
     _llama_like("mistral", q_bias=False),
     _llama_like("qwen2", q_bias=True),
     _llama_like("gemma", q_bias=False, norm="rms_gemma", embedding_scale=True, embedding_module_scales=True,
-                defaults=_GEMMA_DEFAULTS),
+                defaults=_GEMMA_DEFAULTS, activation_aliases=(("gelu", "gelu_pytorch_tanh"),)),
     _llama_like("qwen3", q_bias=False,
                 defaults={**_LLAMA_DEFAULTS, "kv_heads": 32, "head_dim": 128, "qk_layernorm": True},
                 block_norms=_norms("input_layernorm", "post_attention_layernorm", per_head=_QK_NORMS)),

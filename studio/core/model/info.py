@@ -250,8 +250,7 @@ def model_shape(config: dict) -> ModelShape:
         raise StudioError(f"the {family.name} config has dense MLP blocks between its experts (mlp_only_layers, "
                           "decoder_sparse_step), which the estimate does not model",
                           "the estimate describes checkpoints with experts in every block", kind="model")
-    if resolved["activation"] == "gelu" and family.name == "gemma":
-        resolved["activation"] = "gelu_pytorch_tanh"  # transformers' own correction for Gemma configs
+    resolved["activation"] = dict(family.activation_aliases).get(resolved["activation"], resolved["activation"])
     return ModelShape(family=family, model_type=config["model_type"], attached=attached, **resolved)
 
 

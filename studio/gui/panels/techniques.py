@@ -15,7 +15,8 @@ from studio.core.methods import (ADALORA_BUDGET, ALPHA, DORA, DROPOUT, LORA_SETT
                                  VIRTUAL_TOKEN_COUNT)
 from studio.core.model.info import model_shape
 from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
-from studio.gui.state.memory import model_config_of
+from studio.gui.state.memory import (BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP, model_config_of,
+                                     panel_order, savers_in)
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
 
 METHODS = [Option(name, spec.label, spec.explanation) for name, spec in METHOD_SPECS.items()]
@@ -80,6 +81,7 @@ ALL_LINEAR = "all-linear"
 class TechniquesPanel(SettingsColumn):
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
         super().__init__(store, parent)
+        self.savers: dict[str, ToggleControl] = {}  # the memory savers' switches, by their table's names
         self.method = RadioChoice(store, "method", METHODS)
         method_group = group_box("Method", self.method, self._quantization())
         self.lora_group = self._lora_group()
@@ -98,11 +100,7 @@ class TechniquesPanel(SettingsColumn):
         self.quant_type = ChoiceControl(self.store, "quantization.quant_type", "4-bit type", QUANT_TYPES)
         self.double_quant = ToggleControl(self.store, "quantization.double_quant", "Double quantization",
                                           "Quantizes the 4-bit scales too: saves about 0.4 bits per weight, costs nothing noticeable.")
-        self.lean_weights = ToggleControl(self.store, "training.lean_weights", "Lean 16-bit embedding and head",
-                                          "Keeps the frozen embedding and output layer 16-bit instead of fp32: the "
-                                          "same losses and gradients, about 2 GiB less for an 8B model with a "
-                                          "128k vocabulary.")
-        for widget in (self.load_in, self.quant_type, self.double_quant, self.lean_weights):
+        for widget in (self.load_in, self.quant_type, self.double_quant, *self._saver_toggles(BASE_WEIGHTS_GROUP)):
             layout.addWidget(widget)
         return box
 
@@ -156,30 +154,16 @@ class TechniquesPanel(SettingsColumn):
         store = self.store
         self.precision = ChoiceControl(store, "training.precision", "Precision", PRECISIONS)
         self.weight_dtype = ChoiceControl(store, "model.dtype", "Weights dtype", WEIGHT_DTYPES)
-        self.checkpointing = ToggleControl(store, "training.gradient_checkpointing", "Gradient checkpointing",
-                                           "Keeps only each layer's input and recomputes the rest in the backward "
-                                           "pass: saves most activation memory, costs about 30 % more time.")
-        self.activation_offload = ToggleControl(store, "training.activation_offload", "Offload layer inputs to CPU RAM",
-                                                "Keeps the layer inputs that checkpointing saves in CPU RAM, copied "
-                                                "while the GPU computes: same results, less GPU memory, a little "
-                                                "more time (the estimate shows the CPU RAM).")
-        self.tiled_mlp = ToggleControl(store, "training.tiled_mlp", "Tiled MLP (long sequences)",
-                                       "Recomputes each layer's MLP a slice of the tokens at a time in the backward "
-                                       "pass, so its wide intermediate is never whole: same results, about 20 % "
-                                       "more time. Not for mixtures of experts.")
         self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer", OPTIMIZERS)
-        self.embedding_on_cpu = ToggleControl(store, "training.embedding_on_cpu", "Embedding in CPU RAM",
-                                              "Looks the tokens up in CPU RAM and moves only their rows to the GPU: "
-                                              "the same numbers, the embedding's memory (1 GiB for a 128k-vocabulary "
-                                              "8B) moves to CPU RAM. Adapters on one GPU; not with a tied output layer.")
-        self.output_layer_on_cpu = ToggleControl(store, "training.output_layer_on_cpu", "Output layer in CPU RAM",
-                                                 "Copies the output layer to the GPU only while the lean loss runs "
-                                                 "(it computes all its gradients there): the same numbers, the layer's "
-                                                 "memory (1 GiB for a 128k-vocabulary 8B) off the GPU for the backward "
-                                                 "pass. Adapters with the lean loss, no ZeRO; not with a tied layer.")
-        return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.checkpointing,
-                         self.activation_offload, self.tiled_mlp, self.optimizer, self.embedding_on_cpu,
-                         self.output_layer_on_cpu)
+        return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.optimizer,
+                         *self._saver_toggles(SAVERS_GROUP))
+
+    def _saver_toggles(self, group: str) -> list[ToggleControl]:
+        """The switches of the table of memory savers in ``group``, each right under the one it acts through."""
+        toggles = {spec.name: ToggleControl(self.store, spec.field, spec.label, spec.explanation)
+                   for spec in savers_in(group)}
+        self.savers.update(toggles)
+        return [toggles[name] for name in panel_order(savers_in(group))]
 
     def _batch_group(self) -> QGroupBox:
         store = self.store
@@ -197,15 +181,10 @@ class TechniquesPanel(SettingsColumn):
     def _speed_group(self) -> QGroupBox:
         store = self.store
         self.packing = ChoiceControl(store, "data.packing", "Batch layout", PACKINGS)
-        self.chunked_loss = ToggleControl(store, "training.chunked_loss", "Lean loss (chunked, targets only)",
-                                          "Projects only the tokens that carry a loss to the vocabulary, a chunk at a "
-                                          "time: same loss and gradients, 3.8-4.4x less logits memory "
-                                          "(measured at a 32k vocabulary) and less compute with prompt masking "
-                                          "(docs/performance.md).")
         self.torch_compile = ToggleControl(store, "training.torch_compile", "torch.compile",
                                            "Compiles the model: faster steps after a slow first one (minutes for "
                                            "big models). Not with 4/8-bit weights or DeepSpeed.")
-        return group_box("Speed", self.packing, self.chunked_loss, self.torch_compile)
+        return group_box("Speed", self.packing, *self._saver_toggles(SPEED_GROUP), self.torch_compile)
 
     def _length_group(self) -> QGroupBox:
         store = self.store
@@ -250,10 +229,12 @@ class TechniquesPanel(SettingsColumn):
             control.setEnabled(four_bit)
             control.setToolTip("" if four_bit else "Only for 4-bit base weights (QLoRA).")
         t = config.training
-        self.activation_offload.setEnabled(t.gradient_checkpointing)
-        self.activation_offload.setToolTip("" if t.gradient_checkpointing else "Turn gradient checkpointing on first.")
-        self.output_layer_on_cpu.setEnabled(t.chunked_loss)
-        self.output_layer_on_cpu.setToolTip("" if t.chunked_loss else "Turn the lean loss on first (Speed section).")
+        for name, toggle in self.savers.items():
+            needs = SAVER_SPECS[name].needs
+            ready = not needs or getattr(t, needs)
+            toggle.setEnabled(ready)
+            label = SAVER_SPECS[needs].label if needs else ""
+            toggle.setToolTip("" if ready else f"Turn {label[:1].lower()}{label[1:]} on first.")
         self.effective_batch.setText(f"Effective batch: {t.micro_batch_size} x {t.gradient_accumulation_steps} = "
                                      f"{config.effective_batch_size} examples per optimizer step")
 

@@ -1,7 +1,8 @@
-"""The GUI's only door to the memory estimator (studio.core.memory.estimate, studio.core.memory.fit) and the simulation.
+"""The GUI's only door to the memory estimator (``studio.core.memory``: the estimate, fit, the table of memory
+savers) and the simulation.
 
-Every call the window makes into that code goes through a function here, so a
-change in their interface is one edit. No Qt.
+Every call the window makes into that code goes through here, so a change in their interface is one edit
+(``tests/test_layering.py`` holds the rest of the window to it). No Qt.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from studio.core.run.commands import estimate_simulation_command, last_json_obje
 from studio.core.config import RunConfig, save_config
 from studio.core.memory.estimate import Estimate, ScaleOut, estimate
 from studio.core.memory.fit import fit, fit_own_data
+# the groups and the table are the techniques panel's, read through this door
+from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP, SaverSpec  # noqa: F401
 from studio.core.model.info import load_model_config
 
 
@@ -38,6 +41,21 @@ def estimate_run(config: RunConfig, device_type: str = "cuda", gpu_bytes: int = 
     devices = (gpu_bytes,) * gpu_count if gpu_bytes else ()
     return estimate(model_config_of(config), config, device_type=device_type,
                     scale_out=ScaleOut.from_config(config, devices))
+
+
+def savers_in(group: str) -> list[SaverSpec]:
+    """The memory savers whose switches the techniques panel shows in ``group``, in their table's order."""
+    return [spec for spec in SAVER_SPECS.values() if spec.panel_group == group]
+
+
+def panel_order(specs: list[SaverSpec]) -> list[str]:
+    """The names of ``specs`` as the panel lists them: each right under the switch it acts through."""
+    names = [spec.name for spec in specs]
+    ordered = [spec.name for spec in specs if spec.needs not in names]
+    for spec in specs:
+        if spec.needs in names:
+            ordered.insert(ordered.index(spec.needs) + 1, spec.name)
+    return ordered
 
 
 # ---------------------------------------------------------------- the trace of a model no family describes

@@ -51,8 +51,8 @@ class StepMemory:
     phase_peaks: dict[str, int]
     seconds: float
     peak_reserved_bytes: int = 0  # CUDA only
-    # host RAM beside the device, not in peak_bytes: the weights kept there (training.embedding_on_cpu,
-    # output_layer_on_cpu) and offloaded activations (counted apart on the CPU; not measured on CUDA)
+    # host RAM beside the device, not in peak_bytes: the weights kept there (studio.train.savers.host_weights)
+    # and offloaded activations (counted apart on the CPU; not measured on CUDA)
     host_peak_bytes: int = 0
 
 

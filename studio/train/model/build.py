@@ -5,7 +5,7 @@ Each technique goes through its library: bitsandbytes quantization through
 prompt tuning through peft (each method's peft config and training hooks are in
 studio.train.model.methods), k-bit preparation as peft's ``prepare_model_for_kbit_training`` does
 it (``prepare_kbit_model``, leaner), quantization-aware training through torchao's ``QATConfig``,
-checkpointing through transformers (its block inputs offloaded to CPU RAM by studio.train.savers.activation_offload when asked).
+checkpointing through transformers (its block inputs offloaded to CPU RAM by studio.train.savers.offload when asked).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from studio.core.errors import StudioError
 from studio.core.memory.regime import lean_outer_weights, lean_weights_apply, weight_dtype_name
 from studio.core.model.info import cached_config, looks_like_path
 from studio.train.model.methods import attach_hooks, hooks_of, peft_config
+from studio.train.savers import apply_when_built
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
 
 log = logging.getLogger("studio.train")
@@ -266,14 +267,7 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         model = attach_adapter(model, config, total_steps)
         if checkpointing:
             model.enable_input_require_grads()
-    if config.training.tiled_mlp:
-        from studio.train.savers.tiled_mlp import tile_mlps
-
-        tile_mlps(model)
-    if checkpointing and config.training.activation_offload:
-        from studio.train.savers.activation_offload import offload_checkpoint_inputs
-
-        offload_checkpoint_inputs(model)
+    apply_when_built(model, config)
     return model
 
 

@@ -18,7 +18,7 @@ Two ways to the same number (and the same gradients, tests prove it):
 The chunked path needs logits that are exactly ``output_layer(hidden)``; models
 that scale or soft-cap their logits (Gemma 2, Cohere, Granite) use the full path.
 As it needs the output layer only while it runs, a frozen layer may wait in CPU RAM
-(training.output_layer_on_cpu): each call copies it to the device and drops the copy.
+(studio.train.savers.host_weights): each call copies it to the device and drops the copy.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_la
 
 
 def _on_device(output_layer: torch.nn.Module, device: torch.device):
-    """The output layer as the loss calls it. One kept in CPU RAM (training.output_layer_on_cpu, a frozen
+    """The output layer as the loss calls it. One kept in CPU RAM (studio.train.savers.host_weights, a frozen
     ``nn.Linear``) is copied to ``device`` once, here: the loss computes all its gradients before it returns,
     and the copy goes with it. Always a copy, also on the CPU, where it is what a GPU would hold for the loss."""
     if getattr(output_layer, "outputs_device", None) is None:

@@ -7,7 +7,7 @@ parts, each importing only those listed before it:
 * ``states``: the model states: the weights as loaded, the trainable tensors, gradients, optimizer state;
 * ``tape``: the activations, from interpreting each decoder block's recipe;
 * ``logits``: the logits and the loss, full or chunked;
-* ``tiled``: the tiled MLP's part of the tape (``training.tiled_mlp``);
+* ``tiled``: the tiled MLP's part of the tape;
 * ``offload``: the block inputs that activation offload keeps in host RAM.
 """
 

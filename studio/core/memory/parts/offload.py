@@ -1,7 +1,7 @@
 """Offloaded activation checkpointing (``training.activation_offload``): where the block inputs live.
 
 With gradient checkpointing each block keeps only its input for the backward pass
-(``studio.core.memory.parts.tape``). The worker (``studio.train.savers.activation_offload``) copies each of those inputs
+(``studio.core.memory.parts.tape``). The worker (``studio.train.savers.offload``) copies each of those inputs
 to CPU RAM as the block runs and brings it back for the block's recomputation; while backward
 recomputes block k it already brings back block k-1's input. So the device keeps
 
@@ -29,7 +29,10 @@ from studio.core.model.info import ModelShape
 
 
 def offloaded_activations(acts: Activations, shape: ModelShape, regime: Regime) -> Activations:
-    """``acts`` (with checkpointing) with the block inputs in host RAM instead of on the device."""
+    """``acts`` (with checkpointing) with the block inputs in host RAM instead of on the device, where the run
+    offloads them."""
+    if not regime.activation_offload:
+        return acts
     layers, block_input = shape.layers, acts.block_input
     stays = block_input if first_input_stays(shape, regime) else 0
     prefetched = block_input if layers > 1 else 0
@@ -57,9 +60,13 @@ def host_activation_bytes(acts: Activations, shape: ModelShape) -> int:
     return shape.layers * acts.block_input
 
 
-def with_host_activations(host: DeviceEstimate | None, activation_bytes: int) -> DeviceEstimate:
-    """The host's estimate with the offloaded activations added (to what optimizer or layer offload keeps there:
-    that stays through the whole step)."""
+def with_host_activations(host: DeviceEstimate | None, acts: Activations, shape: ModelShape,
+                          regime: Regime) -> DeviceEstimate | None:
+    """The host's estimate with the offloaded activations added, where the run offloads them (to what optimizer
+    or layer offload keeps there: that stays through the whole step)."""
+    if not regime.activation_offload:
+        return host
+    activation_bytes = host_activation_bytes(acts, shape)
     if host is None:
         return DeviceEstimate("host", complete_parts({"activations": activation_bytes}), "forward",
                               {"forward": activation_bytes})

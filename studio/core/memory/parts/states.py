@@ -6,8 +6,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from studio.core.model.families import LinearLayer
+from studio.core.config import RunConfig
 from studio.core.memory.regime import DTYPE_BYTES, Regime
+from studio.core.model.families import LinearLayer
 from studio.core.model.info import ModelShape
 
 
@@ -111,6 +112,23 @@ def host_head_bytes(shape: ModelShape, regime: Regime) -> int:
         return 0
     head = [p for p in shape.outer_parameters if p.kind in ("head", "head_bias")]
     return sum(p.elements for p in head) * DTYPE_BYTES[regime.head_dtype]
+
+
+def host_weight_notes(shape: ModelShape, regime: Regime, config: RunConfig) -> list[str]:
+    """What the estimate says of the weights asked to stay in CPU RAM: that they do, or why they cannot here."""
+    notes = []
+    if regime.embedding_on_host:
+        notes.append("the input embedding stays in CPU RAM (host); only the looked-up rows reach the GPU")
+    elif config.training.embedding_on_cpu and shape.tie_embeddings:
+        notes.append("training.embedding_on_cpu has no effect here: the output layer shares the embedding's weight")
+    if regime.head_on_host:
+        notes.append("the output layer stays in CPU RAM (host); it is copied to the GPU only while the loss is computed")
+    elif config.training.output_layer_on_cpu and shape.tie_embeddings:
+        notes.append("training.output_layer_on_cpu has no effect here: the output layer shares the embedding's weight")
+    elif config.training.output_layer_on_cpu and shape.transformed_logits:
+        notes.append("training.output_layer_on_cpu has no effect here: the full loss over these logits needs the "
+                     "output layer on the GPU")
+    return notes
 
 
 def _block_parameter_width(p, regime: Regime) -> int:

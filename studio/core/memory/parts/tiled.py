@@ -1,6 +1,6 @@
 """Tiled MLP (``training.tiled_mlp``): each block's MLP recomputed over tiles of the tokens in backward.
 
-The worker (``studio.train.savers.tiled_mlp``) runs the MLP on ``mlp_tiles`` tiles of the tokens without autograd
+The worker (``studio.train.savers.tiled``) runs the MLP on ``mlp_tiles`` tiles of the tokens without autograd
 and keeps only its input; backward recomputes one tile's MLP at a time and takes its gradients at once, so
 the intermediate (tokens x intermediate_size, several copies: the gate, the up projection, the activation,
 their product, an adapter's copy of the down projection's input) is never whole, and the input's gradient
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.model.families import EXPERTS, ROUTER
 from studio.core.memory.regime import Regime
@@ -24,7 +25,7 @@ def mlp_tiles(shape: ModelShape, tokens: int) -> int:
     """Tiles of ``tokens`` per MLP: as many as make one tile's intermediate no larger than the block's hidden
     states (intermediate_size / hidden_size, rounded up), and no tile longer than hidden_size tokens, so that
     at any length one tile's intermediate is about one MLP weight matrix (as Arctic's long-sequence training
-    tiles). studio.train.savers.tiled_mlp asks this rule too."""
+    tiles). studio.train.savers.tiled asks this rule too."""
     return max(1, math.ceil(shape.intermediate / shape.hidden), math.ceil(tokens / shape.hidden))
 
 
@@ -33,12 +34,26 @@ def tiles_its_mlp(shape: ModelShape) -> bool:
     return not any(layer.kind in (ROUTER, EXPERTS) for layer in shape.block_linears)
 
 
+def untiled_model_refusal(shape: ModelShape) -> str | None:
+    """Why the model's MLP cannot be tiled (tiles_its_mlp), or None where it can."""
+    if tiles_its_mlp(shape):
+        return None
+    return (f"{shape.family.name} routes tokens to experts, and only a plain MLP (Llama's gated one, GPT-2's, "
+            "NeoX's, Phi's) can be tiled")
+
+
+def tiled_mlp_refusal(config: RunConfig) -> str | None:
+    """Why the run cannot tile its MLPs, or None where it can: the tiles' gradients are summed for each whole
+    weight, which ZeRO-3 and FSDP shard."""
+    if not config.distributed.shards_weights:
+        return None
+    return f"the tiles' gradients are summed for each whole weight, and {config.distributed.sharding} shards the weights"
+
+
 def check_tiled_mlp(shape: ModelShape) -> None:
-    """Refuse a model whose MLP cannot be tiled (tiles_its_mlp), naming the setting."""
-    if not tiles_its_mlp(shape):
-        raise StudioError(f"training.tiled_mlp: {shape.family.name} routes tokens to experts, and only a plain "
-                          "MLP (Llama's gated one, GPT-2's, NeoX's, Phi's) can be tiled",
-                          "turn training.tiled_mlp off for this model", kind="config")
+    """Refuse a model whose MLP cannot be tiled, naming the setting."""
+    if refusal := untiled_model_refusal(shape):
+        raise StudioError(f"training.tiled_mlp: {refusal}", "turn training.tiled_mlp off for this model", kind="config")
 
 
 def feedforward_for(shape: ModelShape, regime: Regime) -> Callable | None:

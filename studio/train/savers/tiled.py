@@ -20,11 +20,18 @@ import functools
 
 import torch
 
+from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.parts.tiled import check_tiled_mlp, mlp_tiles
 from studio.core.model.info import ModelShape, UnknownArchitectureError, model_shape
 
 _AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+def apply(model: torch.nn.Module, config: RunConfig) -> None:
+    """Tile the MLPs where ``training.tiled_mlp`` asks for it."""
+    if config.training.tiled_mlp:
+        tile_mlps(model)
 
 
 def tile_mlps(model: torch.nn.Module) -> int:

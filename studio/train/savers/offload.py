@@ -23,6 +23,7 @@ import weakref
 
 import torch
 
+from studio.core.config import RunConfig
 from studio.train.savers.host_memory import on_host
 
 # Smaller saved tensors (torch's 0-element placeholder) are not worth a copy.
@@ -95,6 +96,12 @@ class ActivationOffloader:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device)
         return self._streams[device]
+
+
+def apply(model: torch.nn.Module, config: RunConfig) -> None:
+    """Offload the checkpointed block inputs where ``training.activation_offload`` asks for it (with checkpointing)."""
+    if config.training.gradient_checkpointing and config.training.activation_offload:
+        offload_checkpoint_inputs(model)
 
 
 def offload_checkpoint_inputs(model: torch.nn.Module) -> int:
