@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 import yaml
 
-from studio.core.config import RunConfig, load_config, parse_config, reference_markdown, save_config
+from studio.core.choices import CHOICE_WORDS, choice_label
+from studio.core.config import RunConfig, choice_values, load_config, parse_config, reference_markdown, save_config
 from studio.core.memory.savers import savers_reference
 from studio.core.errors import ProblemsError
 from studio.core.presets import demo_config
@@ -95,3 +96,10 @@ def test_loader_never_crashes_on_arbitrary_yaml(data):
         return
     assert isinstance(config, RunConfig)
 
+
+
+def test_every_choice_field_has_words_for_exactly_its_values():
+    """The words users read for a choice (studio.core.choices) cover the schema's values, no more, no less."""
+    for path, words in CHOICE_WORDS.items():
+        assert list(words) == list(choice_values(path)), path
+    assert choice_label("distributed.sharding", "zero3") == "ZeRO-3"

@@ -7,7 +7,8 @@ from typing import get_args
 
 import pytest
 
-from studio.core.config import Method, RunConfig
+from studio.core.choices import Method
+from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.methods import DORA, METHOD_SPECS, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.model.info import model_shape

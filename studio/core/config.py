@@ -18,28 +18,14 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from studio.core.errors import Problem, ProblemsError
+from studio.core.choices import (DataFormat, LoadIn, Method, Offload, Optimizer, Packing, Precision, QatActivations,
+                                 QatWeights, QuantType, Scheduler, Sharding, Template, WeightDtype)
 from studio.core.data.hub import is_hub_spec
+from studio.core.errors import Problem, ProblemsError
 from studio.core.methods import METHOD_SPECS, MethodSpec
 
 SCHEMA_VERSION = 1
 
-Precision = Literal["fp32", "bf16", "fp16"]
-# What each method trains and allows: studio.core.methods.METHOD_SPECS, keyed by these values.
-Method = Literal["full", "lora", "qlora", "ia3", "adalora", "loha", "lokr", "prefix_tuning", "prompt_tuning"]
-QatWeights = Literal["none", "int4", "int8"]
-QatActivations = Literal["none", "int8"]
-
-Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
-Scheduler = Literal["constant", "linear", "cosine"]
-DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text"]
-Template = Literal["auto", "tokenizer", "chatml", "alpaca"]
-WeightDtype = Literal["auto", "float32", "bfloat16", "float16"]
-LoadIn = Literal["auto", "none", "4bit", "8bit"]
-QuantType = Literal["nf4", "fp4"]
-Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp"]
-Offload = Literal["none", "cpu", "nvme"]
-Packing = Literal["padding_free", "length_grouped", "none"]
 
 
 def _field(default: Any, doc: str, **kwargs: Any) -> Any:

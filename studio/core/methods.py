@@ -1,6 +1,6 @@
 """The training methods in one table: what each trains, what it allows, and what it adds to the model.
 
-``METHOD_SPECS`` is keyed by the values of the config's ``method`` (``config.Method``). The config's
+``METHOD_SPECS`` is keyed by the values of the config's ``method`` (``studio.core.choices.Method``). The config's
 derived properties, validation, fit, the GUI and the export read their facts about a method here
 instead of naming methods. Pure data and arithmetic: it imports nothing from studio, so that
 config.py can read it.

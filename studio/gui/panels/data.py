@@ -19,19 +19,6 @@ from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
 from studio.gui.widgets.common import BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation, VerticalScroll
 
-FORMATS = {
-    "auto": ("auto", "Detected from the columns of the first row."),
-    "instruction": ("instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
-    "chat": ("chat (messages / conversations)", "OpenAI role/content or ShareGPT from/value turns."),
-    "prompt_completion": ("prompt / completion", "The prompt as context, the completion learned."),
-    "text": ("plain text", "Every token is learned (continued pre-training)."),
-}
-TEMPLATES = {
-    "auto": ("auto", "The tokenizer's chat template when it has one, else ChatML."),
-    "tokenizer": ("the tokenizer's template", "Exactly how the model was trained to chat."),
-    "chatml": ("ChatML", "<|im_start|>role … <|im_end|> turns: a common choice for base models."),
-    "alpaca": ("Alpaca", "### Instruction / ### Response: single-turn rows only."),
-}
 # The input fields whose change needs the files read again; max_length only moves the cut line.
 _PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
 
@@ -59,8 +46,8 @@ class DataPanel(VerticalScroll):
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.banner = Banner()
         # Explanations as tooltips here: the preview needs the height.
-        self.format = ChoiceControl(store, "data.format", "Format", FORMATS, compact=True)
-        self.template = ChoiceControl(store, "data.template", "Template", TEMPLATES,
+        self.format = ChoiceControl(store, "data.format", "Format", compact=True)
+        self.template = ChoiceControl(store, "data.template", "Template",
                                       extra_rule=self._template_rule, compact=True)
         self.train_on_prompt = ToggleControl(store, "data.train_on_prompt", "Also learn the prompts",
                                              "Off: the loss covers the responses only (the usual choice). On: prompts "

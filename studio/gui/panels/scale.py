@@ -19,22 +19,6 @@ from studio.core.run.commands import DEFAULT_PORT
 from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, ToggleControl, read_field
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
 
-SHARDING = {
-    "none": ("none (DDP)", "Every GPU holds the whole model and optimizer state and trains on its own share of "
-                           "each batch: faster training, no memory saved."),
-    "zero1": ("ZeRO-1", "DeepSpeed shards the optimizer state over the GPUs: saves most of AdamW's 8 bytes per "
-                        "trained parameter, costs almost no speed."),
-    "zero2": ("ZeRO-2", "Also shards the gradients: saves a little more, costs a little more communication."),
-    "zero3": ("ZeRO-3", "Also shards the weights, gathered layer by layer: the model can exceed one GPU; costs "
-                        "the most communication."),
-    "fsdp": ("FSDP", "PyTorch's full sharding (like ZeRO-3) through accelerate, without DeepSpeed: rank 0 reads "
-                     "the weights and hands each GPU its shard."),
-}
-OFFLOAD = {
-    "none": ("none", "Kept on the GPU: the fastest."),
-    "cpu": ("CPU RAM", "Kept in CPU RAM: frees GPU memory, costs PCIe transfers every step."),
-    "nvme": ("NVMe SSD", "Kept on a fast SSD: for what CPU RAM cannot hold; the slowest."),
-}
 
 
 class PathControl(BoundControl):
@@ -87,13 +71,13 @@ class ScalePanel(SettingsColumn):
         self.processes = NumberControl(store, "distributed.num_processes", "GPUs (processes)",
                                        "One training process per GPU of this machine, each on its share of every "
                                        "batch (started with torchrun). Without GPUs they run on the CPU.", 1, 256)
-        self.sharding = ChoiceControl(store, "distributed.sharding", "Sharding", SHARDING)
+        self.sharding = ChoiceControl(store, "distributed.sharding", "Sharding")
         return group_box("Several GPUs", self.processes, self.sharding)
 
     def _offload_group(self):
         store = self.store
-        self.offload_optimizer = ChoiceControl(store, "distributed.offload_optimizer", "Optimizer state to", OFFLOAD)
-        self.offload_params = ChoiceControl(store, "distributed.offload_params", "Weights to", OFFLOAD)
+        self.offload_optimizer = ChoiceControl(store, "distributed.offload_optimizer", "Optimizer state to")
+        self.offload_params = ChoiceControl(store, "distributed.offload_params", "Weights to")
         self.nvme_path = PathControl(store, "distributed.nvme_path", "NVMe folder",
                                      "Where DeepSpeed swaps state offloaded to NVMe; pick it before choosing NVMe above.",
                                      True, lambda c: c.distributed.deepspeed_stage is not None,

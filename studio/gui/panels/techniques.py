@@ -20,61 +20,6 @@ from studio.gui.state.memory import (BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GRO
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
 
 METHODS = [Option(name, spec.label, spec.explanation) for name, spec in METHOD_SPECS.items()]
-QAT_WEIGHTS = {
-    "none": ("off", "No quantization-aware training: the merged export keeps full-precision weights."),
-    "int4": ("int4", "Train with the block linears' weights rounded to 4 bits (torchao): the int4 export "
-                     "keeps most of the accuracy; costs a fake-quantized copy of each weight during the step."),
-    "int8": ("int8", "Train with 8-bit weights: small accuracy loss even without QAT; the same memory cost."),
-}
-QAT_ACTIVATIONS = {
-    "none": ("full precision", "Only the weights are quantized."),
-    "int8": ("int8 (dynamic)", "Also round each linear's input to 8 bits per token, as the quantized model "
-                               "will: costs a copy of every linear input."),
-}
-LOAD_IN = {
-    "auto": ("auto", "4-bit for QLoRA, unquantized otherwise."),
-    "none": ("none (16/32-bit)", "Unquantized base weights: the most memory, the fastest steps."),
-    "4bit": ("4-bit", "A quarter of the 16-bit weight memory; slower steps, tiny accuracy loss."),
-    "8bit": ("8-bit", "Half of the 16-bit weight memory; slower steps than 4-bit on most GPUs."),
-}
-QUANT_TYPES = {
-    "nf4": ("nf4", "Normal float 4: QLoRA's default, best accuracy for normally distributed weights."),
-    "fp4": ("fp4", "Plain 4-bit float: same memory as nf4, usually a little less accurate."),
-}
-PRECISIONS = {
-    "fp32": ("fp32", "Full precision: the most activation memory and the slowest; never overflows."),
-    "bf16": ("bf16 (mixed)", "Halves activation memory and speeds up recent GPUs (Ampere and newer); "
-                             "the fp32 range with less precision."),
-    "fp16": ("fp16 (mixed)", "Halves activation memory on older GPUs; can overflow: lower the learning "
-                             "rate if the loss turns NaN."),
-}
-WEIGHT_DTYPES = {
-    "auto": ("auto", "fp32 for full fine-tuning (the optimizer needs fp32 weights), the precision's "
-                     "16-bit type for a frozen LoRA base."),
-    "float32": ("float32", "4 bytes per weight: exact, twice the memory of 16-bit."),
-    "bfloat16": ("bfloat16", "2 bytes per weight: half the memory; full fine-tuning then loses small updates."),
-    "float16": ("float16", "2 bytes per weight with a narrow range: for GPUs without bf16."),
-}
-OPTIMIZERS = {
-    "adamw": ("AdamW", "Two fp32 states per trainable parameter (8 bytes): the reliable default."),
-    "adamw_8bit": ("AdamW 8-bit", "8-bit states (bitsandbytes): 6 bytes less per trainable parameter, "
-                                  "the same results in practice."),
-    "paged_adamw_8bit": ("Paged AdamW 8-bit", "8-bit states that can spill to CPU RAM under pressure: "
-                                              "avoids out-of-memory spikes, slower while paging."),
-    "sgd": ("SGD (momentum)", "One state per parameter (4 bytes): little memory, needs more tuning."),
-    "adafactor": ("Adafactor", "Factored second moments, almost no state: the least memory, "
-                               "may converge more slowly."),
-}
-# Measured effects: docs/performance.md (benchmarks/throughput.py, 56M Llama, LoRA r8, batch 8, lengths 16-256).
-PACKINGS = {
-    "padding_free": ("Padding-free packing", "A micro-batch's examples end to end in one row, each attending only "
-                     "to itself: the same losses with no compute on padding. With the lean loss, measured 2.7x the "
-                     "tokens/s of the Hugging Face Trainer with padding on instruction-like data (docs/performance.md)."),
-    "length_grouped": ("Group by length", "Padded micro-batches of similar lengths: less padding without packing, "
-                       "but it changes which examples train together."),
-    "none": ("Pad each micro-batch", "Every example padded to the longest of its micro-batch: compute is spent on "
-             "padding."),
-}
 ALL_LINEAR = "all-linear"
 
 
@@ -96,8 +41,8 @@ class TechniquesPanel(SettingsColumn):
         box = QWidget()
         layout = QVBoxLayout(box)
         layout.setContentsMargins(0, 4, 0, 0)
-        self.load_in = ChoiceControl(self.store, "quantization.load_in", "Base weights", LOAD_IN)
-        self.quant_type = ChoiceControl(self.store, "quantization.quant_type", "4-bit type", QUANT_TYPES)
+        self.load_in = ChoiceControl(self.store, "quantization.load_in", "Base weights")
+        self.quant_type = ChoiceControl(self.store, "quantization.quant_type", "4-bit type")
         self.double_quant = ToggleControl(self.store, "quantization.double_quant", "Double quantization",
                                           "Quantizes the 4-bit scales too: saves about 0.4 bits per weight, costs nothing noticeable.")
         for widget in (self.load_in, self.quant_type, self.double_quant, *self._saver_toggles(BASE_WEIGHTS_GROUP)):
@@ -143,8 +88,8 @@ class TechniquesPanel(SettingsColumn):
 
     def _qat_group(self) -> QGroupBox:
         store = self.store
-        self.qat_weights = ChoiceControl(store, "qat.weights", "QAT weights", QAT_WEIGHTS)
-        self.qat_activations = ChoiceControl(store, "qat.activations", "QAT activations", QAT_ACTIVATIONS)
+        self.qat_weights = ChoiceControl(store, "qat.weights", "QAT weights")
+        self.qat_activations = ChoiceControl(store, "qat.activations", "QAT activations")
         self.qat_group_size = NumberControl(store, "qat.group_size", "Group size", "Weights sharing one scale: "
                                             "smaller groups are more accurate and store more scales.", 1, 8192)
         return group_box("Quantization-aware training (for a quantized export)", self.qat_weights,
@@ -152,9 +97,9 @@ class TechniquesPanel(SettingsColumn):
 
     def _precision_group(self) -> QGroupBox:
         store = self.store
-        self.precision = ChoiceControl(store, "training.precision", "Precision", PRECISIONS)
-        self.weight_dtype = ChoiceControl(store, "model.dtype", "Weights dtype", WEIGHT_DTYPES)
-        self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer", OPTIMIZERS)
+        self.precision = ChoiceControl(store, "training.precision", "Precision")
+        self.weight_dtype = ChoiceControl(store, "model.dtype", "Weights dtype")
+        self.optimizer = ChoiceControl(store, "training.optimizer", "Optimizer")
         return group_box("Precision and memory savers", self.precision, self.weight_dtype, self.optimizer,
                          *self._saver_toggles(SAVERS_GROUP))
 
@@ -180,7 +125,7 @@ class TechniquesPanel(SettingsColumn):
 
     def _speed_group(self) -> QGroupBox:
         store = self.store
-        self.packing = ChoiceControl(store, "data.packing", "Batch layout", PACKINGS)
+        self.packing = ChoiceControl(store, "data.packing", "Batch layout")
         self.torch_compile = ToggleControl(store, "training.torch_compile", "torch.compile",
                                            "Compiles the model: faster steps after a slow first one (minutes for "
                                            "big models). Not with 4/8-bit weights or DeepSpeed.")

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel,
                                QLineEdit, QRadioButton, QSpinBox, QVBoxLayout, QWidget)
 
+from studio.core.choices import CHOICE_WORDS
 from studio.core.config import RunConfig, choice_values
 from studio.gui.widgets.common import ConfigStore, explanation, set_combo_item_enabled
 
@@ -34,12 +35,9 @@ class Option:
     explain: str  # what it saves and what it costs
 
 
-# A choice field's words for the GUI: value -> (label, explanation). The values themselves come from the schema.
-ChoiceWords = Mapping[Any, tuple[str, str]]
-
-
-def options_for(path: str, words: ChoiceWords) -> list[Option]:
-    """The options of the choice field ``path`` in the schema's order, worded by ``words``.
+def options_for(path: str, words: Mapping[Any, tuple[str, str]]) -> list[Option]:
+    """The options of the choice field ``path`` in the schema's order, worded by ``words`` (value -> label and
+    explanation: studio.core.choices).
 
     Raises when the words and the schema's values differ, so a choice added to the
     schema without words (or words left for a removed one) fails when the panel is built.
@@ -105,10 +103,10 @@ def labelled_row(label: str, widget: QWidget, width: int = 220, compact: bool = 
 class ChoiceControl(BoundControl):
     """A combo box of the field's choices; options that validation rejects are disabled with their reason."""
 
-    def __init__(self, store: ConfigStore, path: str, label: str, words: ChoiceWords,
-                 extra_rule: Callable[[Any], str] | None = None, compact: bool = False):
+    def __init__(self, store: ConfigStore, path: str, label: str, extra_rule: Callable[[Any], str] | None = None,
+                 compact: bool = False):
         super().__init__(store, path, compact=compact)
-        self.options = options_for(path, words)
+        self.options = options_for(path, CHOICE_WORDS[path])
         self.extra_rule = extra_rule  # reasons core validation cannot know (e.g. what the tokenizer has)
         self.combo = QComboBox()
         for option in self.options:
