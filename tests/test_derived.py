@@ -12,7 +12,6 @@ import pytest
 from model_factory import make_tiny_model, tiny_config
 
 from studio.core.config import RunConfig, save_config
-from studio.core.errors import StudioError
 from studio.core.memory.estimate import estimate
 from studio.core.memory.derived import (DERIVED, MOMENTS, TRACE_DEPTHS, TRACE_VERSION, Trace, TraceNeededError,
                                         derived_estimate, fit_sizes, neighbour_configs, regime_axes, regime_id,

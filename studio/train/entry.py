@@ -26,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from studio.core.config import key_lines, load_config
-    from studio.core.validation import raise_if_invalid
+    from studio.core.config import load_config
     from studio.train.worker import run
 
     if args.resume:
@@ -35,9 +34,8 @@ def train(args: argparse.Namespace) -> int:
         return code
     if args.config is None:
         raise StudioError("no config given", "run `studio train CONFIG.yaml`, or `studio config init my.yaml` to write one", kind="usage")
-    config = load_config(args.config)
-    raise_if_invalid(config, str(args.config), lines=key_lines(args.config))  # refused with YAML lines, before any run folder
-    code, _ = run(config, args.run_dir)
+    # validated by the run, with the file's YAML lines, before any run folder is made
+    code, _ = run(load_config(args.config), args.run_dir, config_file=args.config)
     return code
 
 

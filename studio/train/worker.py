@@ -34,33 +34,32 @@ from pathlib import Path
 import torch
 
 from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
-from studio.core.config import RunConfig, load_config, save_config, to_dict
+from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
 from studio.core.run.events import EventWriter
 from studio.core.memory.derived import TraceNeededError
-from studio.core.memory.regime import loss_impl_for
 from studio.core.model.info import load_model_config
 from studio.core.run.directory import RunDir, default_runs_root
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.data.packed_attention import attend_packed
 from studio.train.control import StopController
-from studio.train.data.prepare import PreparedData, collate, load_prepared, prepare_data, save_prepared
+from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared
 from studio.train.model.layersplit import placement_of, run_scale_out
-from studio.train.objectives.next_token import lean_output_layer, token_loss_sum
+from studio.train.objectives import objective_for
 from studio.train.measure.memtrack import tracker_for
-from studio.train.measure.metrics import LoadingMemory, describe_devices, library_versions, memory_snapshot
+from studio.train.measure.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.distributed.engine import leave_process_group, make_engine, process_rank
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.model.methods import adapter_regularization, after_optimizer_step
 from studio.train.model.build import adapted_module_names, build_model, count_parameters, load_tokenizer
-from studio.train.savers.host_weights import host_weights, keep_weights_on_cpu
+from studio.train.savers.host_weights import host_weights
 from studio.train.measure.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
 from studio.train.optim import build_scheduler
-from studio.train.data.packing import example_count, length_grouped, pack, packing_refusal, real_tokens
+from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.preflight import check_inputs
 from studio.train.distributed.rankwatch import is_lost_contact
 from studio.train.measure.trace import write_trace
@@ -122,62 +121,21 @@ class Worker:
 
     # ------------------------------------------------------------------ setup
     def setup(self, resume_from: Path | None) -> None:
-        config = self.config
-        reports = check_inputs(config, self.events)  # bad data or model files fail here, in seconds
-        torch.manual_seed(config.training.seed)
-        self.engine = make_engine(config, self.run_dir.path)
+        """The run's setup phases, in order: its inputs checked, then data, model, engine and restore."""
+        reports = check_inputs(self.config, self.events)  # bad data or model files fail here, in seconds
+        torch.manual_seed(self.config.training.seed)
+        self.engine = make_engine(self.config, self.run_dir.path)  # first: the processes meet before the data
         self.device = self.engine.device
+        data = self._load_data(reports)
+        self._build_model(resume_from)
+        self._start_engine()
+        self._restore(resume_from)
+        self._announce(data, resume_from)
 
-        data = self._prepare_data(reports)
-        self.train_rows, self.eval_rows = data.train, data.eval
-        self.plan = BatchPlan.for_rows(config, self.train_rows)
-        self.total_steps = self.plan.total_steps(config, self.engine.world_size)
-
-        loading = LoadingMemory(self.device)
-        with loading, self.engine.loading():
-            model = build_model(config, self.engine.build_device, self.total_steps)
-            if resume_from is not None:
-                ckpt.load_weights(resume_from, model)  # before the engine wraps it (under ZeRO-3: one tensor at a time)
-        optimizer = self.engine.build_optimizer([p for p in model.parameters() if p.requires_grad])
-        # The scheduler stays unprepared: accelerate would step it once per process.
-        self.scheduler = build_scheduler(config, optimizer, self.total_steps)
-        self.raw_model = model  # for saving; accelerate's unwrap_model imports deepspeed (seconds)
-        self.output_layer = self._lean_output_layer()
-        if not self.engine.loads_sharded:  # sharded weights cannot run the packing probe's forward before the engine
-            self.packed = self._packs(model)
-        trainable, total = count_parameters(model)  # whole parameters, also of ZeRO-3's shards
-        adapted = adapted_module_names(model) if config.uses_adapter else []
-        if config.training.torch_compile:
-            model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
-        with loading if self.engine.shards_in_prepare else contextlib.nullcontext():
-            self.model, self.optimizer = self.engine.prepare(model, optimizer)
-        if self.engine.loads_sharded:
-            how = {"zero3": "ZeRO-3", "fsdp": "FSDP"}[config.distributed.sharding]
-            log.info("loaded sharded (%s): this process holds %s of the %s weights", how,
-                     f"{self.engine.weights_held(self.raw_model):,}", f"{total:,}")
-        keep_weights_on_cpu(self.raw_model, config, self.device)  # prepare may have moved them to the GPU
-        if self.engine.loads_sharded:
-            self.packed = self._packs(self.raw_model)  # every rank probes: the engine gathers each layer's shards
-        loading_memory = self.engine.gather(loading.figures(self.engine.rank, self.engine.loads_sharded))
-        if resume_from is not None:
-            state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
-            self.step = self.start_step = state["step"]
-            log.info("resumed from %s at step %d", resume_from, self.step)
-
-        self.events.emit(
-            "run_started",
-            config=to_dict(config), versions=library_versions(), devices=describe_devices(),
-            run_dir=str(self.run_dir.path), pid=os.getpid(), total_steps=self.total_steps,
-            start_step=self.step, resumed_from=str(resume_from) if resume_from else None,
-            trainable_params=trainable, total_params=total, data=data.stats, world_size=self.engine.world_size,
-            adapted_modules=adapted, placement=placement_of(self.raw_model), loading_memory=loading_memory,
-        )
-        self.predicted_peak = self._emit_estimate()
-        log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps, self.device)
-
-    def _prepare_data(self, reports) -> PreparedData:
+    def _load_data(self, reports) -> PreparedData:
         """The tokenizer and the tokenized data, made once per machine: its first process downloads and
-        tokenizes, the others wait, then read the Hub cache and what it saved in ``prepared/``."""
+        tokenizes, the others wait, then read the Hub cache and what it saved in ``prepared/``; and the order
+        the rows are trained in."""
         engine = self.engine
         prepared = self.run_dir.path / "prepared" / f"machine-{os.environ.get('GROUP_RANK', '0')}"
         with engine.local_main_first():
@@ -191,28 +149,68 @@ class Worker:
                 data = load_prepared(prepared)
         how = "tokenized" if engine.is_local_main else "read what this machine's first process tokenized"
         log.info("data: %s in %.2f s (%d training rows)", how, time.perf_counter() - started, len(data.train))
+        self.train_rows, self.eval_rows = data.train, data.eval
+        self.plan = BatchPlan.for_rows(self.config, self.train_rows)
+        self.total_steps = self.plan.total_steps(self.config, engine.world_size)
         return data
 
-    def _packs(self, model) -> bool:
+    def _build_model(self, resume_from: Path | None) -> None:
+        """The model with its method and savers, built as the engine loads it; a resumed run's trained weights
+        are restored before the engine wraps it (under ZeRO-3: one tensor at a time)."""
+
+        def build(device: torch.device) -> torch.nn.Module:
+            model = build_model(self.config, device, self.total_steps)
+            if resume_from is not None:
+                ckpt.load_weights(resume_from, model)
+            return model
+
+        self.raw_model = self.engine.load_model(build)  # for saving; accelerate's unwrap_model imports deepspeed
+        self.parameters = count_parameters(self.raw_model)  # whole parameters, also of ZeRO-3's shards
+        self.adapted = adapted_module_names(self.raw_model) if self.config.uses_adapter else []
+        self.objective = objective_for(self.config, self.raw_model, self.tokenizer.pad_token_id)
+
+    def _start_engine(self) -> None:
+        """The optimizer and schedule, and the model and optimizer wrapped by the engine."""
+        optimizer = self.engine.build_optimizer([p for p in self.raw_model.parameters() if p.requires_grad])
+        # The scheduler stays unprepared: accelerate would step it once per process.
+        self.scheduler = build_scheduler(self.config, optimizer, self.total_steps)
+        self.model, self.optimizer = self.engine.prepare(self.raw_model, optimizer, first_forward=self._probe_packing)
+
+    def _restore(self, resume_from: Path | None) -> None:
+        """A resumed run's optimizer, schedule and step (its weights came with the model)."""
+        if resume_from is not None:
+            state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
+            self.step = self.start_step = state["step"]
+            log.info("resumed from %s at step %d", resume_from, self.step)
+
+    def _announce(self, data: PreparedData, resume_from: Path | None) -> None:
+        """The run_started event, and the estimate beside what the run will measure."""
+        trainable, total = self.parameters
+        loading_memory = self.engine.loading_memory()
+        self.events.emit(
+            "run_started",
+            config=to_dict(self.config), versions=library_versions(), devices=describe_devices(),
+            run_dir=str(self.run_dir.path), pid=os.getpid(), total_steps=self.total_steps,
+            start_step=self.step, resumed_from=str(resume_from) if resume_from else None,
+            trainable_params=trainable, total_params=total, data=data.stats, world_size=self.engine.world_size,
+            adapted_modules=self.adapted, placement=placement_of(self.raw_model), loading_memory=loading_memory,
+        )
+        self.predicted_peak = self._emit_estimate()
+        log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps,
+                 self.device)
+
+    def _probe_packing(self, model) -> None:
         """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
+        self.packed = False
         if not self.config.packs_padding_free:
-            return False
+            return
         refusal = packing_refusal(model)
         if refusal is not None:
             self.events.emit("warning", message=f"{refusal}: this run pads its micro-batches instead",
                              hint="set data.packing to none to silence this")
-            return False
+            return
         attend_packed(model)
-        return True
-
-    def _lean_output_layer(self) -> torch.nn.Module | None:
-        """The output layer for the chunked loss, or None for the full-logits loss (see studio.train.objectives.next_token)."""
-        if loss_impl_for(self.config) != "chunked":
-            return None
-        layer = lean_output_layer(self.raw_model)
-        if layer is None:
-            log.info("this model transforms its logits: using the full-logits loss")
-        return layer
+        self.packed = True
 
     def _emit_estimate(self) -> int | None:
         """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
@@ -303,11 +301,9 @@ class Worker:
         """This rank's share of the step's micro-batches: a contiguous block of the plan."""
         accumulation = self.config.training.gradient_accumulation_steps
         first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
-        pad = self.tokenizer.pad_token_id
         batches = []
         for index in range(first, first + accumulation):
-            rows = [self.train_rows[i] for i in self.plan.rows_of(index)]
-            batch = pack(rows) if self.packed else collate(rows, pad)
+            batch = self.objective.batch([self.train_rows[i] for i in self.plan.rows_of(index)], self.packed)
             batches.append({k: v.to(self.device) for k, v in batch.items()})
         return batches
 
@@ -317,8 +313,9 @@ class Worker:
         started = time.perf_counter()
         batches = self._micro_batches()
         engine = self.engine
-        local_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
-        target_tokens = int(engine.all_sum([local_targets])[0])  # the mean is over the tokens of every rank
+        objective = self.objective
+        # the mean is over the units (target tokens) of every rank
+        target_tokens = int(engine.all_sum([sum(objective.units(b) for b in batches)])[0])
         # Data parallel averages the ranks' gradients; scaling by the world size turns that into their sum.
         scale = engine.world_size / max(target_tokens, 1)
         self.model.train()
@@ -327,11 +324,11 @@ class Worker:
             last = index == len(batches) - 1
             with engine.micro_batch(last):
                 with phase("forward"), engine.autocast():
-                    token_loss = token_loss_sum(self.model, batch, self.output_layer)
-                    objective = token_loss * scale + adapter_regularization(self.raw_model) / len(batches)
+                    batch_loss = objective.loss_sum(self.model, batch)
+                    minimized = batch_loss * scale + adapter_regularization(self.raw_model) / len(batches)
                 with phase("backward"):
-                    engine.backward(objective, last)
-            loss_sum += token_loss.item() / max(target_tokens, 1)
+                    engine.backward(minimized, last)
+            loss_sum += batch_loss.item() / max(target_tokens, 1)
         lr = self.scheduler.get_last_lr()[0]
         with phase("optimizer"):
             grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
@@ -353,14 +350,14 @@ class Worker:
     def evaluate(self) -> float:
         """Every rank evaluates every row (sharded models need all ranks in each forward); rank 0 reports."""
         self.model.eval()
-        size, pad = self.config.training.micro_batch_size, self.tokenizer.pad_token_id
+        size, objective = self.config.training.micro_batch_size, self.objective
         total_loss, total_tokens = 0.0, 0
         for start in range(0, len(self.eval_rows), size):
-            batch = collate([self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))], pad)
-            batch = {k: v.to(self.device) for k, v in batch.items()}
+            rows = [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))]
+            batch = {k: v.to(self.device) for k, v in objective.batch(rows, packed=False).items()}
             with self.engine.autocast():
-                total_loss += float(token_loss_sum(self.model, batch, self.output_layer))
-            total_tokens += int((batch["labels"][:, 1:] != -100).sum())
+                total_loss += float(objective.loss_sum(self.model, batch))
+            total_tokens += objective.units(batch)
         eval_loss = total_loss / max(total_tokens, 1)
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens)
         return eval_loss
@@ -407,16 +404,21 @@ def _setup_logging(run_dir: RunDir, rank: int | None = None) -> None:
     logging.getLogger("py.warnings").addHandler(file_handler)
 
 
-def prepare_run_dir(config: RunConfig, run_dir: Path | None, resume: bool) -> tuple[RunConfig, RunDir, Path | None]:
-    """The run directory to use, the config to run, and the checkpoint to resume from."""
+def prepare_run_dir(config: RunConfig | None, run_dir: Path | None, resume: bool,
+                    config_file: Path | None = None) -> tuple[RunConfig, RunDir, Path | None]:
+    """The run directory to use, the config to run (validated, once per process: refused with the lines of
+    ``config_file`` or of the run's config.yaml) and the checkpoint to resume from."""
     if resume:
         rd = RunDir(run_dir)
         if not rd.config.is_file():
             raise StudioError(f"{rd.path} is not a run directory (no config.yaml)", "pass the folder of an earlier run", kind="config")
         config = load_config(rd.config)
-        raise_if_invalid(config, str(rd.config))
+        raise_if_invalid(config, str(rd.config), lines=key_lines(rd.config))
         return config, rd, rd.latest_checkpoint()
-    raise_if_invalid(config)
+    if config_file is None:
+        raise_if_invalid(config)
+    else:
+        raise_if_invalid(config, str(config_file), lines=key_lines(config_file))
     if inside_launcher():  # one of several ranks: the parent (or rank 0) prepares the folder
         rd = RunDir(run_dir)
         rd.path.mkdir(parents=True, exist_ok=True)
@@ -434,7 +436,8 @@ def prepare_run_dir(config: RunConfig, run_dir: Path | None, resume: bool) -> tu
     return config, rd, None
 
 
-def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = False, watch_stdin: bool = True) -> tuple[int, RunDir]:
+def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = False, watch_stdin: bool = True,
+        config_file: Path | None = None) -> tuple[int, RunDir]:
     """Train one run; returns (exit code, run directory).
 
     A config that cannot start raises StudioError before anything is loaded; every
@@ -442,7 +445,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
     ``distributed.num_processes`` > 1 this process prepares the run directory and
     launches the ranks (studio.train.distributed.launcher); inside torchrun it trains as its rank.
     """
-    config, rd, checkpoint = prepare_run_dir(config, run_dir, resume)
+    config, rd, checkpoint = prepare_run_dir(config, run_dir, resume, config_file)
     use_expandable_segments()
     rank = process_rank() if inside_launcher() else None
     if not launched_by_studio():  # the process the user (or the GUI) started, or a rank of a cluster bundle

@@ -23,6 +23,7 @@ machines therefore needs its run directory on a filesystem they share.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 from pathlib import Path
@@ -30,11 +31,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from studio.core.choices import choice_label
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.run.directory import atomic_folder
-from studio.train.model.build import trainable_state_dict
+from studio.train.measure.metrics import LoadingMemory
+from studio.train.model.build import count_parameters, trainable_state_dict
 from studio.train.optim import build_optimizer
+from studio.train.savers.host_weights import keep_weights_on_cpu
+
+log = logging.getLogger("studio.train")
 
 OPTIMIZER_FILE = "optimizer.pt"
 DEEPSPEED_FOLDER, DEEPSPEED_TAG = "deepspeed", "state"
@@ -109,7 +115,41 @@ class AccelerateEngine:
     def build_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return build_optimizer(self.config, params)
 
-    def prepare(self, model, optimizer):
+    def load_model(self, build: Callable[[torch.device], torch.nn.Module]) -> torch.nn.Module:
+        """``build(device)`` where this process builds the model (``build_device``), as this engine loads it
+        (``loading``), with the process's loading memory measured until ``prepare`` has placed it."""
+        self._loading = LoadingMemory(self.device)
+        with self._loading, self.loading():
+            return build(self.build_device)
+
+    def prepare(self, model, optimizer, first_forward: Callable[[torch.nn.Module], None]):
+        """The model and optimizer wrapped for training, in the order this engine needs.
+
+        ``first_forward(model)`` runs the unwrapped model's first forward pass (the packing probe): before
+        wrapping, and before torch.compile, where this process holds whole weights; after wrapping where they are
+        sharded, on every rank (the engine gathers each layer's shards). Wrapping moves every weight to the
+        device, so the weights a run keeps in CPU RAM go back there afterwards.
+        """
+        if not self.loads_sharded:
+            first_forward(model)
+        if self.config.training.torch_compile:
+            model.compile(dynamic=True)  # in place: attributes, state dict names and checkpoints stay as they are
+        with self._loading if self.shards_in_prepare else contextlib.nullcontext():
+            wrapped = self._wrap(model, optimizer)
+        if self.loads_sharded:
+            log.info("loaded sharded (%s): this process holds %s of the %s weights",
+                     choice_label("distributed.sharding", self.config.distributed.sharding),
+                     f"{self.weights_held(model):,}", f"{count_parameters(model)[1]:,}")
+        keep_weights_on_cpu(model, self.config, self.device)
+        if self.loads_sharded:
+            first_forward(model)
+        return wrapped
+
+    def loading_memory(self) -> list[dict]:
+        """Every rank's loading memory (``load_model``), in rank order (a collective: every rank calls it)."""
+        return self.gather(self._loading.figures(self.rank, self.loads_sharded))
+
+    def _wrap(self, model, optimizer):
         if not self.fsdp_loads_sharded:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
             return self.model, self.optimizer
@@ -315,7 +355,7 @@ class DeepSpeedEngine(AccelerateEngine):
 
         return DeepSpeedCPUAdam(params, lr=t.learning_rate, weight_decay=t.weight_decay, adamw_mode=True)
 
-    def prepare(self, model, optimizer):
+    def _wrap(self, model, optimizer):
         import deepspeed
 
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)

@@ -1,4 +1,34 @@
-"""What a training step minimizes.
+"""What a training step minimizes, behind one small interface the loop calls (``Objective``).
 
-* ``next_token``: summed next-token cross-entropy over the target tokens, full or chunked (the lean loss).
+* ``next_token``: supervised fine-tuning, the summed next-token cross-entropy over the target tokens, with the
+  full logits or chunked (the lean loss).
+
+The loop (``studio.train.worker``) takes each micro-batch from ``batch``, divides each ``loss_sum`` by the
+``units`` of the whole step (of every rank), so that gradient accumulation and several processes equal one
+bigger batch, and reports the mean as the step's loss; evaluation does the same over held-out rows.
 """
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from studio.core.config import RunConfig
+from studio.train.objectives.next_token import NextToken
+
+
+class Objective(Protocol):
+    def batch(self, rows: list[dict[str, Any]], packed: bool) -> dict[str, torch.Tensor]:
+        """One micro-batch of tokenized rows: packed end to end (the model attends per example), or padded."""
+
+    def units(self, batch: dict[str, torch.Tensor]) -> int:
+        """What the step's loss is a mean over, in this micro-batch (target tokens, for next-token loss)."""
+
+    def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss of this micro-batch, summed over its units, in fp32."""
+
+
+def objective_for(config: RunConfig, model, pad_token_id: int) -> Objective:
+    """The run's objective, for its unwrapped model."""
+    return NextToken.for_run(config, model, pad_token_id)

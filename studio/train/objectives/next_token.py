@@ -24,15 +24,48 @@ As it needs the output layer only while it runs, a frozen layer may wait in CPU 
 from __future__ import annotations
 
 import functools
+import logging
+from typing import Any
 
 import torch
 from torch.nn.functional import cross_entropy, linear, pad
 
+from studio.core.config import RunConfig
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES as CHUNK_BYTES  # fp32 logits of one chunk
-from studio.train.data.prepare import IGNORE_INDEX
-from studio.train.data.packing import model_inputs
+from studio.core.memory.regime import loss_impl_for
+from studio.train.data.packing import model_inputs, pack
+from studio.train.data.prepare import IGNORE_INDEX, collate
+
+log = logging.getLogger("studio.train")
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+class NextToken:
+    """Supervised fine-tuning: the summed next-token cross-entropy over the target tokens (labels != -100), whose
+    step mean is over every target token of the step's micro-batches."""
+
+    def __init__(self, output_layer: torch.nn.Module | None, pad_token_id: int):
+        self.output_layer = output_layer  # the chunked loss's, or None for the full-logits loss
+        self.pad_token_id = pad_token_id
+
+    @classmethod
+    def for_run(cls, config: RunConfig, model, pad_token_id: int) -> "NextToken":
+        """The run's loss on its (unwrapped) model: chunked unless switched off, sharded, or the model transforms
+        its logits."""
+        layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+        if layer is None and loss_impl_for(config) == "chunked":
+            log.info("this model transforms its logits: using the full-logits loss")
+        return cls(layer, pad_token_id)
+
+    def batch(self, rows: list[dict[str, Any]], packed: bool) -> dict[str, torch.Tensor]:
+        return pack(rows) if packed else collate(rows, self.pad_token_id)
+
+    def units(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+    def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return token_loss_sum(model, batch, self.output_layer)
 
 
 def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None) -> torch.Tensor:
