@@ -21,7 +21,8 @@ import numpy as np  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from studio.gui.widgets.charts import ChartsPanel  # noqa: E402
-from studio.gui.state.series import GIB, RunSeries  # noqa: E402
+from studio.core.sizes import GIB  # noqa: E402
+from studio.gui.state.series import RunSeries  # noqa: E402
 
 
 def filled_run(points: int) -> RunSeries:

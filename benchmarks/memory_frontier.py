@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from studio.core.config import RunConfig  # noqa: E402
-from studio.core.memory.estimate import GIB, estimate  # noqa: E402
+from studio.core.memory.estimate import estimate  # noqa: E402
+from studio.core.sizes import GIB  # noqa: E402
 
 _LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192, "rope_type": "llama3"}

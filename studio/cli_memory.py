@@ -16,7 +16,7 @@ from pathlib import Path
 
 from studio.core.run.commands import last_json_object, simulation_command, trace_command
 from studio.core.errors import StudioError
-from studio.core.memory.estimate import parse_size
+from studio.core.sizes import parse_size
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
 
 SIMULATION_TIMEOUT_S = 600
@@ -148,7 +148,7 @@ def _run_data_estimate(config, model_config: dict, args, scale_out) -> dict:
 
 
 def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:
-    from studio.core.memory.estimate import format_bytes
+    from studio.core.sizes import format_bytes
 
     return (f"your data: its largest micro-batch holds {run_data['tokens']:,} tokens: "
             f"{format_bytes(run_data['peak_bytes'])} (worst case, every row {max_length:,} tokens: "
@@ -233,7 +233,7 @@ def _costly_savers(config) -> str:
 
 def estimate_table(result, config, model_config: dict, gpu_bytes: int | None, simulated: dict | None = None) -> str:
     """The itemized estimate as text, with the verdict when the GPU size is known."""
-    from studio.core.memory.estimate import format_bytes
+    from studio.core.sizes import format_bytes
 
     t = config.training
     lines = [

@@ -7,7 +7,8 @@ import torch
 
 from helpers import loss_and_gradients, quick_config
 from model_factory import make_tiny_model
-from studio.core.memory.estimate import estimate, format_bytes
+from studio.core.memory.estimate import estimate
+from studio.core.sizes import format_bytes
 from studio.core.validation import validate
 from studio.train.measure.simulate import measure_step
 

@@ -22,7 +22,7 @@ from studio.gui import errors
 from studio.gui.widgets.charts import NO_RUN, WAITING, ChartsPanel
 from studio.gui.widgets.controls import ChoiceControl, RadioChoice, options_for
 from studio.gui.panels.estimate import PART_COLORS
-from studio.gui.state.hardware import GIB
+from studio.core.sizes import GIB
 from studio.gui.state.job_state import State
 from studio.gui.log_dialog import LogDialog
 from studio.gui.main_window import MainWindow

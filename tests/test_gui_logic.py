@@ -274,7 +274,7 @@ def test_simulation_output_is_parsed_from_studio_estimate_json():
 
 def test_settings_and_last_choices_round_trip_and_survive_a_broken_file(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path))
-    assert settings.load_last_config() == demo_config()  # first start: the demo preset
+    assert settings.read_last_config()[0] == demo_config()  # first start: the demo preset
     state = settings.load_settings()
     state.remember_model("a")
     state.remember_model("b")
@@ -284,12 +284,12 @@ def test_settings_and_last_choices_round_trip_and_survive_a_broken_file(tmp_path
     assert settings.load_settings().recent_models == ["a", "b"] and settings.load_settings().gpu_card == "Tesla T4"
     chosen = demo_config().replace(method="qlora", training={"micro_batch_size": 2})
     settings.save_last_config(chosen)
-    assert settings.load_last_config() == chosen
+    assert settings.read_last_config()[0] == chosen
     settings.settings_path().write_text("{not json")
     settings.choices_path().write_text("method: [")
-    assert settings.load_settings() == settings.AppSettings() and settings.load_last_config() == demo_config()
+    assert settings.load_settings() == settings.AppSettings() and settings.read_last_config()[0] == demo_config()
     assert os.path.exists(str(settings.settings_path()) + ".broken")
-    assert isinstance(settings.load_last_config(), RunConfig)
+    assert isinstance(settings.read_last_config()[0], RunConfig)
 
 
 # ---------------------------------------------------------------- desktop menu entry

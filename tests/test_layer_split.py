@@ -5,7 +5,7 @@ import torch
 
 from helpers import losses, quick_config
 from studio.core.run.commands import EXIT_OK
-from studio.core.memory.estimate import GIB
+from studio.core.sizes import GIB
 from studio.core.run.events import read_events
 from studio.core.memory.regime import regime_for
 from studio.core.memory.parts.states import block_weight_bytes, outer_weight_bytes

@@ -5,14 +5,22 @@ worker) and ``studio.gui`` (the window) side by side, then the command line on
 top (``studio.cli``, ``studio.cli_memory``, ``studio.__main__``). A module may
 import its own layer and the layers below it. Imports inside functions count:
 a lazy import up the stack is still an upward dependency.
+
+Inside a layer, each concern is a sub-package (``studio.core.memory``,
+``studio.train.export``, ``studio.gui.state``, ...) whose ``__init__`` names its
+files; the sub-packages and the layer's own modules import each other without a
+cycle, and a few rules say which concern may not reach which.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from studio.core.memory.savers import SAVER_SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIO = ROOT / "studio"
@@ -127,3 +135,88 @@ def test_importing_core_loads_no_torch_or_qt():
             "print(','.join(bad))" % (ML_STACK | QT,))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
+
+
+# ---------------------------------------------------------------- the sub-packages
+
+
+def unit_of(module: str) -> str:
+    """A layer's sub-package (``studio.core.memory``, its own sub-packages included) or one of its own modules."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if layer_of(module) in ("core", "train", "gui") and len(parts) > 2 else module
+
+
+def imports_between(prefix: str, target: str) -> list[str]:
+    """``module -> imported`` for every import of a module under ``target`` by a module under ``prefix``."""
+    return sorted(f"{module} -> {imported}" for module, imported_modules in studio_graph().items()
+                  if module.startswith(prefix) for imported in imported_modules if imported.startswith(target))
+
+
+def test_no_import_cycle_between_sub_packages():
+    units: dict[str, set[str]] = {}
+    for module, targets in studio_graph().items():
+        units.setdefault(unit_of(module), set()).update(unit_of(t) for t in targets if unit_of(t) != unit_of(module))
+    state, cycles = {}, []
+
+    def visit(unit: str, path: list[str]) -> None:
+        state[unit] = "open"
+        path.append(unit)
+        for target in sorted(units.get(unit, ())):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path)
+        path.pop()
+        state[unit] = "done"
+
+    for unit in sorted(units):
+        if unit not in state:
+            visit(unit, [])
+    assert not cycles, "cycles between sub-packages: " + "; ".join(cycles)
+
+
+def packages() -> list[Path]:
+    return sorted(init.parent for init in STUDIO.rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("package", packages(), ids=lambda path: ".".join(path.relative_to(ROOT).parts))
+def test_every_package_names_its_files(package):
+    """Its __init__ docstring names each module and sub-package (as ``name``), and it holds at most ten modules."""
+    names = {path.stem for path in package.glob("*.py") if path.stem not in ("__init__", "__main__")}
+    names |= {path.name for path in package.iterdir() if (path / "__init__.py").is_file()}
+    named = set(re.findall(r"``(\w+)``", ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""))
+    assert names <= named, f"{package} does not name {sorted(names - named)} in its __init__ docstring"
+    assert len([path for path in package.glob("*.py") if path.stem not in ("__init__", "__main__")]) <= 10
+
+
+def test_the_window_state_imports_no_qt():
+    offenders = {f: sorted(names & QT) for f, names in third_party("gui").items()
+                 if f.startswith("studio.gui.state") and names & QT}
+    assert not offenders, f"studio.gui.state imports Qt: {offenders}"
+
+
+def test_the_window_reaches_the_estimator_only_through_its_door():
+    """studio.gui.state.memory is the window's only door to studio.core.memory."""
+    crossing = [line for line in imports_between("studio.gui", "studio.core.memory")
+                if not line.startswith("studio.gui.state.memory ->")]
+    assert not crossing, "the window reaches the estimator around studio.gui.state.memory: " + ", ".join(crossing)
+
+
+def test_exports_never_import_distributed_code():
+    crossing = imports_between("studio.train.export", "studio.train.distributed")
+    assert not crossing, "export code imports distributed code: " + ", ".join(crossing)
+
+
+def test_the_measurements_never_import_the_loop():
+    """Simulation and tracing replay the worker's step from its parts, never by importing the worker."""
+    crossing = imports_between("studio.train.measure", "studio.train.worker")
+    assert not crossing, "memory measurement imports the worker: " + ", ".join(crossing)
+
+
+@pytest.mark.parametrize("saver", [name for name in SAVER_SPECS if name != "gradient_checkpointing"])
+def test_a_memory_saver_is_named_in_at_most_five_files(saver):
+    """Its switch, its row of the savers' table, its regime, its worker code and its estimate part: the rest reads
+    the table (gradient checkpointing, a regime of its own that exports and tracing set, aside)."""
+    files = sorted(str(path.relative_to(ROOT)) for path in STUDIO.rglob("*.py")
+                   if re.search(rf"\b{saver}\b", path.read_text(encoding="utf-8")))
+    assert len(files) <= 5, f"{saver} is named in {len(files)} files: {files}"

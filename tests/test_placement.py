@@ -4,7 +4,8 @@ import pytest
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.estimate import GIB, ScaleOut, estimate
+from studio.core.memory.estimate import ScaleOut, estimate
+from studio.core.sizes import GIB
 from studio.core.memory.regime import regime_for
 from studio.core.memory.parts.states import block_weight_bytes
 from studio.core.model.info import model_shape

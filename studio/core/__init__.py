@@ -5,9 +5,11 @@ Imports neither Qt nor torch at import time, so the window and the command line 
 
 * ``errors``: errors that name a field, a file or a line, with what to do;
 * ``config``: the run config, frozen dataclasses with a ``Literal`` per choice, YAML in and out;
+* ``choices``: the choice fields' ``Literal``s and the words users read for their values;
 * ``methods``: the table of training methods (``METHOD_SPECS``);
 * ``validation``: every problem of a config at once, each naming its field;
-* ``presets``: the embedded demo's config.
+* ``presets``: the embedded demo's config;
+* ``sizes``: byte sizes written and read as text (binary units).
 
 and the sub-packages, one concern each (their ``__init__`` names their files):
 

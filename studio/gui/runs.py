@@ -230,9 +230,5 @@ class RunController(QObject):
         return f"loading model… {seconds:.0f} s ({detail})"
 
     @property
-    def console_text(self) -> str:
-        return self._console.text if self._console else ""
-
-    @property
     def worker_pid(self) -> int | None:
         return self._pid

@@ -15,7 +15,7 @@ import yaml
 
 from studio.core.config import RunConfig
 from studio.core.data.hub import hub_dataset_id
-from studio.core.memory.results import format_bytes
+from studio.core.sizes import format_bytes
 from studio.core.methods import RANK
 
 CARD_FILE = "README.md"

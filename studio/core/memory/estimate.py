@@ -49,8 +49,8 @@ from dataclasses import replace
 
 from studio.core.config import RunConfig
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
-from studio.core.memory.results import (GIB, TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
-                                        format_bytes, parse_size, verdict_for)
+from studio.core.memory.results import (TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
+                                        verdict_for)
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
 from studio.core.memory.parts.states import ModelStates, host_head_bytes, host_weight_bytes, host_weight_notes, model_states
 from studio.core.memory.parts.logits import logits_loss_bytes
@@ -65,7 +65,7 @@ from studio.core.memory.placement import split_devices
 
 # What callers of the estimate use; the parts of the model live in studio.core.memory.
 __all__ = ["estimate", "Estimate", "DeviceEstimate", "Verdict", "verdict_for", "ScaleOut", "CudaOverheads",
-           "format_bytes", "parse_size", "GIB", "TIGHT_FRACTION"]
+           "TIGHT_FRACTION"]
 
 
 def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations) -> dict[str, dict[str, int]]:

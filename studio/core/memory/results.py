@@ -1,16 +1,12 @@
-"""What an estimate says: the bytes of each part at each device's peak, the verdict against a GPU's
-size, and byte sizes written and read as text."""
+"""What an estimate says: the bytes of each part at each device's peak, and the verdict against a GPU's
+size."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from studio.core.errors import StudioError
 from studio.core.memory.parts import PARTS, PHASES
-
-GIB = 1024**3
 
 # The estimate never says "fits" closer than this to the GPU's size.
 TIGHT_FRACTION = 0.90
@@ -74,27 +70,6 @@ class Verdict:
     def to_json(self) -> dict:
         return {"status": self.status, "gpu_bytes": self.gpu_bytes, "needed_bytes": self.needed_bytes,
                 "headroom_bytes": self.headroom_bytes}
-
-
-def format_bytes(count: int) -> str:
-    """``21.30 GiB``: binary units, as GPU tools report memory."""
-    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(count) >= size:
-            return f"{count / size:.2f} {unit}"
-    return f"{count} B"
-
-
-_UNITS = {"": 1024**3, "b": 1, "kb": 10**3, "kib": 1024, "mb": 10**6, "mib": 1024**2, "gb": 10**9, "gib": 1024**3,
-          "tb": 10**12, "tib": 1024**4, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def parse_size(text: str) -> int:
-    """``24GiB``, ``24GB``, ``16000MiB`` or a bare number of GiB, as bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if unit not in _UNITS:
-        raise StudioError(f"cannot read the memory size {text!r}", "write it like 24GiB, 24GB or 16000MiB", kind="usage")
-    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def verdict_for(needed_bytes: int, gpu_bytes: int) -> Verdict:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.results import GIB, DeviceEstimate, LoadingEstimate, complete_parts
+from studio.core.memory.results import DeviceEstimate, LoadingEstimate, complete_parts
+from studio.core.sizes import GIB
 from studio.core.memory.parts.states import ModelStates
 
 

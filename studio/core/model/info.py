@@ -135,11 +135,6 @@ class ModelShape:
         return outer + self.layers * block
 
     @property
-    def linear_parameter_count(self) -> int:
-        """Weights of the block linears: what bitsandbytes quantizes (experts and routers are no nn.Linear)."""
-        return self.layers * sum(layer.weight_elements for layer in self.block_linears if layer.is_module)
-
-    @property
     def head_elements(self) -> int:
         return self.vocab * self.hidden
 

@@ -37,8 +37,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "checkpoint", "export", "warning", "error", "finished")
-FINAL_STATUSES = ("completed", "stopped", "aborted", "failed")
-EVENTS_FILE = "events.jsonl"
 
 
 def make_event(type_: str, **fields: Any) -> dict[str, Any]:
@@ -91,12 +89,11 @@ class EventReader:
     """Reads new complete events from a growing JSONL file (for following a live run).
 
     Partial trailing lines are kept until their newline arrives; lines that are not
-    valid JSON (a torn write after a crash) are counted and skipped.
+    valid JSON (a torn write after a crash) are skipped.
     """
 
     path: Path
     offset: int = 0
-    skipped_lines: int = 0
     _pending: bytes = field(default=b"", repr=False)
 
     def read_new(self) -> list[dict[str, Any]]:
@@ -119,7 +116,6 @@ class EventReader:
             try:
                 event = json.loads(line)
             except ValueError:
-                self.skipped_lines += 1
                 continue
             if isinstance(event, dict) and "type" in event:
                 yield event

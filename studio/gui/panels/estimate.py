@@ -15,13 +15,11 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
-from studio.core.memory.estimate import Estimate
-from studio.core.memory.derived import TraceNeededError, kind_text
-from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
-from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.gui.state import memory
+from studio.gui.state.memory import PART_LABELS, PHASE_LABELS, Estimate, TraceNeededError, kind_text
 from studio.gui.state.console import console_error
-from studio.gui.state.hardware import COMMON_CARDS, DEFAULT_CARD, GIB, Gpu, detect_gpus, gib
+from studio.core.sizes import GIB, format_gib
+from studio.gui.state.hardware import COMMON_CARDS, DEFAULT_CARD, Gpu, detect_gpus
 from studio.gui.process import LineProcess
 from studio.gui.widgets.common import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
 
@@ -49,7 +47,7 @@ class StackedBar(QWidget):
 
     def set_parts(self, parts: dict[str, int], capacity: int) -> None:
         self.parts, self.capacity = {k: v for k, v in parts.items() if v > 0}, max(capacity, 1)
-        self.setToolTip("\n".join(f"{PART_LABELS[k]}: {gib(v)}" for k, v in self.parts.items()))
+        self.setToolTip("\n".join(f"{PART_LABELS[k]}: {format_gib(v)}" for k, v in self.parts.items()))
         self.update()
 
     def paintEvent(self, event) -> None:
@@ -143,14 +141,14 @@ def _host_text(host) -> str:
     if host is None:
         return ""
     held = [_HOST_CONTENTS.get(part, "offloaded optimizer state") for part, size in host.parts.items() if size]
-    return f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {gib(host.total_bytes)}."
+    return f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {format_gib(host.total_bytes)}."
 
 
 def _loading_text(estimate: Estimate) -> str:
     if not estimate.loading:
         return ""
-    each = [f"{entry.processes}: {gib(entry.weights_bytes)} of weights"
-            + (f", and the {gib(entry.checkpoint_bytes)} checkpoint read into CPU RAM" if entry.checkpoint_bytes else "")
+    each = [f"{entry.processes}: {format_gib(entry.weights_bytes)} of weights"
+            + (f", and the {format_gib(entry.checkpoint_bytes)} checkpoint read into CPU RAM" if entry.checkpoint_bytes else "")
             for entry in estimate.loading]
     return " While the model loads: " + "; ".join(each) + "."
 
@@ -158,7 +156,7 @@ def _loading_text(estimate: Estimate) -> str:
 def _bar_title(device: str, total_bytes: int, layer_split: bool) -> str:
     """A bar's title when there are several: the device of a layer split, or the rank of the process on it."""
     who = device if layer_split else f"rank {device.rsplit(':', 1)[-1]} ({device})"
-    return f"{who}: {gib(total_bytes)}"
+    return f"{who}: {format_gib(total_bytes)}"
 
 
 class EstimatePanel(QGroupBox):
@@ -269,10 +267,10 @@ class EstimatePanel(QGroupBox):
         color = VERDICT_COLORS[verdict.status]
         self.verdict.setText(
             f"<b style='color:{color}; font-size:14px'>{verdict.status.capitalize()}</b>"
-            f"&nbsp; {gib(estimate.peak_bytes)} of {gib(capacity)} ({estimate.peak_bytes / capacity:.0%})")
+            f"&nbsp; {format_gib(estimate.peak_bytes)} of {format_gib(capacity)} ({estimate.peak_bytes / capacity:.0%})")
         headroom = verdict.headroom_bytes
         self.phase.setText(f"Peak during {PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
-                           f"{gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
+                           f"{format_gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
                            + _scale_out_text(estimate)
                            + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes) + ".")
@@ -291,20 +289,12 @@ class EstimatePanel(QGroupBox):
     def _data_peak_text(self, worst: Estimate) -> str:
         """The peak of the data's largest possible micro-batch, when its rows make it smaller than the worst case."""
         config = self.store.config
-        if not self.data_lengths:
-            return ""
-        tokens = largest_possible_micro_batch(self.data_lengths, config.training.micro_batch_size,
-                                              config.data.max_length, padded=not config.packs_padding_free)
-        if tokens >= config.training.micro_batch_size * config.data.max_length:
-            return ""
-        try:
-            own = memory.estimate_run(config_for_tokens(config, tokens), gpu_bytes=self.picker.capacity_bytes,
-                                      gpu_count=max(1, len(self.detected)))
-        except StudioError:
+        own = memory.data_peak(config, self.data_lengths, self.picker.capacity_bytes, max(1, len(self.detected)))
+        if own is None:
             return ""
         rows = "its rows" if self.data_complete else f"its first {len(self.data_lengths):,} rows"
-        return (f"Your data: {gib(own.peak_bytes)} ({rows} make micro-batches of at most {tokens:,} tokens); "
-                f"the verdict above is the worst case, every row {config.data.max_length:,} tokens.")
+        return (f"Your data: {format_gib(own.peak_bytes)} ({rows} make micro-batches of at most {own.tokens:,} "
+                f"tokens); the verdict above is the worst case, every row {config.data.max_length:,} tokens.")
 
     def _update_simulate_button(self) -> None:
         """Simulate needs what the estimate needs (a known model); while it runs, the button cancels it."""
@@ -342,7 +332,7 @@ class EstimatePanel(QGroupBox):
             label.setVisible(index < len(shown))
             if index < len(shown):
                 name, value = shown[index]
-                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} {gib(value)}")
+                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} {format_gib(value)}")
 
     # ------------------------------------------------------------ fit
     def fit_to_gpu(self) -> None:
@@ -374,7 +364,7 @@ class EstimatePanel(QGroupBox):
                   if suggestion.relative_step_time > 1.005 else "")
         advice = "" if suggestion.verdict != "does not fit" else \
             f"<br>{html.escape(suggestion.explanation.splitlines()[-1])}"
-        self.result.setText(f"<b>{outcome}</b> ({gib(suggestion.peak_bytes)}{slower}). Changed:"
+        self.result.setText(f"<b>{outcome}</b> ({format_gib(suggestion.peak_bytes)}{slower}). Changed:"
                             f"<ul style='margin:0'>{lines}</ul>{advice}")
 
     # ------------------------------------------------------------ simulation
@@ -421,6 +411,6 @@ class EstimatePanel(QGroupBox):
         analytic = ""
         if asked_estimate is not None:  # the estimate of the config simulated, for the GPU picked then
             tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
-            analytic = f"; the estimate's tensors: {gib(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
+            analytic = f"; the estimate's tensors: {format_gib(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)
-        self.result.setText(f"Simulated peak: <b>{gib(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")
+        self.result.setText(f"Simulated peak: <b>{format_gib(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")

@@ -12,7 +12,8 @@ from studio.core.config import RunConfig
 from studio.core.errors import Problem, StudioError
 from studio.core.model.check import is_local_model, model_problems, remote_code_warning
 from studio.core.presets import DEMO_MODEL
-from studio.gui.state.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_bytes, human_count, summarize_model
+from studio.core.sizes import format_bytes
+from studio.gui.state.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_count, summarize_model
 from studio.gui.state.settings import AppSettings
 from studio.gui.widgets.controls import ToggleControl
 from studio.gui.widgets.common import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html, VerticalScroll
@@ -165,7 +166,7 @@ class ModelPanel(VerticalScroll):
                 label.setText("–")
             return
         if s.weights_local:
-            weights = f"<span style='color:{GOOD}'>present locally</span> ({human_bytes(s.weights_bytes)})"
+            weights = f"<span style='color:{GOOD}'>present locally</span> ({format_bytes(s.weights_bytes)})"
         elif s.local_folder:
             weights = f"<span style='color:{BAD}'>missing</span>: the folder has no *.safetensors or *.bin files"
         else:

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1024**3  # every size the app and the CLI show is binary, written GiB (as nvidia-smi's MiB)
-
-
-def gib(value: float) -> str:
-    """``1.84 GiB``; one decimal from 10 GiB on."""
-    return f"{value / GIB:.2f} GiB" if value < 10 * GIB else f"{value / GIB:.1f} GiB"
+from studio.core.sizes import GIB
 
 
 @dataclass(frozen=True)

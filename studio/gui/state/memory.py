@@ -16,10 +16,15 @@ from pathlib import Path
 
 from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
 from studio.core.config import RunConfig, save_config
+from studio.core.errors import StudioError
 from studio.core.memory.estimate import Estimate, ScaleOut, estimate
 from studio.core.memory.fit import fit, fit_own_data
-# the groups and the table are the techniques panel's, read through this door
-from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP, SaverSpec  # noqa: F401
+from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
+from studio.core.memory.savers import SaverSpec
+# what the panels read through this door as it is: an estimate and its words, the table of memory savers
+from studio.core.memory.derived import TraceNeededError, kind_text  # noqa: F401
+from studio.core.memory.parts import PART_LABELS, PHASE_LABELS  # noqa: F401
+from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP  # noqa: F401
 from studio.core.model.info import load_model_config
 
 
@@ -41,6 +46,29 @@ def estimate_run(config: RunConfig, device_type: str = "cuda", gpu_bytes: int = 
     devices = (gpu_bytes,) * gpu_count if gpu_bytes else ()
     return estimate(model_config_of(config), config, device_type=device_type,
                     scale_out=ScaleOut.from_config(config, devices))
+
+
+@dataclass(frozen=True)
+class DataPeak:
+    tokens: int  # the most tokens a micro-batch of the data can hold
+    peak_bytes: int
+
+
+def data_peak(config: RunConfig, lengths: list[int] | None, gpu_bytes: int, gpu_count: int) -> DataPeak | None:
+    """The estimate of the data's largest possible micro-batch (its rows' token ``lengths``), where its rows make
+    it smaller than the worst case of every row at data.max_length; None otherwise."""
+    if not lengths:
+        return None
+    t = config.training
+    tokens = largest_possible_micro_batch(lengths, t.micro_batch_size, config.data.max_length,
+                                          padded=not config.packs_padding_free)
+    if tokens >= t.micro_batch_size * config.data.max_length:
+        return None
+    try:
+        own = estimate_run(config_for_tokens(config, tokens), gpu_bytes=gpu_bytes, gpu_count=gpu_count)
+    except StudioError:
+        return None
+    return DataPeak(tokens, own.peak_bytes)
 
 
 def savers_in(group: str) -> list[SaverSpec]:

@@ -146,10 +146,3 @@ def human_count(number: int | None) -> str:
         if number >= size:
             return f"{number / size:.1f} {unit}"
     return str(number)
-
-
-def human_bytes(number: float) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if number >= size:
-            return f"{number / size:.1f} {unit}"
-    return f"{number:.0f} bytes"

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-GIB = 1024**3
+from studio.core.sizes import GIB
+
 SMOOTHING = 0.8  # weight of the loss's exponential moving average (debiased, as TensorBoard does); lags ~5 steps
 
 

@@ -78,11 +78,6 @@ def save_settings(settings: AppSettings) -> None:
     _write_atomic(path, json.dumps(asdict(settings), indent=2))
 
 
-def load_last_config() -> RunConfig:
-    """The config as the user left it, or the demo preset (first start, or a file that no longer loads)."""
-    return read_last_config()[0]
-
-
 def read_last_config() -> tuple[RunConfig, StudioError | None]:
     """(the config as the user left it, None), or (the demo preset, why the file was set aside)."""
     path = choices_path()

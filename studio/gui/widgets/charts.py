@@ -17,7 +17,8 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
 
 from studio.gui.widgets.plotting import pg, plot_widget
-from studio.gui.state.series import GIB, RunSeries, Series
+from studio.core.sizes import GIB
+from studio.gui.state.series import RunSeries, Series
 from studio.gui.widgets.common import BAD
 
 REDRAW_MS = 100

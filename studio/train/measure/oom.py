@@ -24,7 +24,7 @@ import torch
 
 from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
-from studio.core.memory.estimate import format_bytes, parse_size
+from studio.core.sizes import format_bytes, parse_size
 from studio.train.measure.memtrack import LiveTensorTracker
 
 log = logging.getLogger("studio.train")
