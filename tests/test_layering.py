@@ -220,3 +220,21 @@ def test_a_memory_saver_is_named_in_at_most_five_files(saver):
     files = sorted(str(path.relative_to(ROOT)) for path in STUDIO.rglob("*.py")
                    if re.search(rf"\b{saver}\b", path.read_text(encoding="utf-8")))
     assert len(files) <= 5, f"{saver} is named in {len(files)} files: {files}"
+
+
+def holds_code(path: Path) -> bool:
+    """A module with more than a docstring (a package's ``__init__`` may be its docstring alone)."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    return len(body) > 1 or not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant))
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md names each module by its path, or by its name on the line of its package's path."""
+    named = set()
+    for line in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines():
+        named |= set(re.findall(r"`([\w/]+\.py)`", line))
+        for folder in re.findall(r"`([\w/]+/)`", line):
+            named |= {folder + name for name in re.findall(r"`(\w+\.py)`", line)}
+    modules = {str(path.relative_to(STUDIO)) for path in STUDIO.rglob("*.py") if holds_code(path)}
+    missing = sorted(modules - named)
+    assert not missing, f"docs/architecture.md does not name: {missing}"

@@ -17,7 +17,7 @@ from studio.train.objectives.next_token import lean_output_layer
 
 def keep_weights_on_cpu(model, config: RunConfig, device: torch.device) -> None:
     """The frozen weights the config keeps in CPU RAM: the input embedding and the output layer. Only for training
-    (the worker, after accelerate's prepare, which moves the whole model; the memory measurements): exports and
+    (the engine's prepare, after wrapping moved the whole model; the memory measurements): exports and
     generation build their own model, with every weight where the model is."""
     keep_embedding_on_cpu(model, config, device)
     keep_output_layer_on_cpu(model, config, device)
