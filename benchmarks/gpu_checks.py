@@ -154,9 +154,9 @@ def offload_comparison(device, folder: Path, model: dict = OFFLOAD_MODEL, length
     from model_factory import make_tiny_model
     from studio.core.memory.estimate import estimate
     from studio.train.measure.memtrack import tracker_for
+    from studio.train.measure.simulate import full_length_batches, run_optimizer_steps, target_tokens
     from studio.train.model.build import build_model
     from studio.train.optim import build_optimizer
-    from studio.train.measure.simulate import full_length_batches, run_optimizer_steps, target_tokens
 
     make_tiny_model("llama", folder, **model)
     model_config = json.loads((folder / "config.json").read_text())

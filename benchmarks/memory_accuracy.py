@@ -353,9 +353,9 @@ def model_folder(name: str, cache: Path) -> Path:
 def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int = 0) -> Row:
     import torch
 
+    from studio.core.memory.derived import derived_estimate
     from studio.core.memory.estimate import estimate
     from studio.train.measure.simulate import measure_step
-    from studio.core.memory.derived import derived_estimate
 
     started = time.perf_counter()
     folder = model_folder(case.model, cache)

@@ -27,8 +27,8 @@ from helpers import quick_config, with_demo_tokenizer
 from model_factory import make_tiny_model
 
 from studio.core.config import save_config
-from studio.core.run.events import read_events
 from studio.core.presets import DEMO_TRAIN
+from studio.core.run.events import read_events
 
 MIB = 2**20
 

@@ -195,8 +195,8 @@ def sync() -> None:
 
 
 def run_ours(folder: Path, args, plain: bool, tracker_factory, tokens_of) -> Result:
-    from studio.core.run.events import EventWriter
     from studio.core.run.directory import RunDir
+    from studio.core.run.events import EventWriter
     from studio.train.control import StopController
     from studio.train.worker import Worker
 
@@ -229,8 +229,8 @@ def run_hf(folder: Path, args, rows, flat: bool, tracker_factory, tokens_of) -> 
                               TrainerCallback, TrainingArguments)
     from transformers.trainer_callback import PrinterCallback
 
-    from studio.train.model.methods import peft_config
     from studio.train.model.build import load_tokenizer
+    from studio.train.model.methods import peft_config
 
     config = run_config(folder, args, plain=True)
     tokenizer = load_tokenizer(config)

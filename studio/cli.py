@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from studio.cli_memory import add_estimate, add_fit
-from studio.core.run.commands import run_handler
 from studio.core.errors import StudioError
 from studio.core.export.gguf import DEFAULT_QUANT, QUANT_TYPES
+from studio.core.run.commands import run_handler
 from studio.train import entry as train_entry
 
 
@@ -96,9 +96,9 @@ def _demo(args) -> int:
 
 
 def _export(args) -> int:
+    from studio.core.export.publishing import check_can_push
     from studio.core.run.commands import read_export_record
     from studio.train.export.hf_format import export_run
-    from studio.core.export.publishing import check_can_push
     from studio.train.export.hub_push import publish
 
     if args.private and not args.push_to_hub:
@@ -147,8 +147,8 @@ def _generate(args) -> int:
 
 
 def _bundle(args) -> int:
-    from studio.core.run.bundle import parse_hosts, write_bundle
     from studio.core.config import load_config
+    from studio.core.run.bundle import parse_hosts, write_bundle
 
     config = load_config(args.config)
     out = args.out or args.config.parent / f"{config.name}-bundle"

@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from studio.core.run.commands import last_json_object, simulation_command, trace_command
 from studio.core.errors import StudioError
-from studio.core.sizes import parse_size
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS
+from studio.core.run.commands import last_json_object, simulation_command, trace_command
+from studio.core.sizes import parse_size
 
 SIMULATION_TIMEOUT_S = 600
 TRACE_TIMEOUT_S = 3600  # a trace steps a few regimes of the model: minutes for a large one on a slow CPU
@@ -110,8 +110,8 @@ def run_data_tokens(config) -> tuple[int, int]:
 
 
 def _estimate(args) -> int:
-    from studio.core.memory.estimate import estimate
     from studio.core.memory.derived import kind_text
+    from studio.core.memory.estimate import estimate
 
     config, model_config, scale_out = _load(args)
     result = _traced_first(args, model_config, lambda: estimate(model_config, config, args.device, scale_out))

@@ -4,9 +4,9 @@ import argparse
 from pathlib import Path
 
 from studio.cli import build_parser
+from studio.core.presets import demo_config
 from studio.core.run.commands import WORKER_MODULE
 from studio.core.run.events import read_events
-from studio.core.presets import demo_config
 from studio.train import entry
 
 
@@ -48,9 +48,9 @@ def loss_and_gradients(config):
     import torch
 
     from studio.core.memory.regime import loss_impl_for
-    from studio.train.objectives.next_token import lean_output_layer
-    from studio.train.model.build import build_model, compute_dtype
     from studio.train.measure.simulate import full_length_batches, loss_sum, target_tokens
+    from studio.train.model.build import build_model, compute_dtype
+    from studio.train.objectives.next_token import lean_output_layer
 
     torch.manual_seed(config.training.seed)
     model = build_model(config, torch.device("cpu"))

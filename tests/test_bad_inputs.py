@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from studio.cli import main
-from studio.core.run.events import read_events
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, RESOURCES
+from studio.core.run.events import read_events
 
 DATA = Path(__file__).parent / "data"
 CONFIGS = DATA / "configs"

@@ -10,8 +10,8 @@ import yaml
 
 from studio.core.choices import CHOICE_WORDS, choice_label
 from studio.core.config import RunConfig, choice_values, load_config, parse_config, reference_markdown, save_config
-from studio.core.memory.savers import savers_reference
 from studio.core.errors import ProblemsError
+from studio.core.memory.savers import savers_reference
 from studio.core.presets import demo_config
 from studio.core.validation import validate
 

@@ -10,11 +10,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from studio.core.config import RunConfig
-from studio.core.errors import ProblemsError, StudioError
 from studio.core.data.row_formats import DataError, to_messages
-from studio.train.data.prepare import (
-    IGNORE_INDEX, PreparedData, collate, encode, encode_prompt, prepare_data, render_segments, resolve_template,
-)
+from studio.core.errors import ProblemsError, StudioError
+from studio.train.data.prepare import (IGNORE_INDEX, PreparedData, collate, encode, encode_prompt, prepare_data,
+                                       render_segments, resolve_template)
 
 SPECIAL = ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

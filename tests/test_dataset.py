@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from studio.core.data import templates
 from studio.core.data.dataset import MAX_PROBLEMS, inspect_files, iter_examples, iter_records
-from studio.core.errors import ProblemsError
 from studio.core.data.row_formats import DataError, Example, detect_format, to_messages
+from studio.core.errors import ProblemsError
 
 DATA = Path(__file__).parent / "data"
 

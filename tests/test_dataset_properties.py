@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from studio.core.data.dataset import SUFFIXES, inspect_files, iter_records
-from studio.core.errors import ProblemsError
 from studio.core.data.row_formats import DataError, detect_format, to_messages
+from studio.core.errors import ProblemsError
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from studio.core.run.events import read_events
 from studio.core.run.directory import RunDir
+from studio.core.run.events import read_events
 from studio.train.demo import run_demo
 
 

@@ -12,10 +12,10 @@ import pytest
 from model_factory import make_tiny_model, tiny_config
 
 from studio.core.config import RunConfig, save_config
-from studio.core.memory.estimate import estimate
 from studio.core.memory.derived import (DERIVED, MOMENTS, TRACE_DEPTHS, TRACE_VERSION, Trace, TraceNeededError,
                                         derived_estimate, fit_sizes, neighbour_configs, regime_axes, regime_id,
                                         scale_points, trace_key, trace_points, value_at)
+from studio.core.memory.estimate import estimate
 from studio.core.memory.sharding import ScaleOut
 from studio.core.model.info import UnknownArchitectureError, model_shape
 
@@ -232,8 +232,8 @@ def test_a_training_run_of_an_undescribed_model_traces_it_and_records_the_estima
 
 
 def test_fit_skips_and_names_the_candidates_a_trace_holds_no_step_for(trace_cache):
-    from studio.core.memory.fit import fit
     from studio.core.memory.derived import trace_path
+    from studio.core.memory.fit import fit
 
     model = tiny_config("stablelm")
     config = run(training={"micro_batch_size": 4}, data={"max_length": 256})

@@ -17,11 +17,11 @@ import time
 import pytest
 
 from helpers import losses, quick_config
-from studio.core.run.commands import EXIT_FAILED, EXIT_OK
-from studio.core.validation import validate
 from studio.core.config import save_config
-from studio.core.run.events import read_events
+from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.run.directory import RunDir
+from studio.core.run.events import read_events
+from studio.core.validation import validate
 from studio.gui.state.series import RunSeries
 from studio.train.distributed.deepspeed_config import deepspeed_config
 from studio.train.export.hf_format import export_run

@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 
 from model_factory import FAMILIES, tiny_config
 from studio.core.config import RunConfig
-from studio.core.presets import DEMO_MODEL, demo_config
 from studio.core.errors import StudioError
+from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import ScaleOut, estimate, verdict_for
+from studio.core.memory.parts import PARTS
+from studio.core.memory.parts.states import model_states, quantized_weight_bytes
 from studio.core.memory.regime import regime_for
 from studio.core.memory.sharding import zero_model_states
-from studio.core.memory.parts.states import model_states, quantized_weight_bytes
-from studio.core.memory.parts import PARTS
-from studio.core.memory.derived import TraceNeededError
 from studio.core.model.info import UnknownArchitectureError, load_model_config, model_shape
+from studio.core.presets import DEMO_MODEL, demo_config
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), the fields that matter, written out: no download.
 LLAMA_31_8B = {

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from studio.core.errors import StudioError
-from studio.core.run.events import EventReader, EventWriter, read_events, summarize
 from studio.core.run.directory import COMPLETE_MARKER, RunDir, atomic_folder
+from studio.core.run.events import EventReader, EventWriter, read_events, summarize
 
 
 def test_reader_returns_only_complete_lines_across_split_writes(tmp_path):

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
+from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.core.run.directory import COMPLETE_MARKER
-from studio.train.export import hf_format as export_module
 from studio.train.checkpoint import load_weights
+from studio.train.export import hf_format as export_module
 from studio.train.export.hf_format import export_run
 from studio.train.model.build import build_model
 from studio.train.worker import run

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.run.commands import EXIT_OK
-from studio.core.run.events import read_events
+from studio.core.data.templates import BUILTIN_JINJA, render
 from studio.core.export.model_card import front_matter
 from studio.core.presets import DEMO_HELDOUT, DEMO_MODEL
-from studio.core.data.templates import BUILTIN_JINJA, render
+from studio.core.run.commands import EXIT_OK
+from studio.core.run.events import read_events
 from studio.train.export.chat import end_of_turn
 from studio.train.export.hf_format import export_run
 from studio.train.worker import run

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from helpers import quick_config
-from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import StudioError
+from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.run.events import read_events
 from studio.train.measure.oom import SIMULATE_ENV, MemoryCap, consistent_after, overflowed_part
 from studio.train.objectives.next_token import token_loss_sum

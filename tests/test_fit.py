@@ -10,8 +10,8 @@ import pytest
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import ScaleOut, estimate
-from studio.core.sizes import format_bytes
 from studio.core.memory.fit import FIT_STEPS, fit
+from studio.core.sizes import format_bytes
 from studio.core.validation import validate
 from test_estimate import LLAMA_31_8B
 

@@ -9,10 +9,10 @@ import pytest
 from helpers import quick_config
 from model_factory import FAMILIES, make_tiny_model
 from studio.cli import main
-from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.core.errors import StudioError
 from studio.core.export.gguf import MIN_AGREEMENT
 from studio.core.presets import DEMO_TRAIN
+from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.train.export import gguf as gguf_export
 from studio.train.export.gguf import export_gguf
 from studio.train.worker import run

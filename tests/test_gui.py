@@ -18,18 +18,18 @@ from PySide6.QtWidgets import QMessageBox
 from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
-from studio.gui import errors
-from studio.gui.widgets.charts import NO_RUN, WAITING, ChartsPanel
-from studio.gui.widgets.controls import ChoiceControl, RadioChoice, options_for
-from studio.gui.panels.estimate import PART_COLORS
 from studio.core.sizes import GIB
-from studio.gui.state.job_state import State
+from studio.gui import errors
 from studio.gui.log_dialog import LogDialog
 from studio.gui.main_window import MainWindow
-from studio.gui.state.model_summary import human_count, summarize_model
+from studio.gui.panels.estimate import PART_COLORS
 from studio.gui.process import background_python
+from studio.gui.state.job_state import State
+from studio.gui.state.model_summary import human_count, summarize_model
 from studio.gui.state.series import RunSeries
+from studio.gui.widgets.charts import NO_RUN, WAITING, ChartsPanel
 from studio.gui.widgets.common import TRAINED_BG
+from studio.gui.widgets.controls import ChoiceControl, RadioChoice, options_for
 
 ML_STACK = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "accelerate", "torchao", "datasets")
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from studio.core.config import RunConfig
-from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.core.data.row_formats import Example
+from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.core.run.directory import RunDir
 from studio.gui.state import memory, settings
+from studio.gui.state.console import console_error, loading_detail
 from studio.gui.state.data_preview import TokenizerInfo, build_preview, render_example
 from studio.gui.state.job_state import Job, State, status_text
 from studio.gui.state.model_summary import ModelNotFound, summarize_model
-from studio.gui.state.console import console_error, loading_detail
 from studio.gui.state.run_history import live_runs, record_for, scan_runs
 from studio.gui.state.series import RunSeries, Series, smooth
 

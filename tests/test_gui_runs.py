@@ -14,8 +14,8 @@ import pytest
 
 from studio.core.presets import DEMO_MODEL
 from studio.core.run.directory import RunDir
-from studio.gui.state.job_state import State
 from studio.gui.main_window import MainWindow
+from studio.gui.state.job_state import State
 
 pytestmark = pytest.mark.slow
 WORKER_TIMEOUT_MS = 120_000

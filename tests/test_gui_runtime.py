@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from studio.core.runtime.environment import (Machine, RuntimePlan, State, TorchBuild, begin_setup, find_uv, plan_for_this_machine,
-                                 record_ready, runtime_state, torch_build)
+from studio.core.runtime.environment import (Machine, RuntimePlan, State, TorchBuild, begin_setup, find_uv,
+                                             plan_for_this_machine, record_ready, runtime_state, torch_build)
 from studio.gui.runtime.dialog import RuntimeDialog, check_runtime_at_start, open_runtime_dialog
 
 GPU_MACHINE = Machine("Linux", (12, 9), ("NVIDIA GeForce RTX 4090",))

@@ -8,16 +8,16 @@ import pytest
 
 from helpers import quick_config
 from studio.cli import main
-from studio.core.run.commands import EXIT_OK, EXIT_USAGE
 from studio.core.config import load_config, save_config
 from studio.core.data.dataset import inspect_files
-from studio.core.errors import ProblemsError, StudioError
 from studio.core.data.hub import HubDataset, parse_hub_spec, rows_file
-from studio.core.export.model_card import front_matter, model_card
 from studio.core.data.row_formats import DataError, detect_format, to_messages
+from studio.core.errors import ProblemsError, StudioError
+from studio.core.export.model_card import front_matter, model_card
+from studio.core.run.commands import EXIT_OK, EXIT_USAGE
 from studio.core.validation import validate
-from studio.train.export import hf_format as export_module
 from studio.train.data.hub import load_hub_datasets
+from studio.train.export import hf_format as export_module
 from studio.train.worker import run
 
 SECRET = "hf_sentinelTokenThatMustNeverBeWritten"

@@ -5,12 +5,12 @@ import json
 import pytest
 from helpers import parse_command
 
-from studio.core.run.commands import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, SIMULATION_MODULE, WORKER_MODULE,
-                                  Cluster, estimate_simulation_command, export_command, generate_command,
-                                  inside_launcher, last_json_object, needs_launcher, read_export_record, run_handler,
-                                  simulation_command, torchrun_command, worker_args, worker_command)
 from studio.core.errors import StudioError
 from studio.core.presets import demo_config
+from studio.core.run.commands import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, SIMULATION_MODULE, WORKER_MODULE,
+                                      Cluster, estimate_simulation_command, export_command, generate_command,
+                                      inside_launcher, last_json_object, needs_launcher, read_export_record,
+                                      run_handler, simulation_command, torchrun_command, worker_args, worker_command)
 from studio.core.validation import validate
 
 

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from helpers import losses, quick_config
-from studio.core.run.commands import EXIT_OK
-from studio.core.sizes import GIB
-from studio.core.run.events import read_events
-from studio.core.memory.regime import regime_for
 from studio.core.memory.parts.states import block_weight_bytes, outer_weight_bytes
+from studio.core.memory.regime import regime_for
 from studio.core.model.info import load_model_config, model_shape
+from studio.core.run.commands import EXIT_OK
+from studio.core.run.events import read_events
+from studio.core.sizes import GIB
 from studio.train.export.hf_format import export_run
 from studio.train.model.build import build_model, load_base_model
 from studio.train.worker import run

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
+from studio.core.data.templates import BUILTIN_JINJA
 from studio.core.export.gguf import go_template, modelfile, ollama_parameters
 from studio.core.presets import DEMO_MODEL
-from studio.core.data.templates import BUILTIN_JINJA
 from studio.train.export.modelfile import Untranslatable, chat_turns, write_modelfile
 
 LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' "

@@ -7,12 +7,12 @@ import torch
 
 from helpers import losses, quick_config
 from model_factory import tiny_config
-from studio.core.run.commands import EXIT_OK
 from studio.core.model.info import SUPPORTED_MODEL_TYPES
+from studio.core.run.commands import EXIT_OK
 from studio.train.data.packed_attention import attend_packed
+from studio.train.data.packing import pack, packing_refusal, real_tokens
 from studio.train.data.prepare import IGNORE_INDEX, collate
 from studio.train.objectives.next_token import chunked_cross_entropy, lean_output_layer, token_loss_sum
-from studio.train.data.packing import pack, packing_refusal, real_tokens
 from studio.train.worker import BatchPlan, run
 
 LENGTHS = (5, 17, 3, 11, 9, 16)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from helpers import losses, quick_config
-from studio.core.run.commands import EXIT_OK
 from studio.core.errors import StudioError
+from studio.core.run.commands import EXIT_OK
 from studio.core.run.events import read_events
 from studio.train.checkpoint import load_weights
 from studio.train.export.hf_format import export_run
-from studio.train.model.methods import adapter_regularization
 from studio.train.model.build import build_model
+from studio.train.model.methods import adapter_regularization
 from studio.train.worker import run
 
 pytestmark = pytest.mark.slow  # a run and two exports per method: a few seconds each

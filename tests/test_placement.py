@@ -5,11 +5,11 @@ import pytest
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import ScaleOut, estimate
-from studio.core.sizes import GIB
-from studio.core.memory.regime import regime_for
 from studio.core.memory.parts.states import block_weight_bytes
-from studio.core.model.info import model_shape
 from studio.core.memory.placement import OFFLOAD, DeviceBudget, plan_placement
+from studio.core.memory.regime import regime_for
+from studio.core.model.info import model_shape
+from studio.core.sizes import GIB
 from tests.test_estimate import LLAMA_31_8B
 
 LORA = RunConfig().replace(method="lora", training={"precision": "bf16", "gradient_checkpointing": True})

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from helpers import losses
-from studio.core.run.commands import EXIT_OK
 from studio.core.data.dataset import inspect_files
 from studio.core.presets import DEMO_HELDOUT, demo_config
+from studio.core.run.commands import EXIT_OK
 from studio.train.evaluation.exact_match import exact_match
 from studio.train.export.hf_format import export_run, quantized_base, torchao_config
 from studio.train.model.build import load_tokenizer

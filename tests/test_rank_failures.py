@@ -17,10 +17,10 @@ import psutil
 import pytest
 from helpers import quick_config
 
-from studio.core.run.commands import EXIT_FAILED
 from studio.core.config import save_config
-from studio.core.run.events import read_events
+from studio.core.run.commands import EXIT_FAILED
 from studio.core.run.directory import RunDir
+from studio.core.run.events import read_events
 from studio.gui.state.job_state import Job, State
 
 pytestmark = pytest.mark.slow

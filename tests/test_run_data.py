@@ -8,9 +8,9 @@ from helpers import quick_config
 from studio.cli import main
 from studio.core.config import save_config
 from studio.core.memory.estimate import estimate
-from studio.core.run.events import read_events
 from studio.core.memory.run_data import config_for_longest_row, config_for_tokens, largest_micro_batch_tokens
 from studio.core.model.info import load_model_config
+from studio.core.run.events import read_events
 from studio.train import worker
 
 

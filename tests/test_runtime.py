@@ -16,10 +16,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from studio.core.errors import StudioError
-from studio.core.runtime.environment import (BUILD_TOOLS, PYPI_INDEX, RUNTIME_PINS, Machine, RuntimePlan, State, begin_setup,
-                                 cuda_version_of, find_uv, looks_offline, must_rebuild, offline_message, record_ready,
-                                 requirements_text, runtime_environment, runtime_invocation, runtime_state,
-                                 torch_build)
+from studio.core.runtime.environment import (BUILD_TOOLS, PYPI_INDEX, RUNTIME_PINS, Machine, RuntimePlan, State,
+                                             begin_setup, cuda_version_of, find_uv, looks_offline, must_rebuild,
+                                             offline_message, record_ready, requirements_text, runtime_environment,
+                                             runtime_invocation, runtime_state, torch_build)
 from studio.core.runtime.progress import SetupProgress
 from studio.core.runtime.report import diagnose
 from wheelhouse import build_wheelhouse

@@ -12,9 +12,9 @@ import pytest
 
 from helpers import quick_config
 from studio.core.config import RunConfig
-from studio.core.run.events import EventWriter, read_events
 from studio.core.model.check import resolved_revision
 from studio.core.presets import DEMO_MODEL
+from studio.core.run.events import EventWriter, read_events
 from studio.train.preflight import check_inputs, weight_load_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from helpers import losses, quick_config
-from studio.core.run.commands import EXIT_OK
 from studio.core.config import save_config
-from studio.core.run.events import EventReader, read_events
+from studio.core.run.commands import EXIT_OK
 from studio.core.run.directory import RunDir
+from studio.core.run.events import EventReader, read_events
 from studio.train.worker import run
 
 

@@ -10,8 +10,8 @@ from model_factory import make_tiny_model
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import estimate
 from studio.core.validation import validate
-from studio.train.model.build import build_model
 from studio.train.measure.simulate import measure_step
+from studio.train.model.build import build_model
 
 NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from helpers import losses, quick_config, with_demo_tokenizer
-from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.errors import ProblemsError
+from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.run.events import read_events
 from studio.train.worker import run
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES
-from studio.core.errors import Problem, ProblemsError
 from studio.core.data.hub import is_hub_spec, parse_hub_spec
-from studio.core.memory.savers import SAVER_SPECS
 from studio.core.data.row_formats import DataError
+from studio.core.errors import Problem, ProblemsError
+from studio.core.memory.savers import SAVER_SPECS
 from studio.core.methods import ADALORA_BUDGET, ATTENTION_TOKENS, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.model.check import is_local_model
 from studio.core.model.info import looks_like_path

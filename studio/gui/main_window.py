@@ -14,22 +14,22 @@ from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QS
 from studio.core.errors import Problem
 from studio.core.presets import RESOURCES
 from studio.core.run.directory import default_runs_root
-from studio.gui.state import settings as app_settings
-from studio.gui.widgets.charts import WAITING, ChartsPanel
+from studio.gui.log_dialog import LogDialog
 from studio.gui.panels.data import DataPanel
 from studio.gui.panels.estimate import EstimatePanel
 from studio.gui.panels.export import ExportPanel
 from studio.gui.panels.history import HistoryPanel
-from studio.gui.state.job_state import TERMINAL, State, status_text
-from studio.gui.log_dialog import LogDialog
 from studio.gui.panels.model import ModelPanel
-from studio.gui.state.run_history import live_runs
-from studio.gui.runtime.dialog import open_runtime_dialog
-from studio.gui.runs import RunController
 from studio.gui.panels.scale import ScalePanel
-from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.panels.techniques import TechniquesPanel
 from studio.gui.panels.try_it import TryPanel
+from studio.gui.runs import RunController
+from studio.gui.runtime.dialog import open_runtime_dialog
+from studio.gui.state import settings as app_settings
+from studio.gui.state.job_state import TERMINAL, State, status_text
+from studio.gui.state.run_history import live_runs
+from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
+from studio.gui.widgets.charts import WAITING, ChartsPanel
 from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, problems_html
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"

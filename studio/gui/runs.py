@@ -20,14 +20,14 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from studio.core.run import commands
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
-from studio.core.run.events import EventReader
+from studio.core.run import commands
 from studio.core.run.directory import RunDir, default_runs_root
+from studio.core.run.events import EventReader
+from studio.gui.process import background_python, launch_detached
 from studio.gui.state.console import CONSOLE_FILE, ConsoleTail, console_error
 from studio.gui.state.job_state import Job, State
-from studio.gui.process import background_python, launch_detached
 from studio.gui.state.run_history import find_process, process_alive, worker_pid
 from studio.gui.state.series import RunSeries
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from studio.core.run.commands import EXIT_OK
 from studio.core.data.dataset import inspect_files
-from studio.core.run.events import EventWriter
 from studio.core.presets import DEMO_HELDOUT, demo_config
+from studio.core.run.commands import EXIT_OK
 from studio.core.run.directory import RunDir
+from studio.core.run.events import EventWriter
 from studio.train.checkpoint import load_weights
 from studio.train.evaluation.exact_match import exact_match
 from studio.train.export.hf_format import export_run

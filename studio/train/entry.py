@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from studio.core.run.commands import run_handler
 from studio.core.errors import StudioError
+from studio.core.run.commands import run_handler
 
 PROG = "studio train"
 HELP = "train from a YAML config (or resume a run)"

@@ -19,9 +19,9 @@ from pathlib import Path
 from studio.core.config import RunConfig
 from studio.core.data.dataset import DatasetReport, inspect_files
 from studio.core.errors import Problem, ProblemsError, StudioError
-from studio.core.run.events import EventWriter
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config
+from studio.core.run.events import EventWriter
 from studio.train.data.hub import load_hub_datasets
 
 log = logging.getLogger("studio.train")

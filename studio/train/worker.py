@@ -33,36 +33,37 @@ from pathlib import Path
 
 import torch
 
-from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
 from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
 from studio.core.errors import StudioError
+from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
-from studio.core.run.events import EventWriter
-from studio.core.memory.derived import TraceNeededError
 from studio.core.model.info import load_model_config
+from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
 from studio.core.run.directory import RunDir, default_runs_root
+from studio.core.run.events import EventWriter
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
-from studio.train.data.packed_attention import attend_packed
 from studio.train.control import StopController
+from studio.train.data.packed_attention import attend_packed
+from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared
-from studio.train.model.layersplit import placement_of, run_scale_out
-from studio.train.objectives import objective_for
-from studio.train.measure.memtrack import tracker_for
-from studio.train.measure.metrics import describe_devices, library_versions, memory_snapshot
 from studio.train.distributed.engine import leave_process_group, make_engine, process_rank
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
-from studio.train.model.methods import adapter_regularization, after_optimizer_step
-from studio.train.model.build import adapted_module_names, build_model, count_parameters, load_tokenizer
-from studio.train.savers.host_weights import host_weights
-from studio.train.measure.oom import consistent_after, oom_report, overflowed_part, release_memory, simulated_memory_limit
-from studio.train.optim import build_scheduler
-from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
-from studio.train.preflight import check_inputs
 from studio.train.distributed.rankwatch import is_lost_contact
+from studio.train.measure.memtrack import tracker_for
+from studio.train.measure.metrics import describe_devices, library_versions, memory_snapshot
+from studio.train.measure.oom import (consistent_after, oom_report, overflowed_part, release_memory,
+                                      simulated_memory_limit)
 from studio.train.measure.trace import write_trace
+from studio.train.model.build import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model.layersplit import placement_of, run_scale_out
+from studio.train.model.methods import adapter_regularization, after_optimizer_step
+from studio.train.objectives import objective_for
+from studio.train.optim import build_scheduler
+from studio.train.preflight import check_inputs
+from studio.train.savers.host_weights import host_weights
 
 log = logging.getLogger("studio.train")
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from studio.core.errors import Problem, ProblemsError
 from studio.core.data.hub import is_hub_spec, parse_hub_spec, rows_file
 from studio.core.data.row_formats import FORMATS, DataError, Example, describe_value, detect_format, to_messages
+from studio.core.errors import Problem, ProblemsError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 MAX_PROBLEMS = 20

@@ -15,8 +15,8 @@ import yaml
 
 from studio.core.config import RunConfig
 from studio.core.data.hub import hub_dataset_id
-from studio.core.sizes import format_bytes
 from studio.core.methods import RANK
+from studio.core.sizes import format_bytes
 
 CARD_FILE = "README.md"
 _PEFT_LOAD = """```python

@@ -47,13 +47,12 @@ import platformdirs
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
+from studio.core.memory.recount import adapter_bytes, adapter_tensors, lora_block_bytes, lora_settings, recounts_lora
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl_for
-from studio.core.memory.recount import (adapter_bytes, adapter_tensors, lora_block_bytes, lora_settings,
-                                        recounts_lora)
 from studio.core.memory.results import Estimate
 from studio.core.memory.savers import SAVER_SPECS
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
-from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
 from studio.core.methods import trains_like
 
 TRACE_VERSION = 4

@@ -48,20 +48,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from studio.core.config import RunConfig
-from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
-from studio.core.memory.results import (TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts,
-                                        verdict_for)
-from studio.core.memory.sharding import CudaOverheads, ScaleOut, loading_per_process, sharded_devices, with_cuda_overheads
-from studio.core.memory.parts.states import ModelStates, host_head_bytes, host_weight_bytes, host_weight_notes, model_states
-from studio.core.memory.parts.logits import logits_loss_bytes
-from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
-from studio.core.memory.parts.tape import Activations, activations
-from studio.core.memory.parts.tiled import feedforward_for
-from studio.core.methods import ATTENTION_TOKENS
 from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_estimate, regime_axes, regime_id,
                                         trace_path)
-from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
+from studio.core.memory.parts.logits import logits_loss_bytes
+from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
+from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_bytes, host_weight_notes,
+                                             model_states)
+from studio.core.memory.parts.tape import Activations, activations
+from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.memory.placement import split_devices
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
+from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
+from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, sharded_devices,
+                                         with_cuda_overheads)
+from studio.core.methods import ATTENTION_TOKENS
+from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
 
 # What callers of the estimate use; the parts of the model live in studio.core.memory.
 __all__ = ["estimate", "Estimate", "DeviceEstimate", "Verdict", "verdict_for", "ScaleOut", "CudaOverheads",

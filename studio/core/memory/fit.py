@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 from studio.core.config import RunConfig, to_dict
 from studio.core.errors import StudioError
-from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
 from studio.core.memory.derived import TraceNeededError
+from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
 from studio.core.memory.parts import PARTS
 from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.savers import SAVER_SPECS, ZERO, SaverSpec

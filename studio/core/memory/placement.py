@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from studio.core.errors import StudioError
+from studio.core.memory.parts.states import block_weight_bytes, outer_weight_bytes
 from studio.core.memory.regime import Regime
 from studio.core.memory.results import DeviceEstimate, complete_parts
-from studio.core.sizes import format_bytes
 from studio.core.memory.sharding import CudaOverheads, ScaleOut
-from studio.core.memory.parts.states import block_weight_bytes, outer_weight_bytes
 from studio.core.model.info import ModelShape
+from studio.core.sizes import format_bytes
 
 OFFLOAD = "offload"  # kept in CPU RAM, run on the first device
 

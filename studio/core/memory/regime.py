@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.model.families import LinearLayer
 from studio.core.methods import DORA, INPUT_TOKENS, METHOD_SPECS, MethodSpec
+from studio.core.model.families import LinearLayer
 from studio.core.model.info import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1, "int64": 8}

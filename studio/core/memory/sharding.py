@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.parts.states import ModelStates
 from studio.core.memory.results import DeviceEstimate, LoadingEstimate, complete_parts
 from studio.core.sizes import GIB
-from studio.core.memory.parts.states import ModelStates
 
 
 @dataclass(frozen=True)

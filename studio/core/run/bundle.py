@@ -15,10 +15,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from studio.core.run.commands import DEFAULT_PORT, Cluster, torchrun_command, worker_args
 from studio.core.config import RunConfig, save_config
-from studio.core.errors import StudioError
 from studio.core.data.hub import is_hub_spec
+from studio.core.errors import StudioError
+from studio.core.run.commands import DEFAULT_PORT, Cluster, torchrun_command, worker_args
 from studio.core.validation import raise_if_invalid
 
 CONFIG_NAME = "config.yaml"

@@ -12,12 +12,13 @@ from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES
 from studio.core.errors import ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN
-from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleControl
 from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview
-from studio.gui.widgets.histogram import LengthHistogram
 from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
-from studio.gui.widgets.common import BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation, VerticalScroll
+from studio.gui.widgets.common import (BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation,
+                                       VerticalScroll)
+from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleControl
+from studio.gui.widgets.histogram import LengthHistogram
 
 # The input fields whose change needs the files read again; max_length only moves the cut line.
 _PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")

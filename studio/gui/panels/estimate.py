@@ -15,12 +15,12 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
-from studio.gui.state import memory
-from studio.gui.state.memory import PART_LABELS, PHASE_LABELS, Estimate, TraceNeededError, kind_text
-from studio.gui.state.console import console_error
 from studio.core.sizes import GIB, format_gib
-from studio.gui.state.hardware import COMMON_CARDS, DEFAULT_CARD, Gpu, detect_gpus
 from studio.gui.process import LineProcess
+from studio.gui.state import memory
+from studio.gui.state.console import console_error
+from studio.gui.state.hardware import COMMON_CARDS, DEFAULT_CARD, Gpu, detect_gpus
+from studio.gui.state.memory import PART_LABELS, PHASE_LABELS, Estimate, TraceNeededError, kind_text
 from studio.gui.widgets.common import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
 
 PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)

@@ -14,14 +14,14 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
                                QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget)
 
-from studio.core.run.commands import export_command, read_export_record
 from studio.core.config import load_config
 from studio.core.errors import StudioError
 from studio.core.export.gguf import DEFAULT_QUANT, NEEDS_LLAMA_CPP, QUANT_TYPES, LLAMA_CPP_INSTALL
 from studio.core.export.publishing import check_can_push
+from studio.core.run.commands import export_command, read_export_record
 from studio.core.run.directory import RunDir
-from studio.gui.state.console import console_error
 from studio.gui.process import LineProcess
+from studio.gui.state.console import console_error
 from studio.gui.widgets.common import BAD, GOOD, MUTED, explanation
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

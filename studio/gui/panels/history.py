@@ -11,12 +11,12 @@ from PySide6.QtGui import QColor, QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QPushButton, QSplitter, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
-from studio.core.run.events import read_events
 from studio.core.run.directory import RunDir
-from studio.gui.widgets.charts import ChartsPanel, run_letter
+from studio.core.run.events import read_events
 from studio.gui.state.run_history import RunRecord, scan_runs
 from studio.gui.state.series import RunSeries
 from studio.gui.tasks import BackgroundTask
+from studio.gui.widgets.charts import ChartsPanel, run_letter
 from studio.gui.widgets.common import ACCENT, BAD, GOOD, MUTED, WARN, explanation
 
 COLUMNS = ("Run", "Started", "Status", "Steps", "Loss", "Eval loss", "Model", "Method")

@@ -15,8 +15,8 @@ from studio.core.presets import DEMO_MODEL
 from studio.core.sizes import format_bytes
 from studio.gui.state.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_count, summarize_model
 from studio.gui.state.settings import AppSettings
-from studio.gui.widgets.controls import ToggleControl
 from studio.gui.widgets.common import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html, VerticalScroll
+from studio.gui.widgets.controls import ToggleControl
 
 
 class ModelPanel(VerticalScroll):

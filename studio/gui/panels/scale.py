@@ -12,12 +12,12 @@ from pathlib import Path
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
                                QMessageBox, QPushButton, QSpinBox, QWidget)
 
-from studio.core.run.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.run.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.run.commands import DEFAULT_PORT
-from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, ToggleControl, read_field
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
+from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, ToggleControl, read_field
 
 
 

@@ -14,10 +14,11 @@ from studio.core.errors import StudioError
 from studio.core.methods import (ADALORA_BUDGET, ALPHA, DORA, DROPOUT, LORA_SETTINGS, METHOD_SPECS, RANK, RSLORA,
                                  VIRTUAL_TOKEN_COUNT)
 from studio.core.model.info import model_shape
-from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, Option, RadioChoice, ScientificControl, ToggleControl
 from studio.gui.state.memory import (BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP, model_config_of,
                                      panel_order, savers_in)
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
+from studio.gui.widgets.controls import (BoundControl, ChoiceControl, NumberControl, Option, RadioChoice,
+                                         ScientificControl, ToggleControl)
 
 METHODS = [Option(name, spec.label, spec.explanation) for name, spec in METHOD_SPECS.items()]
 ALL_LINEAR = "all-linear"

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, Q
                                QVBoxLayout, QWidget)
 
 from studio.core.run.commands import generate_command, last_json_object
-from studio.gui.state.console import console_error
 from studio.gui.process import LineProcess
+from studio.gui.state.console import console_error
 from studio.gui.widgets.common import BAD, MUTED, explanation
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
                                QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
-from studio.core.runtime.environment import (TORCH_VERSION, Machine, RuntimePlan, State, detect_machine, find_uv, is_bundle,
-                                 plan_for_this_machine, requirements_text, runtime_state)
+from studio.core.runtime.environment import (TORCH_VERSION, Machine, RuntimePlan, State, detect_machine, find_uv,
+                                             is_bundle, plan_for_this_machine, requirements_text, runtime_state)
 from studio.gui.runtime.setup import RuntimeSetup
 from studio.gui.widgets.common import Banner, explanation
 

@@ -14,8 +14,8 @@ import shutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from studio.core.run.commands import last_json_object
-from studio.core.runtime.environment import (Machine, RuntimePlan, Step, begin_setup, looks_offline, must_rebuild, offline_message,
-                                 record_ready, runtime_environment, runtime_state)
+from studio.core.runtime.environment import (Machine, RuntimePlan, Step, begin_setup, looks_offline, must_rebuild,
+                                             offline_message, record_ready, runtime_environment, runtime_state)
 from studio.core.runtime.progress import CacheMeter, SetupProgress
 from studio.core.runtime.report import RuntimeReport, diagnose
 from studio.gui.process import LineProcess

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import Estimate, ScaleOut, estimate
 from studio.core.memory.fit import fit, fit_own_data
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.core.memory.savers import SaverSpec
+from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
 # what the panels read through this door as it is: an estimate and its words, the table of memory savers
 from studio.core.memory.derived import TraceNeededError, kind_text  # noqa: F401
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS  # noqa: F401

@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 import yaml
 
-from studio.core.run.events import read_events, summarize
 from studio.core.run.directory import RunDir
+from studio.core.run.events import read_events, summarize
 
 @dataclass(frozen=True)
 class RunRecord:

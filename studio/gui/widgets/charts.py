@@ -16,10 +16,10 @@ from typing import Any
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
 
-from studio.gui.widgets.plotting import pg, plot_widget
 from studio.core.sizes import GIB
 from studio.gui.state.series import RunSeries, Series
 from studio.gui.widgets.common import BAD
+from studio.gui.widgets.plotting import pg, plot_widget
 
 REDRAW_MS = 100
 WAITING = "Waiting for the first step…"

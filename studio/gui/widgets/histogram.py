@@ -6,8 +6,8 @@ import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStackedLayout, QWidget
 
-from studio.gui.widgets.plotting import pg, plot_widget
 from studio.gui.widgets.common import BAD
+from studio.gui.widgets.plotting import pg, plot_widget
 
 
 class LengthHistogram(QWidget):

@@ -12,8 +12,8 @@ import logging
 import os
 
 from studio.core.config import RunConfig
-from studio.core.errors import StudioError
 from studio.core.data.hub import HubDataset, is_hub_spec, parse_hub_spec, rows_file
+from studio.core.errors import StudioError
 
 log = logging.getLogger("studio.train")
 

@@ -27,12 +27,12 @@ import pyarrow as pa
 import torch
 from datasets.table import InMemoryTable
 
-from studio.core.data import templates
 from studio.core.config import RunConfig
+from studio.core.data import templates
 from studio.core.data.dataset import MAX_PROBLEMS, inspect_files, iter_examples
-from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
+from studio.core.errors import Problem, ProblemsError, StudioError
 
 IGNORE_INDEX = -100
 _SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])

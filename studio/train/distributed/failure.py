@@ -15,8 +15,8 @@ import os
 import threading
 
 from studio.core.run.commands import EXIT_FAILED
-from studio.core.run.events import EventWriter
 from studio.core.run.directory import RunDir
+from studio.core.run.events import EventWriter
 from studio.train.distributed import rankwatch
 from studio.train.distributed.launcher import launched_by_studio
 

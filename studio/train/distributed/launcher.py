@@ -24,10 +24,10 @@ import sys
 import time
 
 from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, Cluster, torchrun_command, worker_args
-from studio.core.run.events import EventWriter
 from studio.core.run.directory import RunDir
-from studio.train.distributed import rankwatch
+from studio.core.run.events import EventWriter
 from studio.train.control import StopController
+from studio.train.distributed import rankwatch
 
 log = logging.getLogger("studio.train")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig, load_config
-from studio.core.errors import StudioError
 from studio.core.data.row_formats import Example
+from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
 from studio.train.checkpoint import load_weights
 from studio.train.data.prepare import encode_prompt

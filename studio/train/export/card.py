@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.config import RunConfig
-from studio.core.run.events import read_events
 from studio.core.export.model_card import CARD_FILE, front_matter, model_card
 from studio.core.model.check import is_local_model
 from studio.core.run.directory import RunDir
+from studio.core.run.events import read_events
 
 
 def base_license(config: RunConfig) -> str:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.config import RunConfig
-from studio.core.run.events import read_events
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import BUILTIN_JINJA
+from studio.core.run.events import read_events
 from studio.train.data.prepare import render_segments, resolve_template
 
 _PROBE = "studio-probe-response"  # an assistant turn's text, to find what the template writes after it

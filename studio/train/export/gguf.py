@@ -18,19 +18,19 @@ from pathlib import Path
 
 import torch
 
-from studio.core.run.commands import EXPORT_RECORD, read_export_record
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.export.gguf import (DEFAULT_QUANT, LLAMA_CPP_INSTALL, MIN_AGREEMENT, NEEDS_LLAMA_CPP, QUANT_TYPES,
-                              gguf_name, modelfile_name)
+                                     gguf_name, modelfile_name)
+from studio.core.run.commands import EXPORT_RECORD, read_export_record
 from studio.core.run.directory import atomic_folder
-from studio.train.export.hf_format import (Verification, compare_logits, logits_of, open_run, record_export, usual_file_modes,
-                                 verification_inputs, write_verified)
 from studio.train.export.card import write_card
+from studio.train.export.hf_format import (Verification, compare_logits, logits_of, open_run, record_export,
+                                           usual_file_modes, verification_inputs, write_verified)
 from studio.train.export.llama_cpp import (Converter, convert, find_converter, llama_cpp_available, llama_cpp_logits,
-                                    quantize_k, supported_architectures)
-from studio.train.model.build import hub_kwargs, load_tokenizer
+                                           quantize_k, supported_architectures)
 from studio.train.export.modelfile import write_modelfile
+from studio.train.model.build import hub_kwargs, load_tokenizer
 
 HELD_OUT_SAMPLES = 8
 

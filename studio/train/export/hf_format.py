@@ -20,18 +20,19 @@ from pathlib import Path
 
 import torch
 
-from studio.core.run.commands import EXPORT_RECORD
 from studio.core.config import RunConfig, load_config
 from studio.core.data.dataset import inspect_files
 from studio.core.errors import StudioError
-from studio.core.run.events import EventWriter
+from studio.core.run.commands import EXPORT_RECORD
 from studio.core.run.directory import RunDir, atomic_folder
-from studio.train.export.chat import base_generation_config, carry_chat_template, trained_template
+from studio.core.run.events import EventWriter
 from studio.train.checkpoint import load_weights, read_state
 from studio.train.data.prepare import encode, render_segments
 from studio.train.export.card import write_card
+from studio.train.export.chat import base_generation_config, carry_chat_template, trained_template
+from studio.train.model.build import (attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer,
+                                      qat_base_config)
 from studio.train.quiet import quiet_progress_bars
-from studio.train.model.build import attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer, qat_base_config
 
 log = logging.getLogger("studio.train")
 

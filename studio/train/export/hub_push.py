@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from studio.core.run.commands import read_export_record
 from studio.core.config import load_config
+from studio.core.run.commands import read_export_record
 from studio.core.run.directory import COMPLETE_MARKER, RunDir
 from studio.train.export.card import write_card
 

@@ -32,12 +32,13 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.memory.regime import loss_impl_for
-from studio.train.model import build as model_module
-from studio.train.objectives.next_token import chunked_cross_entropy, lean_output_layer, predicting_hidden_states, token_loss_sum
 from studio.train.measure.memtrack import LiveTensorTracker, tracker_for
+from studio.train.model import build as model_module
 from studio.train.model.build import build_model, compute_dtype, hub_config
-from studio.train.savers.host_weights import host_weights, keep_weights_on_cpu
+from studio.train.objectives.next_token import (chunked_cross_entropy, lean_output_layer, predicting_hidden_states,
+                                                token_loss_sum)
 from studio.train.optim import build_optimizer
+from studio.train.savers.host_weights import host_weights, keep_weights_on_cpu
 
 STEPS = 2
 

@@ -33,17 +33,17 @@ from torch.utils._pytree import tree_leaves
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.derived import (MOMENTS, TRACE_DEPTHS, TRACE_VERSION, neighbour_configs, record_id,
-                                        regime_axes, regime_id, trace_path, trace_points)
+from studio.core.memory.derived import (MOMENTS, TRACE_DEPTHS, TRACE_VERSION, neighbour_configs, record_id, regime_axes,
+                                        regime_id, trace_path, trace_points)
 from studio.core.memory.recount import RECORD_LENGTH, RECORD_RANK, lora_settings, recounts_lora
 from studio.core.memory.regime import loss_impl_for
 from studio.core.model.info import load_model_config
 from studio.train.measure.memtrack import LiveTensorTracker, PeakReport
-from studio.train.model.build import compute_dtype
-from studio.train.optim import build_optimizer
-from studio.train.objectives.next_token import lean_output_layer
 from studio.train.measure.simulate import (experts_grouped_on_fake_tensors, fake_model, full_length_batches, hub_config,
-                                   loss_sum, rows_are_unpadded, run_optimizer_steps, target_tokens)
+                                           loss_sum, rows_are_unpadded, run_optimizer_steps, target_tokens)
+from studio.train.model.build import compute_dtype
+from studio.train.objectives.next_token import lean_output_layer
+from studio.train.optim import build_optimizer
 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")  # the longest input
 _ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout")

@@ -24,8 +24,8 @@ from studio.core.errors import StudioError
 from studio.core.memory.regime import lean_outer_weights, lean_weights_apply, weight_dtype_name
 from studio.core.model.info import cached_config, looks_like_path
 from studio.train.model.methods import attach_hooks, hooks_of, peft_config
-from studio.train.savers import apply_when_built
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
+from studio.train.savers import apply_when_built
 
 log = logging.getLogger("studio.train")
 

@@ -24,8 +24,8 @@ import torch
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import ScaleOut, estimate
-from studio.core.model.info import load_model_config
 from studio.core.memory.placement import OFFLOAD, Placement
+from studio.core.model.info import load_model_config
 
 log = logging.getLogger("studio.train")
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from studio.core.memory.parts.tape import Activations
 from studio.core.memory.regime import Regime
 from studio.core.memory.results import DeviceEstimate, complete_parts
-from studio.core.memory.parts.tape import Activations
 from studio.core.methods import INPUT_TOKENS
 from studio.core.model.info import ModelShape
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from studio.core.model.families import ROUTER, LinearLayer
-from studio.core.memory.regime import DTYPE_BYTES, Regime
 from studio.core.memory.parts.states import adapter_groups
+from studio.core.memory.regime import DTYPE_BYTES, Regime
 from studio.core.methods import ATTENTION_TOKENS, REBUILT, SCALING
+from studio.core.model.families import ROUTER, LinearLayer
 from studio.core.model.info import ModelShape
 
 

@@ -15,9 +15,9 @@ from typing import Callable
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.model.families import EXPERTS, ROUTER
-from studio.core.memory.regime import Regime
 from studio.core.memory.parts.tape import forward_transient, simulate_backward
+from studio.core.memory.regime import Regime
+from studio.core.model.families import EXPERTS, ROUTER
 from studio.core.model.info import ModelShape
 
 
