@@ -93,23 +93,29 @@ def test_no_layer_imports_a_layer_above_or_beside_it():
     assert not upward, "imports that break the layers: " + ", ".join(upward)
 
 
-def test_no_import_cycle():
-    graph, state, cycles = studio_graph(), {}, []
+def cycles_in(graph: dict[str, set[str]]) -> list[str]:
+    """Each import cycle of ``graph`` found by a depth-first walk, as ``a -> b -> a``."""
+    state, cycles = {}, []
 
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = "open"
-        path.append(module)
-        for target in sorted(graph[module]):
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
             if state.get(target) == "open":
                 cycles.append(" -> ".join(path[path.index(target):] + [target]))
             elif target not in state:
                 visit(target, path)
         path.pop()
-        state[module] = "done"
+        state[node] = "done"
 
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [])
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def test_no_import_cycle():
+    cycles = cycles_in(studio_graph())
     assert not cycles, "import cycles: " + "; ".join(cycles)
 
 
@@ -156,22 +162,7 @@ def test_no_import_cycle_between_sub_packages():
     units: dict[str, set[str]] = {}
     for module, targets in studio_graph().items():
         units.setdefault(unit_of(module), set()).update(unit_of(t) for t in targets if unit_of(t) != unit_of(module))
-    state, cycles = {}, []
-
-    def visit(unit: str, path: list[str]) -> None:
-        state[unit] = "open"
-        path.append(unit)
-        for target in sorted(units.get(unit, ())):
-            if state.get(target) == "open":
-                cycles.append(" -> ".join(path[path.index(target):] + [target]))
-            elif target not in state:
-                visit(target, path)
-        path.pop()
-        state[unit] = "done"
-
-    for unit in sorted(units):
-        if unit not in state:
-            visit(unit, [])
+    cycles = cycles_in(units)
     assert not cycles, "cycles between sub-packages: " + "; ".join(cycles)
 
 
