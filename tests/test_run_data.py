@@ -12,6 +12,7 @@ from studio.core.memory.run_data import config_for_longest_row, config_for_token
 from studio.core.model.info import load_model_config
 from studio.core.run.events import read_events
 from studio.train import worker
+from studio.train.objectives import next_token
 
 
 def test_packed_batches_count_their_rows_and_padded_ones_their_longest_row():
@@ -32,9 +33,9 @@ def test_the_configs_the_run_s_own_peak_is_estimated_with():
 @pytest.mark.parametrize("packing", ["padding_free", "none"])
 def test_the_worker_s_prediction_is_its_largest_micro_batch(small_data, tmp_path, monkeypatch, packing):
     seen = []
-    for name in ("pack", "collate"):  # record every micro-batch the worker trains
-        original = getattr(worker, name)
-        monkeypatch.setattr(worker, name, lambda rows, *args, _f=original: seen.append(_f(rows, *args)) or seen[-1])
+    for name in ("pack", "collate"):  # record every micro-batch the worker trains (its objective makes them)
+        original = getattr(next_token, name)
+        monkeypatch.setattr(next_token, name, lambda rows, *args, _f=original: seen.append(_f(rows, *args)) or seen[-1])
     config = quick_config(small_data, data={"packing": packing, "max_length": 256},
                           training={"micro_batch_size": 4, "max_steps": 6, "gradient_accumulation_steps": 2})
     code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)

@@ -107,8 +107,8 @@ def _four_bit_base(c: Candidate) -> list[Candidate]:
 def _offload(c: Candidate) -> list[Candidate]:
     options = [c]
     t = c.config.training
-    # ZeRO with savers that need each process to hold the whole model: refused (their table's not_with)
-    if not c.scale_out.offload_optimizer and not any(getattr(t, s.name) and ZERO in s.not_with for s in SAVER_SPECS.values()):
+    whole_model_savers = any(getattr(t, spec.name) and ZERO in spec.not_with for spec in SAVER_SPECS.values())
+    if not c.scale_out.offload_optimizer and not whole_model_savers:  # offload is a ZeRO stage they cannot run in
         stage = max(c.scale_out.zero_stage, 2)
         options.append(replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True)))
     return options
