@@ -90,6 +90,10 @@ MODELS = {
                                     num_attention_heads=6, num_key_value_heads=2, vocab_size=16384,
                                     embedding_multiplier=12.0, residual_multiplier=0.22,
                                     attention_multiplier=0.015625, logits_scaling=8.0)),
+    # deep and narrow, with a small vocabulary: at long sequences the end of the forward pass (every block's kept
+    # input, the loss) is the peak, not the logits
+    "llama-deep-19M": ("llama", dict(hidden_size=256, intermediate_size=704, num_hidden_layers=24, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=8192)),
     # families no hand description covers: only the derived estimate (a traced step) applies
     "stablelm-20M": ("stablelm", dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                                       num_attention_heads=6, num_key_value_heads=2, vocab_size=16384)),
@@ -259,6 +263,21 @@ TILED_CASES = [
     Case("phi3-21M", "lora", "bf16", 4, 256, checkpointing=True, changes=TILED),
 ]
 
+# Each saver where the end of the forward pass dominates (deep model, long sequence): the forward's peak is
+# compared apart; with activation offload the device keeps (almost) no block input (``--only deep``).
+CKPT = {"training": {"gradient_checkpointing": True}}
+FORWARD_END_CASES = [
+    Case("llama-deep-19M", "lora", "bf16", 1, 4096, checkpointing=True),
+    Case("llama-deep-19M", "lora", "bf16", 1, 4096, checkpointing=True, changes=OFFLOAD, quick=True),
+    Case("llama-deep-19M", "qlora", "bf16", 1, 4096, checkpointing=True, changes=OFFLOAD),
+    Case("llama-deep-19M", "lora", "bf16", 1, 4096, checkpointing=True, changes={"training": {
+        "tiled_mlp": True, "activation_offload": True}}),
+    Case("llama-deep-19M", "lora", "bf16", 1, 4096, changes=TILED),
+    Case("llama-deep-19M", "qlora", "bf16", 1, 4096, checkpointing=True, changes={"training": {
+        "embedding_on_cpu": True, "output_layer_on_cpu": True, "activation_offload": True}}),
+    Case("llama-deep-19M", "full", "fp32", 1, 2048, checkpointing=True, changes=OFFLOAD),
+]
+
 # The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On
 # described families too, so that its error is measured where the description's is known.
 DERIVED_CASES = [
@@ -326,6 +345,8 @@ class Row:
     analytic_total: int = 0  # with CUDA context and allocator margin
     measured_host: int = 0  # host RAM beside the device's: the embedding kept there, offloaded activations
     analytic_host: int = 0
+    measured_forward: int = 0  # the forward phase's peak (to the end of the loss)
+    analytic_forward: int = 0
 
     @property
     def analytic_error(self) -> float:
@@ -334,6 +355,10 @@ class Row:
     @property
     def simulated_error(self) -> float | None:
         return None if self.simulated is None else self.simulated / self.measured - 1
+
+    @property
+    def forward_error(self) -> float:
+        return self.analytic_forward / self.measured_forward - 1
 
     @property
     def host_error(self) -> float | None:
@@ -373,7 +398,9 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     row = Row(case, parameters=analytic.parameters, measured=measured.peak_bytes,
               analytic=analytic.peak_bytes - overheads, simulated=simulated, seconds=time.perf_counter() - started,
               reserved=measured.peak_reserved_bytes, nvml_used=nvml_used, analytic_total=analytic.peak_bytes,
-              measured_host=measured.host_peak_bytes, analytic_host=host)
+              measured_host=measured.host_peak_bytes, analytic_host=host,
+              measured_forward=measured.phase_peaks.get("forward", 0),
+              analytic_forward=analytic.devices[0].phases["forward"] - overheads)
     gc.collect()
     if on_cuda:
         torch.cuda.empty_cache()
@@ -425,7 +452,8 @@ def _percent(value: float | None) -> str:
 
 
 def table(rows: list[Row], on_cuda: bool) -> str:
-    head = ["case", "params", "measured MiB", "analytic MiB", "error", "simulated MiB", "error"]
+    head = ["case", "params", "measured MiB", "analytic MiB", "error", "simulated MiB", "error",
+            "forward measured MiB", "forward analytic MiB", "error"]
     if on_cuda:
         head += ["reserved MiB", "nvml used MiB", "analytic total MiB"]
     hosts = any(r.analytic_host for r in rows)
@@ -435,7 +463,8 @@ def table(rows: list[Row], on_cuda: bool) -> str:
     for r in rows:
         cells = [r.case.name, f"{r.parameters / 1e6:.1f}M", f"{r.measured / MIB:.1f}", f"{r.analytic / MIB:.1f}",
                  _percent(r.analytic_error), "n/a" if r.simulated is None else f"{r.simulated / MIB:.1f}",
-                 _percent(r.simulated_error)]
+                 _percent(r.simulated_error), f"{r.measured_forward / MIB:.1f}", f"{r.analytic_forward / MIB:.1f}",
+                 _percent(r.forward_error)]
         if on_cuda:
             cells += [f"{r.reserved / MIB:.1f}", f"{r.nvml_used / MIB:.1f}", f"{r.analytic_total / MIB:.1f}"]
         if hosts:
@@ -452,6 +481,7 @@ def summary(rows: list[Row]) -> str:
                           ("analytic (derived, toggled after the trace)",
                            [r.analytic_error for r in rows if r.case.traced_as]),
                           ("simulated", [r.simulated_error for r in rows if r.simulated is not None]),
+                          ("the forward pass's peak (described)", [r.forward_error for r in rows if not r.case.derived]),
                           ("host RAM (apart from the device's: weights kept there, offloaded activations)",
                            [r.host_error for r in rows if r.host_error is not None])):
         if errors:
@@ -479,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     wanted = args.only.split(",") if args.only else []
-    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + DERIVED_CASES + TOGGLE_CASES
+    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + FORWARD_END_CASES + DERIVED_CASES + TOGGLE_CASES
              if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)

@@ -55,7 +55,7 @@ from studio.core.memory.savers import SAVER_SPECS
 from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
 from studio.core.methods import trains_like
 
-TRACE_VERSION = 4
+TRACE_VERSION = 5  # 5: the chunked loss keeps only the final hidden state (no output_hidden_states)
 # The moments of a step whose peaks are traced apart, by phase: each grows smoothly with depth and sizes
 # (a phase's peak alone moves from one moment to another as they change)
 PHASE_MOMENTS = {"forward": ("forward", "forward_head"), "backward": ("backward", "backward_last", "backward_first")}

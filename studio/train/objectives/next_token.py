@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -86,11 +87,46 @@ def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn
 
 
 def predicting_hidden_states(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The final hidden states of the positions that predict a next token (all but the last), no logits."""
+    """The final hidden states of the positions that predict a next token (all but the last), no logits.
+
+    The model's forward computes the logits of no position; its decoder's output is taken by a forward hook, so
+    that nothing else of the forward is kept (``output_hidden_states`` would keep every layer's output until the
+    forward returns: with activation offload, the very block inputs it moves to CPU RAM)."""
     nothing = torch.zeros(0, dtype=torch.long, device=batch["input_ids"].device)
-    outputs = model(**model_inputs(batch), logits_to_keep=nothing, output_hidden_states=True)
+    final = _final_hidden_state(model)
+    model(**model_inputs(batch), logits_to_keep=nothing)
     length = batch["input_ids"].shape[1]  # prompt tuning prepends its virtual tokens
-    return outputs.hidden_states[-1][:, -length:-1]
+    return final.take()[:, -length:-1]
+
+
+class _FinalHiddenState:
+    """The output of a decoder's last forward, kept by a forward hook until it is taken."""
+
+    def __init__(self, decoder: torch.nn.Module):
+        self._output: torch.Tensor | None = None
+        decoder.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        self._output = output[0]  # last_hidden_state (a ModelOutput's first field, or a tuple's)
+
+    def take(self) -> torch.Tensor:
+        output, self._output = self._output, None
+        if output is None:
+            raise RuntimeError("the model's forward did not run its decoder")
+        return output
+
+
+_FINAL_HIDDEN_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder -> its _FinalHiddenState
+
+
+def _final_hidden_state(model) -> _FinalHiddenState:
+    """The hook on the decoder of ``model`` (wrapped by an engine, an adapter, or neither), made once per decoder."""
+    unwrapped = getattr(model, "module", model)  # DDP and DeepSpeed wrap the model as .module
+    base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # a peft model's
+    decoder = base.get_decoder()
+    if decoder not in _FINAL_HIDDEN_STATES:
+        _FINAL_HIDDEN_STATES[decoder] = _FinalHiddenState(decoder)
+    return _FINAL_HIDDEN_STATES[decoder]
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
