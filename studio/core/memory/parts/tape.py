@@ -580,7 +580,7 @@ def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activati
         before_last = (layers - 1) * kept + held + unsaved_input + embedding
         before_first = held + unsaved_input + embedding
         copies = saved_bytes(head, "weight_copy")
-        cache = layers * saved_bytes(later, "weight_copy") if regime.full else 0
+        cache = layers * saved_bytes(later, "weight_copy")
     else:
         saved = saved_bytes(tape.nodes) + (layers - 2) * block_saved
         before_last, before_first = (saved_bytes(first) + (layers - 2) * block_saved if layers > 1 else 0), 0
