@@ -6,7 +6,9 @@
 Llama-3.1-8B and Llama-3.3-70B, QLoRA (4-bit NF4, double quantization) r32 on every linear layer of the
 blocks, micro-batch 1, gradient checkpointing, bf16: the setup of Unsloth's published context-length
 tables. For each card size, the longest ``data.max_length`` whose estimated peak (``studio.core.memory.estimate``
-for CUDA: tensors, the CUDA context and the allocator margin) fits in that many GiB, with
+for CUDA: tensors, the CUDA context and the allocator margin) fits on a card of that size as the card reports
+its memory (``studio.gui.state.hardware.COMMON_CARDS``: an "8 GB" card has 8,188 MiB), less what a desktop's
+display keeps on a GeForce card, less the margin fit leaves free (``studio.core.memory.fit.FIT_MARGIN``), with
 
 * before: the defaults before lean weights (k-bit preparation's fp32 embedding and output layer);
 * after: ``LEAN_SETTINGS``, the leanest settings the config allows (GPU memory; the CPU RAM they take,
@@ -27,7 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from studio.core.config import RunConfig  # noqa: E402
 from studio.core.memory.estimate import estimate  # noqa: E402
+from studio.core.memory.fit import FIT_MARGIN  # noqa: E402
 from studio.core.sizes import GIB  # noqa: E402
+from studio.gui.state.hardware import COMMON_CARDS  # noqa: E402
 
 _LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192, "rope_type": "llama3"}
@@ -50,7 +54,16 @@ LLAMA_33_70B = {
 }
 MODELS = {"Llama-3.1-8B": LLAMA_31_8B, "Llama-3.3-70B": LLAMA_33_70B}
 
-CARDS_GIB = (8, 12, 16, 24, 48, 80)
+# Each size of Unsloth's tables, as a card of that size reports it: GB -> the card
+CARDS = {8: "GeForce RTX 4060 8 GB", 12: "GeForce RTX 3060", 16: "GeForce RTX 4060 Ti 16 GB", 24: "GeForce RTX 4090",
+         48: "NVIDIA RTX A6000", 80: "NVIDIA H100 80 GB"}
+CARDS_GIB = tuple(CARDS)
+
+
+def usable_gib(card_gb: int) -> float:
+    """What a run may take on the card of that size: its reported memory, less the display's, less fit's margin."""
+    card = next(gpu for gpu in COMMON_CARDS if gpu.name == CARDS[card_gb])
+    return card.usable_bytes * (1 - FIT_MARGIN) / GIB
 # Unsloth's published longest sequences, same model and setup (unsloth.ai/blog/llama3-3): Unsloth, HF + FA2.
 # None: not published for that card; 0: out of memory.
 PUBLISHED = {
@@ -107,8 +120,9 @@ def frontier() -> dict:
         rows = []
         for card in CARDS_GIB:
             unsloth, hf = PUBLISHED[name].get(card, (None, None))
-            rows.append({"card_gib": card, "before": longest_fitting(model, before, card),
-                         "after": longest_fitting(model, after, card), "unsloth": unsloth, "hf_fa2": hf})
+            usable = usable_gib(card)
+            rows.append({"card_gib": card, "usable_gib": round(usable, 2), "before": longest_fitting(model, before, usable),
+                         "after": longest_fitting(model, after, usable), "unsloth": unsloth, "hf_fa2": hf})
         result[name] = {"rows": rows, "minimum_gib": {"before": round(peak_gib(model, before, 1), 2),
                                                        "after": round(peak_gib(model, after, 1), 2)},
                         "host_gib_after": round(host_gib(model, after), 2)}
@@ -132,12 +146,12 @@ def markdown(result: dict) -> str:
         lines += [f"{name}, QLoRA r32 all linear layers, micro-batch 1, gradient checkpointing "
                   f"(smallest card: {minimum['before']} GiB before, {minimum['after']} GiB after, with "
                   f"{result[name]['host_gib_after']} GiB of CPU RAM beside it):", "",
-                  "| card (GiB for ours) | ours before | ours after | Unsloth | HF + FlashAttention 2 |",
+                  "| card (what a run may take) | ours before | ours after | Unsloth | HF + FlashAttention 2 |",
                   "|---|---|---|---|---|"]
         for row in result[name]["rows"]:
             hf = "out of memory" if row["hf_fa2"] == 0 else _tokens(row["hf_fa2"])
-            lines.append(f"| {row['card_gib']} GB | {_tokens(row['before'])} | {_tokens(row['after'])} | "
-                         f"{_tokens(row['unsloth'])} | {hf} |")
+            lines.append(f"| {row['card_gib']} GB ({row['usable_gib']} GiB) | {_tokens(row['before'])} | "
+                         f"{_tokens(row['after'])} | {_tokens(row['unsloth'])} | {hf} |")
         lines.append("")
     total = result["8B QLoRA r16 at 2,048 tokens (GiB)"]
     lines.append(f"Llama-3.1-8B QLoRA r16 at 2,048 tokens: {total['before']} GiB before, {total['after']} GiB after.")

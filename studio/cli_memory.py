@@ -83,6 +83,9 @@ def add_fit(commands) -> None:
     p.add_argument("--write", type=Path, metavar="FILE", help="save the fitted run config to FILE")
     p.add_argument("--data", action="store_true",
                    help="fit the run's own data (its longest row) rather than every row at data.max_length")
+    p.add_argument("--cpu-memory", type=_size_argument, metavar="SIZE",
+                   help="CPU RAM the run may take (offloaded activations, weights or optimizer state), e.g. 64GiB; "
+                        "default: what this machine has available now")
     _add_scale_out_arguments(p)
     p.set_defaults(handler=_fit)
 
@@ -157,10 +160,12 @@ def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:
 
 def _fit(args) -> int:
     from studio.core.config import save_config
+    from studio.core.machine import available_ram
     from studio.core.memory.fit import fit, fit_own_data
 
     config, model_config, scale_out = _load(args)
-    options = {"scale_out": scale_out, "allow_offload": args.allow_offload}
+    options = {"scale_out": scale_out, "allow_offload": args.allow_offload,
+               "host_bytes": args.cpu_memory or available_ram()}
     if args.data:
         longest_row = run_data_tokens(config)[1]
         result = _traced_first(args, model_config,

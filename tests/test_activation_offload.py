@@ -104,3 +104,28 @@ def test_it_trains_under_torch_compile(tmp_path, story_data):
                                                 "activation_offload": True, "max_steps": 3})
     code, run_dir = run(config.replace(data={"format": "text"}), tmp_path / "run", watch_stdin=False)
     assert code == EXIT_OK and len(losses(run_dir)) == 3
+
+
+def test_on_cuda_each_pinned_block_takes_a_power_of_two_of_cpu_ram(tiny):
+    """torch's caching host allocator rounds every pinned block up to a power of two; the CPU keeps exact sizes."""
+    config = offload_config(tiny, True).replace(data={"max_length": 120})
+    model = json.loads((tiny[0] / "config.json").read_text())
+    on_cpu, on_cuda = (next(d for d in estimate(model, config, device).devices if d.device == "host")
+                       for device in ("cpu", "cuda"))
+    block_input = on_cpu.parts["activations"] // LAYERS
+    assert block_input & (block_input - 1)  # this block input is no power of two
+    assert on_cuda.parts["activations"] == LAYERS * (1 << block_input.bit_length())
+
+
+def test_a_run_whose_cpu_ram_the_machine_lacks_is_refused_before_it_loads(small_data, tmp_path, monkeypatch):
+    from studio.core.run.events import read_events
+    from studio.train import worker
+
+    monkeypatch.setattr(worker, "available_ram", lambda: 1024)  # a machine with 1 KiB free
+    config = quick_config(small_data, training={"gradient_checkpointing": True, "activation_offload": True,
+                                                "max_steps": 2})
+    code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
+    error = next(e for e in read_events(run_dir.events) if e["type"] == "error")
+    assert code != 0 and error["kind"] == "memory"
+    assert "of CPU RAM" in error["message"] and "1.00 KiB free" in error["message"] and "activation offload" in error["hint"]
+    assert not any(e["type"] == "run_started" for e in read_events(run_dir.events))  # refused before loading

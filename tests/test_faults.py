@@ -130,3 +130,25 @@ def test_a_read_only_export_folder_keeps_the_earlier_export(tmp_path, small_data
         export_run(run_dir.path, "adapter")
     assert {p.name: p.read_bytes() for p in first.iterdir()} == before
     assert sorted(p.name for p in first.parent.iterdir()) == ["adapter"]
+
+
+def test_readings_are_of_the_gpu_torch_uses_whatever_nvml_numbers_it(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=1 torch's cuda:0 is NVML's second GPU: NVML is asked for it by its UUID."""
+    from studio.train.measure import metrics
+
+    class Nvml:
+        NVMLError = RuntimeError
+        cards = {"GPU-bbbb": 7 * 2**30, "GPU-aaaa": 1 * 2**30}  # NVML's order: aaaa is its GPU 0
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            return uuid
+
+        def nvmlDeviceGetHandleByIndex(self, index):
+            return "GPU-aaaa"
+
+        def nvmlDeviceGetMemoryInfo(self, handle):
+            return SimpleNamespace(used=self.cards[handle], total=16 * 2**30)
+
+    monkeypatch.setattr(metrics, "_nvml", lambda: Nvml())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid="bbbb"))
+    assert metrics._nvml_usage(0) == {"nvml_used_bytes": 7 * 2**30, "nvml_total_bytes": 16 * 2**30}

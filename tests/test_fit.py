@@ -143,7 +143,8 @@ def test_on_a_small_card_fit_keeps_the_embedding_and_the_output_layer_in_cpu_ram
     assert "training.embedding_on_cpu on" in result.explanation
     assert "training.output_layer_on_cpu on" in result.explanation
     host = next(d for d in result.estimate.devices if d.device == "host")
-    assert host.parts["weights"] == 2 * 128256 * 4096 * 2  # the embedding and the output layer, bf16
+    # the embedding and the output layer, bf16; the output layer pinned, in a block of a power of two
+    assert host.parts["weights"] == 128256 * 4096 * 2 + 2**30
 
 
 def test_fit_does_not_offer_the_output_layer_in_cpu_ram_under_zero():
@@ -160,3 +161,15 @@ def test_offloaded_activations_are_a_saver_that_names_its_cpu_ram():
     host = result.estimate.devices[-1]
     assert host.device == "host" and host.parts["activations"] > 0
     assert f"need {format_bytes(host.parts['activations'])} of CPU RAM" in result.explanation
+
+
+def test_fit_never_picks_what_the_machine_s_cpu_ram_cannot_hold_and_says_so():
+    """At 128K tokens on 80 GiB the fastest fit offloads tens of GiB of block inputs: with 16 GiB of RAM free fit
+    takes a configuration that needs at most that, and says the RAM bound the choice."""
+    config = lora_run(micro_batch_size=1, gradient_accumulation_steps=1).replace(data={"max_length": 131072})
+    free = fit(LLAMA_31_8B, config, 80 * GIB)
+    assert free.fits and free.estimate.host_bytes > 16 * GIB
+    bound = fit(LLAMA_31_8B, config, 80 * GIB, host_bytes=16 * GIB)
+    assert bound.estimate.host_bytes <= 16 * GIB and bound.relative_step_time >= free.relative_step_time
+    assert "The CPU RAM bound the choice" in bound.explanation and "16.00 GiB available" in bound.explanation
+    assert bound.to_json()["ram_bound"] and bound.to_json()["host_bytes"] == 16 * GIB

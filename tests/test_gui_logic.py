@@ -315,12 +315,14 @@ def test_desktop_entry_installs_with_its_icon(tmp_path):
     assert not (tmp_path / "applications" / "finetune-studio.desktop").exists()
 
 
-def test_the_workers_estimate_event_becomes_the_charts_estimate_line():
+def test_the_workers_estimate_event_becomes_the_charts_estimate_of_reserved_memory():
+    """The line is drawn beside the allocator's reserved curve, so it leaves out the CUDA context."""
     run = RunSeries("r")
     run.add({"type": "run_started", "start_step": 0})
     assert run.estimate_bytes is None
-    assert run.add({"type": "estimate", "peak_bytes": 5_000_000, "peak_phase": "forward"})
-    assert run.estimate_bytes == 5_000_000
+    device = {"device": "cuda:0", "total_bytes": 5_000_000, "parts": {"cuda_context": 1_000_000}}
+    assert run.add({"type": "estimate", "peak_bytes": 5_000_000, "peak_phase": "forward", "devices": [device]})
+    assert run.estimate_bytes == 4_000_000 and run.estimate_by_device == {"cuda:0": 4_000_000}
 
 
 def test_garbage_is_collected_on_the_gui_thread_while_a_window_lives(qtbot):

@@ -247,7 +247,8 @@ def test_the_8b_qlora_at_2048_tokens_sheds_the_output_layer_through_backward():
     assert before["forward"] == after["forward"]  # the loss, with its copy of the layer
     assert before["backward"] - after["backward"] == head == before["optimizer"] - after["optimizer"]
     assert estimate(LLAMA_31_8B, config).peak_phase == "backward"
-    assert next(d for d in estimate(LLAMA_31_8B, on_cpu).devices if d.device == "host").parts["weights"] == head
+    host = next(d for d in estimate(LLAMA_31_8B, on_cpu).devices if d.device == "host")
+    assert host.parts["weights"] == 2**30  # pinned on CUDA: the 1,002 MiB layer in a block of a power of two
     # issue 14's target: every saver, r16 at 2,048 tokens in at most 6 GiB of GPU memory
     lean = config_with(LEAN_SETTINGS, {"lora": {"r": 16}}, {"data": {"max_length": 2048}})
     assert estimate(LLAMA_31_8B, lean).peak_bytes <= 6 * 2**30

@@ -109,6 +109,8 @@ def test_run_directory_and_events(tmp_path, small_data):
     predicted = next(e for e in events if e["type"] == "estimate")
     measured = next(e for e in events if e["type"] == "memory_measured")
     assert measured["step"] == 2 and measured["predicted_bytes"] == predicted["peak_bytes"]
+    # on the CPU every reading is of the live tensors: no CUDA context, no allocator margin
+    assert measured["predicted_allocated_bytes"] == measured["predicted_reserved_bytes"] == predicted["peak_bytes"]
     # the phase is the measured step's own: the one whose tracked peak is the step's peak
     assert set(measured["phase_bytes"]) >= {"forward", "backward", "optimizer"}
     assert measured["phase_bytes"][measured["peak_phase"]] == measured["peak_bytes"] == max(

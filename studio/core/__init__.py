@@ -9,6 +9,7 @@ Imports neither Qt nor torch at import time, so the window and the command line 
 * ``methods``: the table of training methods (``METHOD_SPECS``);
 * ``validation``: every problem of a config at once, each naming its field;
 * ``presets``: the embedded demo's config;
+* ``machine``: what this machine has for a run beside its GPUs (its CPU RAM);
 * ``sizes``: byte sizes written and read as text (binary units).
 
 and the sub-packages, one concern each (their ``__init__`` names their files):

@@ -55,7 +55,8 @@ class MainWindow(QMainWindow):
         self.data_panel = DataPanel(self.store)
         self.techniques_panel = TechniquesPanel(self.store)
         self.scale_panel = ScalePanel(self.store)
-        self.estimate_panel = EstimatePanel(self.store, self.settings.gpu_card, self.settings.gpu_custom_gib)
+        self.estimate_panel = EstimatePanel(self.store, self.settings.gpu_card, self.settings.gpu_custom_gib,
+                                            self.settings.gpu_custom_unit)
         self.charts = ChartsPanel()
         self.history = HistoryPanel(self.runs_root)
         self.export_panel = ExportPanel()
@@ -316,7 +317,8 @@ class MainWindow(QMainWindow):
         self.settings.left_tab = self.setup_tabs.currentIndex()
         self.settings.right_tab = self.run_tabs.currentIndex()
         self.settings.gpu_card = self.estimate_panel.picker.card_name
-        self.settings.gpu_custom_gib = self.estimate_panel.picker.custom.value()
+        self.settings.gpu_custom_gib = self.estimate_panel.picker.custom_gib
+        self.settings.gpu_custom_unit = self.estimate_panel.picker.unit.currentText()
         app_settings.save_settings(self.settings)
         app_settings.save_last_config(self.store.config)
 

@@ -35,13 +35,15 @@ import torch
 
 from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
 from studio.core.errors import StudioError
+from studio.core.machine import available_ram
 from studio.core.memory.derived import TraceNeededError
-from studio.core.memory.estimate import estimate
+from studio.core.memory.estimate import Estimate, estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
 from studio.core.model.info import load_model_config
 from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
 from studio.core.run.directory import RunDir, default_runs_root
 from studio.core.run.events import EventWriter
+from studio.core.sizes import format_bytes
 from studio.core.validation import raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
@@ -53,7 +55,7 @@ from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.distributed.rankwatch import is_lost_contact
 from studio.train.measure.memtrack import tracker_for
-from studio.train.measure.metrics import describe_devices, library_versions, memory_snapshot
+from studio.train.measure.metrics import describe_devices, device_readings, library_versions, memory_snapshot
 from studio.train.measure.oom import (consistent_after, oom_report, overflowed_part, release_memory,
                                       simulated_memory_limit)
 from studio.train.measure.trace import write_trace
@@ -127,11 +129,28 @@ class Worker:
         torch.manual_seed(self.config.training.seed)
         self.engine = make_engine(self.config, self.run_dir.path)  # first: the processes meet before the data
         self.device = self.engine.device
+        self._check_cpu_ram()
         data = self._load_data(reports)
         self._build_model(resume_from)
         self._start_engine()
         self._restore(resume_from)
         self._announce(data, resume_from)
+
+    def _check_cpu_ram(self) -> None:
+        """Refuse, before anything loads, a run whose CPU RAM (offloaded activations, weights kept there, ZeRO's
+        offloaded state) this machine does not have free: it would be killed, or swap, far into the run."""
+        model = self.config.model
+        try:
+            model_config = load_model_config(model.name_or_path, model.revision)
+            needed = estimate(model_config, self.config, self.device.type, run_scale_out(self.config)).host_bytes
+        except StudioError:  # no estimate (a model no family describes, not traced yet): _announce says so
+            return
+        if needed > (available := available_ram()):
+            raise StudioError(f"this run needs {format_bytes(needed)} of CPU RAM for what it keeps there, and this "
+                              f"machine has {format_bytes(available)} free",
+                              "switch off a saver that keeps memory in CPU RAM (activation offload, the embedding or "
+                              "output layer in CPU RAM, ZeRO offload), shorten data.max_length, or free CPU RAM",
+                              kind="memory")
 
     def _load_data(self, reports) -> PreparedData:
         """The tokenizer and the tokenized data, made once per machine: its first process downloads and
@@ -196,7 +215,7 @@ class Worker:
             trainable_params=trainable, total_params=total, data=data.stats, world_size=self.engine.world_size,
             adapted_modules=self.adapted, placement=placement_of(self.raw_model), loading_memory=loading_memory,
         )
-        self.predicted_peak = self._emit_estimate()
+        self.predicted = self._emit_estimate()
         log.info("training %s of %s parameters for %d steps on %s", f"{trainable:,}", f"{total:,}", self.total_steps,
                  self.device)
 
@@ -213,7 +232,7 @@ class Worker:
         attend_packed(model)
         self.packed = True
 
-    def _emit_estimate(self) -> int | None:
+    def _emit_estimate(self) -> Estimate | None:
         """Predict this run's peak memory (the GUI draws it beside the measured); None if it cannot."""
         model = self.config.model
         try:
@@ -227,7 +246,7 @@ class Worker:
             self.events.emit("warning", message=f"no memory estimate: {exc.message}", hint=exc.hint)
             return None
         self.events.emit("estimate", **predicted.to_json(), run_data=self._run_data_peak(model_config))
-        return predicted.peak_bytes
+        return predicted
 
     def _run_data_peak(self, model_config: dict) -> dict | None:
         """The estimate of the largest micro-batch this run will train (its data, its order), in tokens and bytes."""
@@ -278,13 +297,17 @@ class Worker:
             metrics = self._optimizer_step(tracker.phase)
         report = tracker.report
         mine = {"device": self._device_name(), "peak_bytes": report.peak_bytes, "peak_phase": report.peak_phase,
-                "phase_bytes": dict(report.phase_peaks)}
+                "phase_bytes": dict(report.phase_peaks), **device_readings(self.device, tracker)}
         if tracker.host_report.peak_bytes:  # weights kept in CPU RAM, offloaded activations
             mine["host_bytes"] = tracker.host_report.peak_bytes
+        # each reading beside the estimate of the same quantity (peak_bytes is the allocator's allocated)
+        predicted = {} if self.predicted is None else {
+            "predicted_bytes": self.predicted.peak_bytes,
+            **{f"predicted_{name}": value for name, value in self.predicted.predicted_readings().items()}}
         for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
-            self.events.emit("memory_measured", step=self.step + 1, **measured, predicted_bytes=self.predicted_peak)
-        if self.predicted_peak and self.engine.is_main:
-            record_calibration(self.config, self.device.type, self.predicted_peak, mine["peak_bytes"])
+            self.events.emit("memory_measured", step=self.step + 1, **measured, **predicted)
+        if predicted and self.engine.is_main:
+            record_calibration(self.config, self.device.type, predicted["predicted_allocated_bytes"], mine["peak_bytes"])
         return metrics
 
     def _device_name(self) -> str:
@@ -373,7 +396,8 @@ class Worker:
 
 
 def record_calibration(config: RunConfig, device_type: str, predicted: int, measured: int) -> None:
-    """Keep predicted-vs-measured pairs per machine, for calibrating later estimates."""
+    """Keep predicted-vs-measured pairs per machine, for calibrating later estimates: the tensors' peak, as the
+    allocator counts it (allocated), both sides."""
     path = default_runs_root().parent / "memory-calibration.jsonl"
     entry = {"time": time.time(), "device": device_type, "model": config.model.name_or_path, "method": config.method,
              "predicted_bytes": predicted, "measured_bytes": measured}

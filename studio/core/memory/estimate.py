@@ -52,7 +52,7 @@ from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_
                                         trace_path)
 from studio.core.memory.parts.logits import logits_loss_bytes
 from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
-from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_bytes, host_weight_notes,
+from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_notes, host_weight_ram,
                                              model_states)
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
@@ -148,7 +148,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
         placement = None
         block_parameters = sum(p.elements for p in shape.block_parameters)
         devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
-        kept = host_weight_bytes(shape, regime) * scale_out.num_gpus  # never with a split (regime); one per process
+        kept = host_weight_ram(shape, regime) * scale_out.num_gpus  # never with a split (regime); one per process
         if kept:
             parts = dict(host.parts) if host is not None else complete_parts({})
             host = DeviceEstimate("host", {**parts, "weights": parts["weights"] + kept},

@@ -6,8 +6,9 @@ about a millisecond apiece) and returns the one with the shortest expected
 step time among those that fit; each change it made is explained with the
 bytes it saves, applied in the steps' order. "Fit" means the estimate's verdict
 "fits" (below 90 % of the GPU); a "tight" candidate is taken only when none
-fits comfortably. When nothing fits it returns the closest candidate and says
-what stands in the way.
+fits comfortably, and never closer than ``FIT_MARGIN`` to the GPU's size (the
+estimate's allocator margin is a rule of thumb until a GPU measures it). When
+nothing fits it returns the closest candidate and says what stands in the way.
 
 Fit's steps, in the order it tries and explains them (``FIT_STEPS``): a smaller micro-batch with
 more gradient accumulation (the effective batch micro-batch x accumulation is kept), then, ranked among
@@ -47,6 +48,7 @@ from studio.core.model.info import ModelShape, UnknownArchitectureError, model_s
 from studio.core.sizes import format_bytes
 
 MICRO_STEP_OVERHEAD_TOKENS = 256
+FIT_MARGIN = 0.02  # of the GPU's memory fit always leaves free
 FOUR_BIT_SLOWDOWN = 1.25
 EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
 OFFLOAD_SLOWDOWN = 1.5
@@ -194,9 +196,15 @@ class FitResult:
     changes: tuple[Change, ...]
     relative_step_time: float
     explanation: str
+    host_bytes: int | None = None  # the machine's CPU RAM the run may take, when fit was told it
+    # the estimate of the fastest configuration that fits the GPU, where the CPU RAM excluded it
+    ram_bound: Estimate | None = None
 
     def to_json(self) -> dict:
-        return {
+        ram = {} if self.host_bytes is None else {"host_bytes": self.host_bytes,
+                                                  "needed_host_bytes": self.estimate.host_bytes,
+                                                  "ram_bound": self.ram_bound is not None}
+        return {**ram,
             "fits": self.fits, "gpu_bytes": self.gpu_bytes, "needed_bytes": self.estimate.peak_bytes,
             "verdict": self.estimate.verdict(self.gpu_bytes).status,
             "relative_step_time": round(self.relative_step_time, 3),
@@ -209,8 +217,10 @@ class FitResult:
 
 
 def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, device_type: str = "cuda",
-        scale_out: ScaleOut = ScaleOut(), allow_offload: bool = False, **estimate_options: Any) -> FitResult:
-    """The fastest-expected configuration whose estimate fits in ``gpu_bytes`` (see the module docstring)."""
+        scale_out: ScaleOut = ScaleOut(), allow_offload: bool = False, host_bytes: int | None = None,
+        **estimate_options: Any) -> FitResult:
+    """The fastest-expected configuration whose estimate fits in ``gpu_bytes`` (see the module docstring) and, given
+    ``host_bytes`` (the machine's available RAM), whose CPU RAM fits in that."""
     if gpu_bytes <= 0:
         raise StudioError(f"GPU memory must be positive, got {gpu_bytes} bytes", "give it like 24GiB", kind="usage")
     try:
@@ -225,17 +235,32 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
     steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)]
     scored, untraced = _scored(_candidates(original, steps), estimated)
-    comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
-    fitting = comfortable or [(c, e) for c, e in scored if e.peak_bytes <= gpu_bytes]
+    held = [(c, e) for c, e in scored if host_bytes is None or e.host_bytes <= host_bytes]
+    fitting, ram_bound = _fitting(held, gpu_bytes), None
     if fitting:
-        chosen, chosen_estimate = min(fitting, key=lambda ce: (relative_step_time(ce[0], original), ce[1].peak_bytes))
+        chosen, chosen_estimate = min(fitting, key=lambda ce: _speed(ce, original))
+        fastest = min(_fitting(scored, gpu_bytes), key=lambda ce: _speed(ce, original))
+        ram_bound = fastest[1] if _speed(fastest, original) < _speed((chosen, chosen_estimate), original) else None
     else:
-        chosen, chosen_estimate = min(scored, key=lambda ce: ce[1].peak_bytes)
+        chosen, chosen_estimate = min(held or scored, key=lambda ce: ce[1].peak_bytes)
     changes = _explain_changes(original, chosen, steps, estimated)
     result = FitResult(bool(fitting), chosen.config, chosen.scale_out, chosen_estimate, gpu_bytes, tuple(changes),
-                       relative_step_time(chosen, original), "")
+                       relative_step_time(chosen, original), "", host_bytes, ram_bound)
     parameters = shape.parameter_count if shape else result.estimate.parameters
     return replace(result, explanation=_explanation(result, parameters, estimated(original), untraced))
+
+
+def _fitting(scored: list[tuple[Candidate, Estimate]], gpu_bytes: int) -> list[tuple[Candidate, Estimate]]:
+    """The candidates that fit comfortably (below TIGHT_FRACTION of the GPU), else those that fit tightly, within
+    FIT_MARGIN of it."""
+    comfortable = [(c, e) for c, e in scored if e.peak_bytes <= TIGHT_FRACTION * gpu_bytes]
+    return comfortable or [(c, e) for c, e in scored if e.peak_bytes <= (1 - FIT_MARGIN) * gpu_bytes]
+
+
+def _speed(scored: tuple[Candidate, Estimate], original: Candidate) -> tuple[float, int]:
+    """How fit ranks a fitting candidate: its expected step time, then its memory."""
+    candidate, estimated = scored
+    return relative_step_time(candidate, original), estimated.peak_bytes
 
 
 def _scored(candidates: list[Candidate], estimated) -> tuple[list[tuple[Candidate, Estimate]], list[str]]:
@@ -297,11 +322,12 @@ def _explanation(result: FitResult, parameters: int, original: Estimate, untrace
     gpu, needed = format_bytes(result.gpu_bytes), format_bytes(result.estimate.peak_bytes)
     skipped = [f"Not tried (the model's trace has no step for these settings): {', '.join(untraced)}."] if untraced else []
     if result.fits and not result.changes:
-        return "\n".join([f"The configuration fits as it is: it needs {needed} of {gpu}."] + skipped)
+        return "\n".join([f"The configuration fits as it is: it needs {needed} of {gpu}."] + _ram_lines(result)
+                         + skipped)
     lines = []
     if result.fits:
         slower = f"; expected step time x{result.relative_step_time:.2f}" if result.relative_step_time > 1.005 else ""
-        tight = ", tightly" if result.estimate.verdict(result.gpu_bytes).status == "tight" else ""
+        tight = f", tightly (leaving {FIT_MARGIN:.0%} free)" if result.estimate.verdict(result.gpu_bytes).status == "tight" else ""
         lines.append(f"Fits in {gpu}{tight} with {needed} (it needed {format_bytes(original.peak_bytes)}){slower}. "
                      "Changes:")
     else:
@@ -314,7 +340,25 @@ def _explanation(result: FitResult, parameters: int, original: Estimate, untrace
         lines.append(f"The offloaded activations need {format_bytes(host.parts['activations'])} of CPU RAM.")
     if not result.fits:
         lines.append(_what_stands_in_the_way(result, parameters))
-    return "\n".join(lines + skipped)
+    return "\n".join(lines + _ram_lines(result) + skipped)
+
+
+def _ram_lines(result: FitResult) -> list[str]:
+    """What the machine's CPU RAM allows, when fit was told it: the chosen configuration's need, and whether the
+    RAM ruled out a faster one."""
+    if result.host_bytes is None:
+        return []
+    available = format_bytes(result.host_bytes)
+    lines = []
+    if result.estimate.host_bytes:
+        lines.append(f"It needs {format_bytes(result.estimate.host_bytes)} of CPU RAM; this machine has {available} "
+                     "available.")
+    if result.ram_bound is not None:
+        lines.append(f"The CPU RAM bound the choice: a faster configuration that fits the GPU needs "
+                     f"{format_bytes(result.ram_bound.host_bytes)} of CPU RAM, more than the {available} available.")
+    if not result.fits and result.estimate.host_bytes > result.host_bytes:
+        lines.append(f"Every configuration tried needs more CPU RAM than the {available} available.")
+    return lines
 
 
 def _what_stands_in_the_way(result: FitResult, parameters: int) -> str:

@@ -86,6 +86,12 @@ LOSS_IMPLS = ("full_fp32", "chunked")
 CHUNKED_LOSS_BYTES = 64 * 2**20  # fp32 logits of one chunk of the chunked loss (studio.train.objectives.next_token)
 
 
+def pinned_bytes(nbytes: int, device_type: str) -> int:
+    """The host RAM a pinned block of ``nbytes`` takes: on CUDA, torch's caching host allocator rounds each block it
+    asks the driver for up to a power of two (a 5.6 GiB block input takes 8 GiB); elsewhere nothing is pinned."""
+    return 1 << (nbytes - 1).bit_length() if device_type == "cuda" and nbytes > 0 else nbytes
+
+
 def loss_impl_for(config: RunConfig) -> str:
     """The loss the worker computes: chunked unless switched off, or the weights are sharded (then they are
     only gathered inside the model's own forward, not for a separate output layer)."""

@@ -117,6 +117,19 @@ class Estimate:
     def parts(self) -> dict[str, int]:
         return self.peak_device.parts
 
+    def predicted_readings(self) -> dict[str, int]:
+        """What each reading of the peak device should show at the peak: the allocator's allocated (the tensors)
+        and reserved (the tensors and its margin) bytes, and NVML's used (with the CUDA context too)."""
+        parts = self.parts
+        reserved = self.peak_bytes - parts["cuda_context"]
+        return {"allocated_bytes": reserved - parts["allocator_margin"], "reserved_bytes": reserved,
+                "nvml_used_bytes": self.peak_bytes}
+
+    @property
+    def host_bytes(self) -> int:
+        """The CPU RAM the run keeps beside its devices (offloaded state, activations, weights); 0 for none."""
+        return sum(d.total_bytes for d in self.devices if d.device == "host")
+
     def verdict(self, gpu_bytes: int) -> Verdict:
         return verdict_for(self.peak_bytes, gpu_bytes)
 

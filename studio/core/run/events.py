@@ -12,10 +12,13 @@ from it. Types and their main fields:
   model loaded, gpu_peak_bytes on CUDA)
 - ``estimate``: the predicted peak memory (studio.core.memory.estimate: devices with parts, peak_phase; with several
   processes ``loading``, what each holds while the model loads)
-- ``memory_measured``: step, device, peak_bytes and peak_phase (forward, backward or optimizer) of one
-  tracked steady-state step, phase_bytes (the peak of each phase),
-  predicted_bytes (also appended per machine to memory-calibration.jsonl beside the runs folder);
-  with several processes one per rank, its device "cuda:N" or "cpu rank N"
+- ``memory_measured``: step, device, peak_bytes (the allocator's allocated bytes on CUDA, the live tensors
+  elsewhere) and peak_phase (forward, backward or optimizer) of one tracked steady-state step, phase_bytes
+  (the peak of each phase), on CUDA peak_reserved_bytes and nvml_used_bytes; the estimate of each reading:
+  predicted_allocated_bytes (beside peak_bytes; both appended per machine to memory-calibration.jsonl beside
+  the runs folder), predicted_reserved_bytes, predicted_nvml_used_bytes, and predicted_bytes (the estimate's
+  peak, context and allocator margin included); with several processes one per rank, its device "cuda:N" or
+  "cpu rank N"
 - ``step``: step, epoch, loss, lr, grad_norm, tokens_per_s, samples_per_s, memory (list per device;
   with several processes, each rank's own device). Only rank 0 writes events: one writer per file
 - ``eval``: step, eval_loss

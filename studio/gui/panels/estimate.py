@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
+from studio.core.machine import available_ram
 from studio.core.sizes import GIB, format_gib
 from studio.gui.process import LineProcess
 from studio.gui.state import memory
@@ -69,12 +70,15 @@ class StackedBar(QWidget):
         painter.drawRect(frame)
 
 
+CUSTOM_UNITS = {"GiB": GIB, "GB": 10**9}
+
+
 class GpuPicker(QWidget):
     """The GPU to compare against: the detected ones, a common card, or a typed size."""
 
     changed = Signal()
 
-    def __init__(self, detected: list[Gpu], card: str = "", custom_gib: float = 0.0):
+    def __init__(self, detected: list[Gpu], card: str = "", custom_gib: float = 0.0, custom_unit: str = "GiB"):
         super().__init__()
         self.detected = detected
         self.combo = QComboBox()
@@ -87,16 +91,21 @@ class GpuPicker(QWidget):
         self.combo.addItem("Custom size…", CUSTOM)
         self.custom = QDoubleSpinBox()
         self.custom.setRange(1, 4096)
-        self.custom.setSuffix(" GiB")
-        self.custom.setValue(custom_gib or 24)
+        self.unit = QComboBox()  # what the card's box says (GB) or what tools report (GiB)
+        self.unit.addItems(list(CUSTOM_UNITS))
+        self.unit.setToolTip("GB: 10^9 bytes, as on a card's box; GiB: 2^30 bytes, as nvidia-smi counts")
+        self.unit.setCurrentText(custom_unit if custom_unit in CUSTOM_UNITS else "GiB")
+        self.custom.setValue((custom_gib or 24) * GIB / CUSTOM_UNITS[self.unit.currentText()])
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(QLabel("GPU:" if detected else "Target GPU:"))
         layout.addWidget(self.combo, 1)
         layout.addWidget(self.custom)
+        layout.addWidget(self.unit)
         self._select(card)
         self.combo.currentIndexChanged.connect(self._on_change)
         self.custom.valueChanged.connect(self._on_change)
+        self.unit.currentTextChanged.connect(self._on_change)
         self._on_change()
 
     def _select(self, card: str) -> None:
@@ -107,7 +116,8 @@ class GpuPicker(QWidget):
             self.combo.setCurrentIndex(names.index(wanted))
 
     def _on_change(self) -> None:
-        self.custom.setVisible(self.combo.currentData() == CUSTOM)
+        for widget in (self.custom, self.unit):
+            widget.setVisible(self.combo.currentData() == CUSTOM)
         self.changed.emit()
 
     @property
@@ -117,31 +127,45 @@ class GpuPicker(QWidget):
 
     @property
     def capacity_bytes(self) -> int:
+        """What a run may take on the chosen GPU: a card's memory less what the display and other processes hold,
+        or the typed size as it is."""
         data = self.combo.currentData()
-        return data.total_bytes if isinstance(data, Gpu) else int(self.custom.value() * GIB)
+        if isinstance(data, Gpu):
+            return data.usable_bytes
+        return int(self.custom.value() * CUSTOM_UNITS[self.unit.currentText()])
 
-    def select_custom(self, gigabytes: float) -> None:
+    @property
+    def custom_gib(self) -> float:
+        """The typed size in GiB (as the app's settings keep it)."""
+        return self.custom.value() * CUSTOM_UNITS[self.unit.currentText()] / GIB
+
+    def select_custom(self, gibibytes: float) -> None:
         self.combo.setCurrentIndex(self.combo.count() - 1)
-        self.custom.setValue(gigabytes)
+        self.unit.setCurrentText("GiB")
+        self.custom.setValue(gibibytes)
 
 
-def _scale_out_text(estimate: Estimate) -> str:
-    """Where a layer split puts the layers, the CPU RAM that offloading takes, and what each process holds while
-    loading."""
+def _scale_out_text(estimate: Estimate, available_ram: int) -> str:
+    """Where a layer split puts the layers, the CPU RAM that offloading takes beside what the machine has, and what
+    each process holds while loading."""
     text = f" Layer split: {estimate.placement.summary()}." if estimate.placement is not None else ""
     host = next((d for d in estimate.devices if d.device == "host"), None)
-    return text + _host_text(host) + _loading_text(estimate)
+    return text + _host_text(host, available_ram) + _loading_text(estimate)
 
 
 # What the estimate's host parts hold (weights: the embedding kept there, or ZeRO's offloaded parameters)
 _HOST_CONTENTS = {"weights": "offloaded weights", "activations": "offloaded activations"}
 
 
-def _host_text(host) -> str:
+def _host_text(host, available_ram: int) -> str:
     if host is None:
         return ""
     held = [_HOST_CONTENTS.get(part, "offloaded optimizer state") for part, size in host.parts.items() if size]
-    return f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {format_gib(host.total_bytes)}."
+    need = f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {format_gib(host.total_bytes)} of the " \
+           f"{format_gib(available_ram)} available."
+    if host.total_bytes <= available_ram:
+        return need
+    return f"<b style='color:{BAD}'>{need} More than this machine has free: the run would not start.</b>"
 
 
 def _loading_text(estimate: Estimate) -> str:
@@ -162,14 +186,15 @@ def _bar_title(device: str, total_bytes: int, layer_split: bool) -> str:
 class EstimatePanel(QGroupBox):
     """Recomputes on every config change (about a millisecond: no delay to hide)."""
 
-    def __init__(self, store: ConfigStore, card: str = "", custom_gib: float = 0.0, parent: QWidget | None = None):
+    def __init__(self, store: ConfigStore, card: str = "", custom_gib: float = 0.0, custom_unit: str = "GiB",
+                 parent: QWidget | None = None):
         super().__init__("Memory estimate", parent)
         self.store = store
         self.estimate: Estimate | None = None
         self.error: str = ""
         self.detected = detect_gpus()
         self.simulate_command = memory.simulate_command  # tests point this at a stand-in
-        self.picker = GpuPicker(self.detected, card, custom_gib)
+        self.picker = GpuPicker(self.detected, card, custom_gib, custom_unit)
         self.picker.changed.connect(self.recompute)
         self.bars: list[tuple[QLabel, StackedBar]] = []
         self.bar_area = QVBoxLayout()
@@ -272,7 +297,7 @@ class EstimatePanel(QGroupBox):
         self.phase.setText(f"Peak during {PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
                            f"{format_gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
-                           + _scale_out_text(estimate)
+                           + _scale_out_text(estimate, available_ram())
                            + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes) + ".")
                            + f" Estimate: {kind_text(estimate)}.")
         self.data_peak.setText(self._data_peak_text(estimate))

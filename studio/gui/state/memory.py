@@ -16,17 +16,18 @@ from pathlib import Path
 
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
+from studio.core.machine import available_ram
 from studio.core.memory.estimate import Estimate, ScaleOut, estimate
 from studio.core.memory.fit import fit, fit_own_data
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.core.memory.savers import SaverSpec
-from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
-# what the panels read through this door as it is: an estimate and its words, the table of memory savers
-from studio.core.memory.derived import TraceNeededError, kind_text  # noqa: F401
-from studio.core.memory.parts import PART_LABELS, PHASE_LABELS  # noqa: F401
-from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP  # noqa: F401
 from studio.core.model.info import load_model_config
+from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
 
+# what the panels read through this door as it is: an estimate and its words, the table of memory savers
+from studio.core.memory.derived import TraceNeededError, kind_text  # noqa: E402, F401
+from studio.core.memory.parts import PART_LABELS, PHASE_LABELS  # noqa: E402, F401
+from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP  # noqa: E402, F401
 
 def model_config_of(config: RunConfig) -> dict:
     """The model's config.json from disk or the Hugging Face cache; never the network (this runs per keystroke)."""
@@ -141,14 +142,16 @@ class FitSuggestion:
 
 
 def suggest_fit(config: RunConfig, gpu_bytes: int, longest_row: int | None = None) -> FitSuggestion:
-    """The fastest configuration that fits ``gpu_bytes`` (studio.core.memory.fit), keeping the effective batch; for
-    the data's own rows when ``longest_row`` (the longest of all of them, in tokens) is known.
+    """The fastest configuration that fits ``gpu_bytes`` and the CPU RAM this machine has available
+    (studio.core.memory.fit), keeping the effective batch; for the data's own rows when ``longest_row`` (the longest
+    of all of them, in tokens) is known.
 
     Offload is not offered: it needs a ZeRO setup the run config cannot express yet.
     """
     model_config = model_config_of(config)
-    result = (fit(model_config, config, gpu_bytes) if longest_row is None
-              else fit_own_data(model_config, config, gpu_bytes, longest_row))
+    host_bytes = available_ram()
+    result = (fit(model_config, config, gpu_bytes, host_bytes=host_bytes) if longest_row is None
+              else fit_own_data(model_config, config, gpu_bytes, longest_row, host_bytes=host_bytes))
     return FitSuggestion(result.config, tuple(str(change) for change in result.changes),
                          result.estimate.verdict(gpu_bytes).status, result.estimate.peak_bytes, result.explanation,
                          result.relative_step_time)

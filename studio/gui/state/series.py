@@ -165,9 +165,10 @@ class RunSeries:
             self.eval_loss.append(event["step"], event["eval_loss"])
             return True
         if kind == "estimate":  # the worker's prediction, drawn as a dashed line on GPU memory charts
-            self.estimate_bytes = event.get("peak_bytes")
-            self.estimate_by_device = {str(d["device"]): int(d["total_bytes"]) for d in event.get("devices") or ()
-                                       if d.get("device") != "host" and d.get("total_bytes") is not None}
+            devices = [d for d in event.get("devices") or () if d.get("device") != "host" and d.get("total_bytes")]
+            # what the reserved curve should reach: the estimate less the CUDA context, which no allocator sees
+            self.estimate_by_device = {str(d["device"]): _reserved_estimate(d) for d in devices}
+            self.estimate_bytes = max(self.estimate_by_device.values(), default=None)
             return self.estimate_bytes is not None
         return False
 
@@ -203,6 +204,11 @@ class RunSeries:
             smoothed.truncate_after(step)
         for series in (self.eval_loss, self.lr, *(s for t in self.memory.values() for s in t.series.values())):
             series.truncate_after(step)
+
+
+def _reserved_estimate(device: dict[str, Any]) -> int:
+    """A device's estimate of the allocator's reserved bytes: its peak without the CUDA context."""
+    return int(device["total_bytes"]) - int((device.get("parts") or {}).get("cuda_context", 0))
 
 
 def _finite(value: Any) -> bool:

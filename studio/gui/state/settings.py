@@ -34,6 +34,7 @@ class AppSettings:
     recent_models: list[str] = field(default_factory=list)
     gpu_card: str = ""  # a card from hardware.COMMON_CARDS, or "" for the detected GPU / custom size
     gpu_custom_gib: float = 0.0
+    gpu_custom_unit: str = "GiB"  # how the custom size is typed: GiB, or GB as on a card's box
     left_tab: int = 0
     right_tab: int = 0
 

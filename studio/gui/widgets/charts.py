@@ -222,13 +222,15 @@ class ChartsPanel(QWidget):
             self._draw_estimates(run)
 
     def _draw_estimates(self, run: RunSeries) -> None:
-        """Beside several GPUs' curves each one's own estimate (ZeRO's ranks, a layer split's devices), else the peak."""
+        """The estimate of the reserved curve: beside several GPUs' curves each one's own (ZeRO's ranks, a layer
+        split's devices), else the peak's."""
         own = [(device, total) for device, total in run.estimate_by_device.items() if device in run.memory]
         if len(run.memory) > 1 and own:
-            self._grouped_lines("estimate", own, True, "estimate {:.1f} GiB", BAD, style=Qt.PenStyle.DashLine)
+            self._grouped_lines("estimate", own, True, "reserved estimate {:.1f} GiB", BAD, style=Qt.PenStyle.DashLine)
         else:
-            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB, f"estimate {run.estimate_bytes / GIB:.1f} GiB",
-                                        BAD, Qt.PenStyle.DashLine)
+            self.memory.horizontal_line("estimate", run.estimate_bytes / GIB,
+                                        f"reserved estimate {run.estimate_bytes / GIB:.1f} GiB", BAD,
+                                        Qt.PenStyle.DashLine)
 
     def _grouped_lines(self, key: str, levels: list[tuple[str, int]], several_gpus: bool, text: str, color: str,
                        **style) -> None:

@@ -26,15 +26,48 @@ def _nvml():
         return None
 
 
+def _nvml_handle(nvml, index: int):
+    """NVML's handle of the GPU torch calls ``cuda:index``, found by its UUID (else its PCI bus id): NVML numbers
+    the GPUs its own way, which CUDA_VISIBLE_DEVICES and CUDA's device order do not follow. None if not found."""
+    properties = torch.cuda.get_device_properties(index)
+    uuid = getattr(properties, "uuid", None)
+    if uuid is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except nvml.NVMLError:
+            pass
+    bus = getattr(properties, "pci_bus_id", None)
+    if bus is not None:
+        address = f"{properties.pci_domain_id:08X}:{bus:02X}:{properties.pci_device_id:02X}.0"
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(address)
+        except nvml.NVMLError:
+            pass
+    return None
+
+
 def _nvml_usage(index: int) -> dict:
     nvml = _nvml()
     if nvml is None:
         return {}
     try:
-        info = nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(index))
+        handle = _nvml_handle(nvml, index)
+        if handle is None:
+            return {}
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
         return {"nvml_used_bytes": int(info.used), "nvml_total_bytes": int(info.total)}
     except nvml.NVMLError:
         return {}
+
+
+def device_readings(device: torch.device, tracker) -> dict:
+    """A measured step's other readings on CUDA: the allocator's peak reserved bytes and NVML's used bytes now
+    (the CUDA context and other processes too); none elsewhere."""
+    if device.type != "cuda":
+        return {}
+    readings = {"peak_reserved_bytes": tracker.peak_reserved_bytes}
+    used = _nvml_usage(device.index or 0).get("nvml_used_bytes")
+    return readings if used is None else {**readings, "nvml_used_bytes": used}
 
 
 def _process_rss() -> int:

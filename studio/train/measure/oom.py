@@ -98,12 +98,14 @@ def simulated_memory_limit(model: torch.nn.Module, optimizer, device: torch.devi
 
 
 def device_memory_bytes(device: torch.device) -> int | None:
-    """The memory a fix must fit in: the simulated limit, else the CUDA device's total, else unknown."""
+    """The memory a fix must fit in: the simulated limit, else what a new run may take on the CUDA device (what is
+    free, and what this process's allocator holds: the display and other processes keep theirs), else unknown."""
     simulated = simulated_gpu_bytes()
     if simulated is not None:
         return simulated
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device)
     return None
 
 

@@ -79,18 +79,25 @@ class ActivationOffloader:
         packed.ready = None
         if tensor.device.type == "cuda":
             torch.cuda.current_stream(tensor.device).wait_stream(self._stream(tensor.device))
-            tensor.record_stream(torch.cuda.current_stream(tensor.device))
         previous = packed.previous() if packed.previous is not None else None
         if previous is not None and previous.ready is None:
             previous.ready = self._fetch(previous)  # overlaps this block's recomputation and backward
         return tensor
 
     def _fetch(self, packed: _Offloaded) -> torch.Tensor:
-        """A new device copy of ``packed``'s CPU copy (asynchronous on CUDA)."""
-        if packed.device.type == "cuda":
-            with torch.cuda.stream(self._stream(packed.device)):
-                return packed.host.to(packed.device, non_blocking=True)
-        return packed.host.clone()  # a distinct tensor: the device's
+        """A new device copy of ``packed``'s CPU copy (asynchronous on CUDA).
+
+        The copy is allocated on the compute stream, whose cached blocks the rest of the step reuses (a block
+        allocated on the side stream stays reserved for that stream), and filled on the side stream."""
+        if packed.device.type != "cuda":
+            return packed.host.clone()  # a distinct tensor: the device's
+        device_copy = torch.empty_like(packed.host, device=packed.device)
+        stream = self._stream(packed.device)
+        stream.wait_stream(torch.cuda.current_stream(packed.device))  # the memory is free on the compute stream
+        with torch.cuda.stream(stream):
+            device_copy.copy_(packed.host, non_blocking=True)
+        device_copy.record_stream(stream)  # not reused before the copy into it has run
+        return device_copy
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
         if device not in self._streams:

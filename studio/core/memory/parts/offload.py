@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from studio.core.memory.parts.tape import Activations
-from studio.core.memory.regime import Regime
+from studio.core.memory.regime import Regime, pinned_bytes
 from studio.core.memory.results import DeviceEstimate, complete_parts
 from studio.core.methods import INPUT_TOKENS
 from studio.core.model.info import ModelShape
@@ -55,9 +55,10 @@ def first_input_stays(shape: ModelShape, regime: Regime) -> bool:
     return not (regime.full or new_tensor or regime.method.token_entry == INPUT_TOKENS)
 
 
-def host_activation_bytes(acts: Activations, shape: ModelShape) -> int:
-    """Host RAM of the offloaded block inputs of one micro-batch (all of them at the end of its forward pass)."""
-    return shape.layers * acts.block_input
+def host_activation_bytes(acts: Activations, shape: ModelShape, regime: Regime) -> int:
+    """Host RAM of the offloaded block inputs of one micro-batch (all of them at the end of its forward pass), each
+    pinned on CUDA (regime.pinned_bytes; the next micro-batch's reuse the blocks the allocator keeps)."""
+    return shape.layers * pinned_bytes(acts.block_input, regime.device_type)
 
 
 def with_host_activations(host: DeviceEstimate | None, acts: Activations, shape: ModelShape,
@@ -66,7 +67,7 @@ def with_host_activations(host: DeviceEstimate | None, acts: Activations, shape:
     or layer offload keeps there: that stays through the whole step)."""
     if not regime.activation_offload:
         return host
-    activation_bytes = host_activation_bytes(acts, shape)
+    activation_bytes = host_activation_bytes(acts, shape, regime)
     if host is None:
         return DeviceEstimate("host", complete_parts({"activations": activation_bytes}), "forward",
                               {"forward": activation_bytes})

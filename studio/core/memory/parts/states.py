@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from studio.core.config import RunConfig
-from studio.core.memory.regime import DTYPE_BYTES, Regime
+from studio.core.memory.regime import DTYPE_BYTES, Regime, pinned_bytes
 from studio.core.model.families import LinearLayer
 from studio.core.model.info import ModelShape
 
@@ -108,10 +108,20 @@ def host_weight_bytes(shape: ModelShape, regime: Regime) -> int:
 def host_head_bytes(shape: ModelShape, regime: Regime) -> int:
     """The output layer kept in CPU RAM (training.output_layer_on_cpu), else 0: its weight and any bias, which
     the loss copies to the device while it runs."""
+    return sum(_host_head_tensors(shape, regime))
+
+
+def host_weight_ram(shape: ModelShape, regime: Regime) -> int:
+    """The CPU RAM the weights kept there take: the embedding as it is, the output layer pinned (on CUDA, in
+    blocks rounded up to a power of two: regime.pinned_bytes) for its copies to the device."""
+    head = sum(pinned_bytes(nbytes, regime.device_type) for nbytes in _host_head_tensors(shape, regime))
+    return host_weight_bytes(shape, regime) - host_head_bytes(shape, regime) + head
+
+
+def _host_head_tensors(shape: ModelShape, regime: Regime) -> list[int]:
     if not regime.head_on_host:
-        return 0
-    head = [p for p in shape.outer_parameters if p.kind in ("head", "head_bias")]
-    return sum(p.elements for p in head) * DTYPE_BYTES[regime.head_dtype]
+        return []
+    return [p.elements * DTYPE_BYTES[regime.head_dtype] for p in shape.outer_parameters if p.kind in ("head", "head_bias")]
 
 
 def host_weight_notes(shape: ModelShape, regime: Regime, config: RunConfig) -> list[str]:
