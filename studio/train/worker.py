@@ -374,15 +374,15 @@ class Worker:
 
 def record_calibration(config: RunConfig, device_type: str, predicted: int, measured: int) -> None:
     """Keep predicted-vs-measured pairs per machine, for calibrating later estimates."""
-    path = default_runs_root().parent / "memory-calibration.jsonl"
     entry = {"time": time.time(), "device": device_type, "model": config.model.name_or_path, "method": config.method,
              "predicted_bytes": predicted, "measured_bytes": measured}
     try:
+        path = default_runs_root().parent / "memory-calibration.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
-    except OSError as exc:  # a calibration record is never worth failing a run
-        log.warning("cannot record memory calibration in %s: %s", path, exc)
+    except (OSError, ModuleNotFoundError) as exc:  # never worth failing a run (nor is a missing platformdirs)
+        log.warning("cannot record memory calibration: %s", exc)
 
 
 # ---------------------------------------------------------------------- entry
