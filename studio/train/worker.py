@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
-from studio.core.errors import StudioError
+from studio.core.errors import StudioError, missing_package
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
@@ -484,7 +484,9 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         return EXIT_FAILED, rd
     except Exception as exc:  # report anything else readably; the traceback goes to the log
         log.error("%s", traceback.format_exc())
-        if rank is not None and is_lost_contact(exc):  # another rank went away: report its cause
+        if (missing := missing_package(exc)) is not None:  # a package this run needs, imported where it is used
+            reporter.failed(missing.kind, missing.message, missing.hint)
+        elif rank is not None and is_lost_contact(exc):  # another rank went away: report its cause
             reporter.lost_contact(exc, worker.step)
         else:
             reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")
