@@ -92,3 +92,13 @@ def test_what_travels_is_the_tracked_files_and_the_untracked_ones_git_does_not_i
     (tmp_path / ".gpu-wheels" / "big.whl").write_bytes(b"c" * 5000)
     assert gpu_carry.travelling_bytes(tmp_path) == 100 + 10 + len("/.gpu-wheels/\n")
 
+
+def test_the_device_command_is_the_same_in_the_script_and_in_the_results_page():
+    def commands(text: str) -> list[str]:
+        joined = text.replace("\\\n", " ")
+        return [" ".join(line.split()) for line in joined.splitlines() if "pip install" in line]
+
+    script = commands(gpu_carry.__doc__)
+    assert len(script) == 1 and "--target /tmp/site .gpu-wheels/*.whl" in script[0] and "gpu_checks.py" in script[0]
+    assert script[0] in commands((ROOT / "docs" / "gpu-results.md").read_text(encoding="utf-8"))
+    assert "/.gpu-wheels/" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
