@@ -29,7 +29,8 @@ inside the whole run's (``--minutes``); a check that no longer fits is skipped a
 
 After every check OUT/gpu-checks.json (every figure) and OUT/gpu-checks.md (the tables) are written again, so a
 run stopped at any point leaves what it finished; the workers' memory calibration records go to
-OUT/memory-calibration.jsonl. Run folders, models and logs go to --work. CI never runs this: it needs a GPU
+OUT/memory-calibration.jsonl. Run folders, models and logs go to a new folder in --work (or a temporary
+one). CI never runs this: it needs a GPU
 (tests/test_gpu_checks.py runs what a CPU can).
 """
 
@@ -57,8 +58,8 @@ MIB, GIB = 1024**2, 1024**3
 PART_SECONDS = {"frontier": 230, "worker": 130, "offload": 50, "self-test": 60, "throughput": 80}
 RUN_MINUTES = 8.0
 WORKERS_AT_ONCE = 4
-CHECK_SECONDS = 100  # one worker check: start, load the tiny model, 8 steps
-SLOW_CHECK_SECONDS = 150  # DeepSpeed (its CPU Adam compiles on first use) and torch.compile
+CHECK_SECONDS = 90  # one worker check: start, load the tiny model, 8 steps
+SLOW_CHECK_SECONDS = 120  # DeepSpeed (its CPU Adam compiles on first use) and torch.compile
 LEAST_SECONDS = 20  # a process given less is not started
 POLL_SECONDS = 1.0
 VERSIONS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "datasets", "deepspeed", "platformdirs",
