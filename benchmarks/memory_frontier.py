@@ -60,10 +60,14 @@ CARDS = {8: "GeForce RTX 4060 8 GB", 12: "GeForce RTX 3060", 16: "GeForce RTX 40
 CARDS_GIB = tuple(CARDS)
 
 
+def card_bytes(card_gb: int) -> int:
+    """The memory of the card of that size as it reports it, less what a desktop's display keeps on it."""
+    return next(gpu for gpu in COMMON_CARDS if gpu.name == CARDS[card_gb]).usable_bytes
+
+
 def usable_gib(card_gb: int) -> float:
-    """What a run may take on the card of that size: its reported memory, less the display's, less fit's margin."""
-    card = next(gpu for gpu in COMMON_CARDS if gpu.name == CARDS[card_gb])
-    return card.usable_bytes * (1 - FIT_MARGIN) / GIB
+    """What a run may take on the card of that size, less the margin fit leaves free."""
+    return card_bytes(card_gb) * (1 - FIT_MARGIN) / GIB
 # Unsloth's published longest sequences, same model and setup (unsloth.ai/blog/llama3-3): Unsloth, HF + FA2.
 # None: not published for that card; 0: out of memory.
 PUBLISHED = {

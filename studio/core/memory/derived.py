@@ -43,8 +43,6 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import platformdirs
-
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
@@ -121,7 +119,11 @@ def trace_key(model_config: dict, config: RunConfig) -> str:
 
 def trace_cache_dir() -> Path:
     override = os.environ.get("STUDIO_TRACE_CACHE")
-    return Path(override) if override else platformdirs.user_cache_path("finetune-studio") / "memory-traces"
+    if override:
+        return Path(override)
+    import platformdirs  # here, not at the top: a process given its folders needs no platformdirs
+
+    return platformdirs.user_cache_path("finetune-studio") / "memory-traces"
 
 
 def trace_path(model_config: dict, config: RunConfig) -> Path:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from studio.core.errors import StudioError
+from studio.core.errors import StudioError, missing_package
 
 DEFAULT_PORT = 29500
 WORKER_MODULE = "studio.train"
@@ -163,12 +163,18 @@ def run_handler(handler: Callable[[object], int], args: object) -> int:
 
     A StudioError becomes ``error: MESSAGE`` and ``  hint: HINT`` on stderr (what
     the app reads back from a subprocess's console) and exits EXIT_USAGE for a
-    refused request, EXIT_FAILED otherwise; Ctrl+C exits EXIT_ABORTED.
+    refused request, EXIT_FAILED otherwise; so does a package that studio imports
+    where it uses it and that is not installed (``missing_package``). Ctrl+C exits EXIT_ABORTED.
     """
     try:
         return handler(args)
     except StudioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE if exc.kind in REFUSED_KINDS else EXIT_FAILED
+    except ModuleNotFoundError as exc:
+        if (missing := missing_package(exc)) is None:
+            raise
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_ABORTED

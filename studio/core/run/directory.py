@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import platformdirs
-
 from studio.core.errors import StudioError
 
 COMPLETE_MARKER = "COMPLETE"
@@ -42,7 +40,11 @@ _CHECKPOINT_RE = re.compile(r"^step-(\d+)$")
 def default_runs_root() -> Path:
     """Where runs go when the user names no run directory."""
     override = os.environ.get("STUDIO_RUNS_DIR")
-    return Path(override) if override else platformdirs.user_data_path("finetune-studio") / "runs"
+    if override:
+        return Path(override)
+    import platformdirs  # here, not at the top: a process given its folders needs no platformdirs
+
+    return platformdirs.user_data_path("finetune-studio") / "runs"
 
 
 class RunDir:

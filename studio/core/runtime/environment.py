@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-import platformdirs
-
 import studio
 from studio.core.errors import StudioError
 
@@ -214,7 +212,11 @@ def python_in(env: Path) -> Path:
 def default_runtime_root() -> Path:
     """``STUDIO_RUNTIME_DIR``, else ``runtime`` in the user's data folder (e.g. ~/.local/share/finetune-studio)."""
     override = os.environ.get("STUDIO_RUNTIME_DIR")
-    return Path(override) if override else platformdirs.user_data_path("finetune-studio", appauthor=False) / "runtime"
+    if override:
+        return Path(override)
+    import platformdirs  # here, not at the top: a process given its folders needs no platformdirs
+
+    return platformdirs.user_data_path("finetune-studio", appauthor=False) / "runtime"
 
 
 def plan_for_this_machine(root: Path | None = None, wheels: Path | None = None) -> RuntimePlan:

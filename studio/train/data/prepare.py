@@ -20,12 +20,10 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import pyarrow as pa
 import torch
-from datasets.table import InMemoryTable
 
 from studio.core.config import RunConfig
 from studio.core.data import templates
@@ -33,6 +31,9 @@ from studio.core.data.dataset import MAX_PROBLEMS, inspect_files, iter_examples
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import Problem, ProblemsError, StudioError
+
+if TYPE_CHECKING:  # imported where a split is made or loaded: importing this module needs no datasets
+    import datasets
 
 IGNORE_INDEX = -100
 _SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])
@@ -205,6 +206,9 @@ class _SplitBuilder:
             self._ids, self._labels = [], []
 
     def dataset(self) -> datasets.Dataset:
+        import datasets
+        from datasets.table import InMemoryTable
+
         self._flush()
         return datasets.Dataset(InMemoryTable(pa.Table.from_batches(self._batches, schema=_SCHEMA)))
 
@@ -256,6 +260,8 @@ def save_prepared(data: PreparedData, folder: Path) -> None:
 
 def load_prepared(folder: Path) -> PreparedData:
     """What save_prepared wrote: the same rows, ids and stats as preparing them here."""
+    import datasets
+
     evaluation = datasets.load_from_disk(str(folder / "eval")) if (folder / "eval").is_dir() else None
     stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
     return PreparedData(datasets.load_from_disk(str(folder / "train")), evaluation, stats)
