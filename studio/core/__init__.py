@@ -9,7 +9,8 @@ Imports neither Qt nor torch at import time, so the window and the command line 
 * ``methods``: the table of training methods (``METHOD_SPECS``);
 * ``validation``: every problem of a config at once, each naming its field;
 * ``presets``: the embedded demo's config;
-* ``sizes``: byte sizes written and read as text (binary units).
+* ``sizes``: byte sizes written and read as text (binary units);
+* ``folders``: where studio keeps its files on this machine (the user's data folder).
 
 and the sub-packages, one concern each (their ``__init__`` names their files):
 
