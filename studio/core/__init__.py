@@ -20,5 +20,6 @@ and the sub-packages, one concern each (their ``__init__`` names their files):
 * ``run``: a run on disk and the processes around it: the run directory, its events, every subprocess
   command, the cluster bundle;
 * ``export``: what exports need without torch: GGUF types, the model card, whether the Hub takes it;
-* ``runtime``: the desktop download's training runtime: the Python environment it makes, its check, its progress.
+* ``runtime``: the desktop download's training runtime: the Python environment it makes, its check, its progress;
+  and the GPU self-test's techniques, verdicts and report.
 """
