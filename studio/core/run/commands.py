@@ -130,10 +130,11 @@ def trace_command(python: str, config_path: Path, neighbours: bool = True) -> li
     return [python, "-m", TRACE_MODULE, str(config_path)] + ([] if neighbours else ["--alone"])
 
 
-def self_test_command(python: str, out: Path) -> list[str]:
-    """``studio doctor --json``: the self-test; writes its report to ``out`` (Markdown, and JSON beside it), prints
-    progress lines starting with ``doctor:`` on stderr and the report as one JSON object."""
-    return _studio(python, "doctor", "--json", "--out", str(out))
+def self_test_command(python: str, out: Path, only: str = "") -> list[str]:
+    """``studio doctor --json``: the self-test (``only``: comma-separated technique names, else all); writes its
+    report to ``out`` (Markdown, and JSON beside it), prints progress lines starting with ``doctor:`` on stderr
+    and the report as one JSON object."""
+    return _studio(python, "doctor", "--json", "--out", str(out), *(["--only", only] if only else []))
 
 
 def doctor_checks_command(python: str, work: Path, only: str = "", reference: str = "") -> list[str]:

@@ -36,6 +36,7 @@ class AppSettings:
     gpu_custom_gib: float = 0.0
     left_tab: int = 0
     right_tab: int = 0
+    self_test_offered: bool = False  # the GPU self-test was offered on a first start with a GPU (once)
 
     def remember_model(self, name: str) -> None:
         self.recent_models = _front(self.recent_models, name)
