@@ -51,6 +51,7 @@ def cpu_run(tmp_path_factory):
     return folder, completed, json.loads((folder / "report.json").read_text())
 
 
+@pytest.mark.slow
 def test_without_a_gpu_each_technique_trains_on_the_cpu_and_a_second_run_agrees(cpu_run):
     folder, completed, report = cpu_run
     assert completed.returncode == EXIT_OK, completed.stderr[-3000:]
@@ -69,6 +70,7 @@ def test_without_a_gpu_each_technique_trains_on_the_cpu_and_a_second_run_agrees(
     assert not (folder / "data" / calibration_path().name).exists()
 
 
+@pytest.mark.slow
 def test_the_tolerances_have_room_for_a_gpus_rounding(cpu_run):
     """A 16-bit run differs from the fp32 run by its own rounding; the GPU rounds as much again. The tolerance of
     each precision is at least ten times what these CPU runs show (self_test's docstring)."""
@@ -78,6 +80,7 @@ def test_the_tolerances_have_room_for_a_gpus_rounding(cpu_run):
         assert 0 < gap <= TOLERANCES[precision] / 10, (precision, gap)
 
 
+@pytest.mark.slow
 def test_a_missing_library_is_named_with_its_fix_and_marks_its_controls(tmp_path):
     completed = doctor(tmp_path, "--json", "--only", "qlora_nf4,adamw_8bit", inject=NO_BITSANDBYTES)
     assert completed.returncode == EXIT_FAILED, completed.stderr[-3000:]
@@ -169,7 +172,8 @@ def test_the_estimate_on_cuda_uses_this_machines_calibration_and_says_so(tmp_pat
                       "context_bytes": 612 * 2**20, "allocator_fraction": 0.021})
     calibrated = lora_estimate()
     parts = calibrated.peak_device.parts
-    tensors = default.peak_bytes - default.peak_device.parts["cuda_context"] - default.peak_device.parts["allocator_margin"]
+    default_parts = default.peak_device.parts
+    tensors = default.peak_bytes - default_parts["cuda_context"] - default_parts["allocator_margin"]
     assert parts["cuda_context"] == 612 * 2**20 and parts["allocator_margin"] == int(0.021 * tensors)
     assert ("CUDA context and allocator margin measured on this machine by studio doctor (NVIDIA GeForce RTX 4090, "
             "2025-11-30): 612.00 MiB outside the tensors, 2.1% over them") in calibrated.notes

@@ -74,7 +74,8 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("adamw_8bit", "8-bit AdamW", HALF, {"training": {"optimizer": "adamw_8bit"}}, ("training.optimizer",),
               "choose the AdamW optimizer", ("bitsandbytes",)),
     *_saver_techniques(),
-    Technique("torch_compile", "torch.compile", HALF, {"training": {"torch_compile": True}}, ("training.torch_compile",),
+    Technique("torch_compile", "torch.compile", HALF, {"training": {"torch_compile": True}},
+              ("training.torch_compile",),
               "turn torch.compile off (it needs a C++ compiler for the CPU and Triton for the GPU)"),
 )
 BY_NAME = {technique.name: technique for technique in TECHNIQUES}
@@ -146,8 +147,22 @@ class SelfTestReport:
         for result in self.results:
             mark = {"passed": "✓", "failed": "✗"}.get(result.status, "–")
             lines.append(f"{mark} {result.label}: {result.words}" + (f" Fix: {result.fix}." if result.fix else ""))
-        lines += _calibration_lines(self.calibration)
+        lines += self.calibration_lines()
         return "\n".join(lines)
+
+    def calibration_lines(self) -> list[str]:
+        """What was measured of CUDA and where it was saved, or why nothing was."""
+        measured = self.calibration
+        if "context_bytes" not in measured:
+            return [measured.get("why_not", "No CUDA calibration.")]
+        lines = [f"Measured on this GPU: {format_bytes(measured['context_bytes'])} outside PyTorch's tensors (the CUDA "
+                 f"context {format_bytes(measured['bare_context_bytes'])}, libraries "
+                 f"{format_bytes(measured['library_bytes'])}) and an allocator margin of "
+                 f"{measured['allocator_fraction']:.1%} over the tensors at a steady step."]
+        if measured.get("saved_to"):
+            lines.append(f"Saved as this machine's calibration in {measured['saved_to']}: the memory estimate on CUDA "
+                         "uses it from now on and says so in its notes.")
+        return lines
 
     def as_markdown(self) -> str:
         gpu = self.gpu
@@ -159,7 +174,8 @@ class SelfTestReport:
                  f"**{self.summary}**", "", *(f"- {note}" for note in self.notes), "", "## Machine", "",
                  f"- GPU: {machine}",
                  "- Versions: " + ", ".join(f"{name} {version}" for name, version in self.versions.items()), "",
-                 "## Techniques", "", "| technique | result | precision | loss, first → last | difference | tolerance |",
+                 "## Techniques", "",
+                 "| technique | result | precision | loss, first → last | difference | tolerance |",
                  "|---|---|---|---|---|---|"]
         for result in self.results:
             losses = f"{result.losses[0]:.4f} → {result.losses[-1]:.4f}" if result.losses else ""
@@ -167,7 +183,7 @@ class SelfTestReport:
                          f"{_percent(result.difference)} | {_percent(result.tolerance)} |")
         lines += ["", *(f"- **{r.label}** ({r.status}): {r.words}" + (f" Fix: {r.fix}." if r.fix else "")
                         for r in self.results), "", "## CUDA calibration", "",
-                  *(f"- {line}" for line in _calibration_lines(self.calibration)), "", "## How the losses are judged",
+                  *(f"- {line}" for line in self.calibration_lines()), "", "## How the losses are judged",
                   "", f"Each technique trains {STEPS} steps on one micro-batch of a small random Llama; it passes when "
                   f"the loss falls by {FALL:.0%} or more and, on a GPU, every step's loss is within the tolerance of "
                   f"its precision ({', '.join(f'{p} {_percent(t)}' for p, t in TOLERANCES.items())}) of the same "
@@ -188,19 +204,6 @@ def _percent(value: float | None) -> str:
     if value is None:
         return ""
     return "0" if value == 0 else f"{value:.2%}" if value >= 1e-4 else f"{value:.1e}"
-
-
-def _calibration_lines(calibration: dict) -> list[str]:
-    if "context_bytes" not in calibration:
-        return [calibration.get("why_not", "No CUDA calibration.")]
-    lines = [f"Measured on this GPU: {format_bytes(calibration['context_bytes'])} outside PyTorch's tensors (the "
-             f"CUDA context {format_bytes(calibration['bare_context_bytes'])}, libraries "
-             f"{format_bytes(calibration['library_bytes'])}) and an allocator margin of "
-             f"{calibration['allocator_fraction']:.1%} over the tensors at a steady step."]
-    if calibration.get("saved_to"):
-        lines.append(f"Saved as this machine's calibration in {calibration['saved_to']}: the memory estimate on CUDA "
-                     "uses it from now on and says so in its notes.")
-    return lines
 
 
 # ---------------------------------------------------------------- judging what the checks saw
@@ -246,7 +249,8 @@ def _result(technique: Technique, outcome: dict, reference: dict | None, on_gpu:
         return replace(base, words=_missing_words(outcome["missing"], outcome["because"], found), fix=_install(outcome))
     if "error" in outcome:
         error = outcome["error"]
-        return replace(base, words=f"it fails: {error['message']}" + (f" ({error['hint']})" if error.get("hint") else ""))
+        hint = f" ({error['hint']})" if error.get("hint") else ""
+        return replace(base, words=f"it fails: {error['message']}{hint}")
     return _judged(replace(base, losses=tuple(outcome["losses"])), technique, reference, on_gpu)
 
 
@@ -268,8 +272,9 @@ def _judged(base: Result, technique: Technique, reference: dict | None, on_gpu: 
         return replace(compared, words=f"it trains ({trained}), but its losses differ from {against}'s by "
                                        f"{_percent(difference)} (at most {_percent(tolerance)} allowed).",
                        fix=f"{technique.fix}, and attach this report to a bug report")
-    same = f"the same losses as {against}" if difference == 0 else f"within {_percent(difference)} of {against}'s losses"
-    return replace(compared, status="passed", fix="", words=f"it trains ({trained}); {same}.")
+    agrees = f"the same losses as {against}" if difference == 0 else \
+        f"within {_percent(difference)} of {against}'s losses"
+    return replace(compared, status="passed", fix="", words=f"it trains ({trained}); {agrees}.")
 
 
 def _reference_trouble(reference: dict | None) -> str:
