@@ -58,11 +58,13 @@ class Technique:
 def _saver_techniques() -> tuple[Technique, ...]:
     """Every memory saver of the savers' table that is off by default, switched on with the one it acts through
     (those on by default, the lean loss and weights, run in every check)."""
-    defaults = TrainingConfig()
-    return tuple(Technique(spec.name, spec.label, HALF, {"training": {spec.name: True, **({spec.needs: True}
-                                                                                          if spec.needs else {})}},
-                           (spec.field,), f"turn {spec.label[:1].lower()}{spec.label[1:]} off")
-                 for spec in SAVER_SPECS.values() if not getattr(defaults, spec.name))
+    defaults, techniques = TrainingConfig(), []
+    for spec in SAVER_SPECS.values():
+        if not getattr(defaults, spec.name):
+            switches = {spec.name: True, **({spec.needs: True} if spec.needs else {})}
+            techniques.append(Technique(spec.name, spec.label, HALF, {"training": switches}, (spec.field,),
+                                        f"turn {spec.label[:1].lower()}{spec.label[1:]} off"))
+    return tuple(techniques)
 
 
 TECHNIQUES: tuple[Technique, ...] = (
