@@ -81,10 +81,26 @@ def _add_bundle(commands) -> None:
     p.set_defaults(handler=_bundle)
 
 
+def _add_doctor(commands) -> None:
+    p = commands.add_parser("doctor", help="check every technique on this machine's GPU and measure its CUDA overheads",
+                            description="Train a few steps of a small model with each technique (LoRA in fp32, bf16 "
+                                        "and fp16, QLoRA, 8-bit AdamW, the memory savers, torch.compile) on the GPU "
+                                        "and again on the CPU, compare the losses, measure the CUDA context and the "
+                                        "allocator's margin and keep them as this machine's calibration for the "
+                                        "memory estimate. Without a GPU the checks run on the CPU. Writes a report "
+                                        "to attach to a bug report.")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--out", type=Path, help="the report (Markdown; its JSON goes beside it) (default: a new file in "
+                                            "the self-test folder of the user's data folder)")
+    p.add_argument("--only", default="", help="comma-separated technique names (default: all)")
+    p.set_defaults(handler=_doctor)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config, _add_bundle):
+    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config, _add_bundle,
+                _add_doctor):
         add(commands)
     return parser
 
@@ -157,6 +173,48 @@ def _bundle(args) -> int:
     for item in bundle.required_on_every_node:
         print(f"  must exist on every machine: {item}")
     return 0
+
+
+def _doctor(args) -> int:
+    import json
+
+    from studio.core.run.commands import EXIT_FAILED, EXIT_OK, doctor_checks_command
+    from studio.core.runtime.self_test import default_report_path, finish, techniques_named
+
+    techniques_named(args.only)  # an unknown name is refused before anything starts
+    out = args.out or default_report_path()
+    work = out.with_name(out.stem + "-runs")
+    work.mkdir(parents=True, exist_ok=True)
+    found = _run_checks(doctor_checks_command(sys.executable, work, args.only), work)
+    report = finish(found, out)
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(f"{report.as_text()}\nReport: {out} (and {out.with_suffix('.json').name} beside it): attach it to a "
+              "bug report.")
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def _run_checks(command: list[str], work: Path) -> dict:
+    """The checks' JSON; their progress lines pass to stderr, the rest of their chatter to a log in ``work``."""
+    import subprocess
+
+    from studio.core.run.commands import last_json_object
+
+    with open(work / "checks.out", "w+") as out, open(work / "checks.log", "w") as log:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                   errors="replace")
+        for line in process.stderr:
+            log.write(line)
+            if line.startswith("doctor: "):
+                print(line.rstrip(), file=sys.stderr, flush=True)
+        process.wait()
+        out.seek(0)
+        found = last_json_object(out.read())
+    if found is None:
+        raise StudioError(f"the self-test's checks stopped (exit code {process.returncode}) without a report",
+                          f"see {work / 'checks.log'}", kind="internal")
+    return found
 
 
 def _config(args) -> int:

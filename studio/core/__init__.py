@@ -10,7 +10,8 @@ Imports neither Qt nor torch at import time, so the window and the command line 
 * ``validation``: every problem of a config at once, each naming its field;
 * ``presets``: the embedded demo's config;
 * ``machine``: what this machine has for a run beside its GPUs (its CPU RAM);
-* ``sizes``: byte sizes written and read as text (binary units).
+* ``sizes``: byte sizes written and read as text (binary units);
+* ``folders``: where studio keeps its files on this machine (the user's data folder).
 
 and the sub-packages, one concern each (their ``__init__`` names their files):
 
@@ -20,5 +21,6 @@ and the sub-packages, one concern each (their ``__init__`` names their files):
 * ``run``: a run on disk and the processes around it: the run directory, its events, every subprocess
   command, the cluster bundle;
 * ``export``: what exports need without torch: GGUF types, the model card, whether the Hub takes it;
-* ``runtime``: the desktop download's training runtime: the Python environment it makes, its check, its progress.
+* ``runtime``: the desktop download's training runtime: the Python environment it makes, its check, its progress;
+  and the GPU self-test's techniques, verdicts and report.
 """

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     install_excepthook()
     window = MainWindow()
     window.show()
+    window.offer_self_test()
     if is_bundle():  # the download trains in its own runtime: set it up, or check it
         check_runtime_at_start(window)
     return app.exec()

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QS
 from studio.core.errors import Problem
 from studio.core.presets import RESOURCES
 from studio.core.run.directory import default_runs_root
+from studio.core.runtime.self_test import SelfTestReport, latest_report
 from studio.gui.log_dialog import LogDialog
 from studio.gui.panels.data import DataPanel
 from studio.gui.panels.estimate import EstimatePanel
@@ -25,8 +26,11 @@ from studio.gui.panels.techniques import TechniquesPanel
 from studio.gui.panels.try_it import TryPanel
 from studio.gui.runs import RunController
 from studio.gui.runtime.dialog import open_runtime_dialog
+from studio.gui.runtime.self_test import SelfTestDialog
 from studio.gui.state import settings as app_settings
+from studio.gui.state.hardware import detect_gpus
 from studio.gui.state.job_state import TERMINAL, State, status_text
+from studio.gui.state.memory import has_gpu_calibration
 from studio.gui.state.run_history import live_runs
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.widgets.charts import WAITING, ChartsPanel
@@ -63,6 +67,8 @@ class MainWindow(QMainWindow):
         self.try_panel = TryPanel()
         self.run_banner = Banner()
         self.notice = Banner()
+        self.self_test_offer = Banner()
+        self.self_test_dialog: SelfTestDialog | None = None
         self.problems = QLabel()
         self.status = QLabel()
 
@@ -71,6 +77,7 @@ class MainWindow(QMainWindow):
         self._connect()
         self.data_panel.set_model(self.model_panel.summary)
         self._show_unreadable_choices()
+        self.show_self_test(latest_report())
         self._restore_window_state()
         self._on_config_changed()
         self._on_run_changed()
@@ -114,6 +121,7 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(self.run_name)
         runtime_menu = self.menuBar().addMenu("&Runtime")
         self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
+        self.self_test_action = runtime_menu.addAction("GPU self-test…", self.open_self_test)
 
     def _action(self, toolbar: QToolBar, text: str, slot, shortcut: str = "") -> QAction:
         action = QAction(text, self)
@@ -136,6 +144,9 @@ class MainWindow(QMainWindow):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(6, 6, 0, 6)
         left_layout.addWidget(self.notice)
+        left_layout.addWidget(self.self_test_offer)
+        self.self_test_offer.add_button("Run the GPU self-test", self._accept_self_test_offer)
+        self.self_test_offer.add_button("Not now", self.self_test_offer.hide)
         left_layout.addWidget(self.setup_tabs, 1)
         under_tabs = QWidget()  # scrolls on a short screen when the estimate has much to say
         under_layout = QVBoxLayout(under_tabs)
@@ -179,6 +190,36 @@ class MainWindow(QMainWindow):
         self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))
         self.history.resume_requested.connect(self.resume_run)
         self.history.export_requested.connect(self._export_from_history)
+
+    # ------------------------------------------------------------ the GPU self-test
+    def open_self_test(self) -> SelfTestDialog:
+        """Runtime ▸ GPU self-test…: its dialog (one, kept), whose results mark the techniques that failed."""
+        if self.self_test_dialog is None:
+            self.self_test_dialog = SelfTestDialog(self)
+            self.self_test_dialog.report_ready.connect(self.show_self_test)
+        self.self_test_dialog.show()
+        self.self_test_dialog.raise_()
+        return self.self_test_dialog
+
+    def show_self_test(self, report: SelfTestReport | None) -> None:
+        """Each technique that failed the last self-test is marked beside its control, with the reason and fix."""
+        self.techniques_panel.mark_self_test(report.marks() if report is not None else {})
+
+    def offer_self_test(self) -> None:
+        """On the first start with an NVIDIA GPU and no calibration of it, offer the self-test, once (remembered)."""
+        gpus = [] if self.settings.self_test_offered or has_gpu_calibration() else detect_gpus()
+        if not gpus:
+            return
+        self.settings.self_test_offered = True
+        app_settings.save_settings(self.settings)
+        self.self_test_offer.show_message(
+            f"This machine has an NVIDIA GPU ({html.escape(gpus[0].name)}). The GPU self-test checks every technique "
+            "on it in about a minute and measures what CUDA itself takes, so that the memory estimate is this "
+            "machine's own (also any time from Runtime ▸ GPU self-test…).", error=False)
+
+    def _accept_self_test_offer(self) -> None:
+        self.self_test_offer.hide()
+        self.open_self_test().start()
 
     # ------------------------------------------------------------ runs
     def start_blockers(self) -> list[Problem]:

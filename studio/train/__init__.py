@@ -11,7 +11,9 @@ are the run itself:
 * ``control``: stop requests that work on every OS (files in the run directory, a line on stdin);
 * ``quiet``: library chatter that says nothing about the run, silenced;
 * ``demo``: ``studio demo``, a real fine-tune of the embedded tiny model;
-* ``runtime_check``: the desktop runtime's check of the Python it runs in.
+* ``runtime_check``: the desktop runtime's check of the Python it runs in;
+* ``doctor``: the self-test's checks (``studio doctor``): each technique trained on this device and on the CPU,
+  and CUDA's overheads measured.
 
 and the sub-packages, one concern each (their ``__init__`` names their files):
 

@@ -59,8 +59,8 @@ from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.memory.placement import split_devices
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
-from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, sharded_devices,
-                                         with_cuda_overheads)
+from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, machine_overheads,
+                                         sharded_devices, with_cuda_overheads)
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
 
@@ -124,15 +124,18 @@ def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
 
 def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: str = "cuda",
              scale_out: ScaleOut = ScaleOut(), loss_impl: str | None = None,
-             overheads: CudaOverheads = CudaOverheads()) -> Estimate:
+             overheads: CudaOverheads | None = None) -> Estimate:
     """The itemized peak memory of ``config`` on ``model_config`` (a config.json mapping).
 
-    ``device_type`` "cuda" adds the CUDA context and the allocator margin;
+    ``device_type`` "cuda" adds the CUDA context and the allocator margin: ``overheads``, or by default this
+    machine's as ``studio doctor`` measured them (``sharding.machine_overheads``), which a note then says;
     "cpu" predicts the live tensor bytes a CPU run reaches. A model of a family
     ``studio.core.model.info`` does not describe is estimated from its traced
     step (``studio.core.memory.derived``); without a trace for these settings
     it raises TraceNeededError. Raises StudioError for LoRA targets it does not know.
     """
+    if overheads is None:
+        overheads = machine_overheads() if device_type == "cuda" else CudaOverheads()
     if isinstance(model_config, dict) and not _described(model_config):
         return _derived(model_config, config, device_type, scale_out, overheads)
     shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
@@ -159,7 +162,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     host = with_host_activations(host, acts, shape, regime)
     if host is not None:
         devices.append(host)
-    notes = _notes(shape, regime, config)
+    notes = _notes(shape, regime, config) + (overheads.notes if device_type == "cuda" else ())
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
@@ -185,7 +188,8 @@ def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out:
     if trace is None:
         raise TraceNeededError(model_config["model_type"], trace_path(model_config, config),
                                regime_id(regime_axes(config)))
-    return derived_estimate(trace, config, device_type, scale_out, overheads)
+    result = derived_estimate(trace, config, device_type, scale_out, overheads)
+    return replace(result, notes=result.notes + overheads.notes) if device_type == "cuda" else result
 
 
 def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:

@@ -1,15 +1,21 @@
 """How the run spreads over devices: ZeRO's shares of the model states per GPU, the host RAM of
-offload, communication buckets, and what a CUDA process holds besides tensors."""
+offload, communication buckets, and what a CUDA process holds besides tensors: the defaults, or what
+``studio doctor`` measured on this machine (its calibration file, read here as JSON)."""
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.folders import data_folder
 from studio.core.memory.parts.states import ModelStates
 from studio.core.memory.results import DeviceEstimate, LoadingEstimate, complete_parts
-from studio.core.sizes import GIB
+from studio.core.sizes import GIB, format_bytes
 
 
 @dataclass(frozen=True)
@@ -77,11 +83,83 @@ class ScaleOut:
 
 @dataclass(frozen=True)
 class CudaOverheads:
-    """What a CUDA process holds besides tensors: measure ``context_bytes`` once per machine when possible."""
+    """What a CUDA process holds besides tensors: these defaults, or this machine's (``machine_overheads``)."""
 
     context_bytes: int = 500 * 1024**2  # CUDA context with lazy module loading: 0.3-0.7 GB
     allocator_fraction: float = 0.05  # caching-allocator rounding and fragmentation over the tensor peak
     nccl_bytes: int = 600 * 1024**2  # one NCCL communicator, when there are several GPUs
+    measured: str = ""  # "GPU, date" when studio doctor measured the first two here; "" for the defaults
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        if not self.measured:
+            return ()
+        return (f"CUDA context and allocator margin measured on this machine by studio doctor ({self.measured}): "
+                f"{format_bytes(self.context_bytes)} outside the tensors, {self.allocator_fraction:.1%} over them",)
+
+
+# ---------------------------------------------------------------- this machine's calibration
+
+CALIBRATION_FILE = "gpu-calibration.json"  # in the user's data folder (studio.core.folders)
+CALIBRATION_FORMAT = 1
+
+
+def calibration_path() -> Path:
+    return data_folder() / CALIBRATION_FILE
+
+
+def save_calibration(measured: dict) -> Path:
+    """Keep one GPU's figures from ``studio doctor`` as this machine's calibration for that GPU (keyed by its
+    ``uuid``, else its ``name``), beside the other GPUs' entries; returns the file.
+
+    The estimate reads ``context_bytes`` (the CUDA context and what libraries hold outside PyTorch's allocator),
+    ``allocator_fraction`` (reserved over allocated bytes at a steady step, less one), ``name`` and
+    ``measured_at``; the rest says how they were measured.
+    """
+    path = calibration_path()
+    gpus = _calibrated_gpus(str(path))
+    gpus = {**gpus, measured.get("uuid") or measured["name"]: measured}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"format": CALIBRATION_FORMAT, "gpus": gpus}, indent=2), encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def machine_overheads() -> CudaOverheads:
+    """The overheads ``studio doctor`` measured on this machine, or the defaults when it has not (or the file
+    cannot be read). Of several GPUs measured, the one with the most outside the tensors (the estimate cannot
+    know which GPU a run will get)."""
+    gpus = _calibrated_gpus(str(calibration_path()))
+    if not gpus:
+        return CudaOverheads()
+    gpu = max(gpus.values(), key=lambda entry: (entry["context_bytes"], entry["allocator_fraction"]))
+    return CudaOverheads(context_bytes=int(gpu["context_bytes"]), allocator_fraction=float(gpu["allocator_fraction"]),
+                         measured=f"{gpu.get('name', 'a GPU')}, {str(gpu.get('measured_at', ''))[:10]}")
+
+
+def _calibrated_gpus(path: str) -> dict[str, dict]:
+    """The file's GPU entries with the two figures the estimate needs; read again only when the file changes
+    (the window estimates on every toggle)."""
+    try:
+        modified = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    return _read_calibration(path, modified)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_calibration(path: str, modified: int) -> dict[str, dict]:
+    try:
+        gpus = json.loads(Path(path).read_text(encoding="utf-8")).get("gpus", {})
+        return {key: entry for key, entry in gpus.items() if _is_count(entry.get("context_bytes"))
+                and _is_count(entry.get("allocator_fraction"))}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def with_cuda_overheads(device: DeviceEstimate, overheads: CudaOverheads, scale_out: ScaleOut) -> DeviceEstimate:

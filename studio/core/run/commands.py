@@ -3,7 +3,7 @@
 The app, the command line and the training launcher run the ML side in Python
 subprocesses: the worker (``python -m studio.train``), torchrun for several
 processes, ``studio export``, ``studio generate``, ``studio estimate --simulate``,
-the simulation module and the memory trace. Each builder here takes the Python to run (the app
+the simulation module, the memory trace and the self-test (``studio doctor`` and its checks). Each builder here takes the Python to run (the app
 starts its worker with the windowless one) and returns the whole argv. What a
 subprocess leaves behind is read here too: ``last_json_object`` for the JSON it
 prints last, ``read_export_record`` for the record an export writes beside it.
@@ -31,6 +31,7 @@ DEFAULT_PORT = 29500
 WORKER_MODULE = "studio.train"
 SIMULATION_MODULE = "studio.train.measure.simulate"
 TRACE_MODULE = "studio.train.measure.trace"
+DOCTOR_MODULE = "studio.train.doctor"
 EXPORT_RECORD = "studio_export.json"  # what an export holds and how it verified, in its folder
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ABORTED = 0, 1, 2, 130
@@ -127,6 +128,26 @@ def trace_command(python: str, config_path: Path, neighbours: bool = True) -> li
     cache and prints ``{"trace": PATH, "seconds": S}``, or ``{"error", "hint"}``, as its last line. With
     ``neighbours``, the settings one toggle away too (for a window, or a fit, that will ask for them)."""
     return [python, "-m", TRACE_MODULE, str(config_path)] + ([] if neighbours else ["--alone"])
+
+
+def self_test_command(python: str, out: Path, only: str = "") -> list[str]:
+    """``studio doctor --json``: the self-test (``only``: comma-separated technique names, else all); writes its
+    report to ``out`` (Markdown, and JSON beside it), prints progress lines starting with ``doctor:`` on stderr
+    and the report as one JSON object."""
+    return _studio(python, "doctor", "--json", "--out", str(out), *(["--only", only] if only else []))
+
+
+def doctor_checks_command(python: str, work: Path, only: str = "", reference: str = "") -> list[str]:
+    """The self-test's checks on the device the process sees (studio.train.doctor), keeping their runs in ``work``;
+    ``only``: comma-separated technique names; ``reference``: the CPU's run (under ``cpu_only_environment``) of a
+    GPU's checks, in that 16-bit precision. Prints what they found as one JSON object."""
+    argv = [python, "-m", DOCTOR_MODULE, "--work", str(work)]
+    return argv + (["--only", only] if only else []) + (["--reference", reference] if reference else [])
+
+
+def cpu_only_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with every GPU hidden from CUDA: PyTorch, and the worker, then run on the CPU."""
+    return {**env, "CUDA_VISIBLE_DEVICES": ""}
 
 
 # ---------------------------------------------------------------- results

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from studio.core.errors import StudioError
+from studio.core.folders import data_folder
 
 COMPLETE_MARKER = "COMPLETE"
 STOP_FILE = "STOP"
@@ -40,11 +41,7 @@ _CHECKPOINT_RE = re.compile(r"^step-(\d+)$")
 def default_runs_root() -> Path:
     """Where runs go when the user names no run directory."""
     override = os.environ.get("STUDIO_RUNS_DIR")
-    if override:
-        return Path(override)
-    import platformdirs  # here, not at the top: a process given its folders needs no platformdirs
-
-    return platformdirs.user_data_path("finetune-studio") / "runs"
+    return Path(override) if override else data_folder() / "runs"
 
 
 class RunDir:

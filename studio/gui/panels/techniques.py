@@ -38,6 +38,12 @@ class TechniquesPanel(SettingsColumn):
             self.column.addWidget(group)
         self.finish(self._refresh_groups)
 
+    def mark_self_test(self, marks: dict[str, str]) -> None:
+        """Each control whose field a failed technique of the GPU self-test switches says so (``marks``: field ->
+        words, from ``SelfTestReport.marks``); the others are cleared."""
+        for control in self.findChildren(BoundControl):
+            control.mark_self_test(marks.get(control.path, ""))
+
     def _quantization(self) -> QWidget:
         box = QWidget()
         layout = QVBoxLayout(box)

@@ -21,6 +21,7 @@ from studio.core.memory.estimate import Estimate, ScaleOut, estimate
 from studio.core.memory.fit import fit, fit_own_data
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.core.memory.savers import SaverSpec
+from studio.core.memory.sharding import machine_overheads
 from studio.core.model.info import load_model_config
 from studio.core.run.commands import estimate_simulation_command, last_json_object, trace_command
 
@@ -28,6 +29,7 @@ from studio.core.run.commands import estimate_simulation_command, last_json_obje
 from studio.core.memory.derived import TraceNeededError, kind_text  # noqa: E402, F401
 from studio.core.memory.parts import PART_LABELS, PHASE_LABELS  # noqa: E402, F401
 from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP  # noqa: E402, F401
+
 
 def model_config_of(config: RunConfig) -> dict:
     """The model's config.json from disk or the Hugging Face cache; never the network (this runs per keystroke)."""
@@ -39,6 +41,11 @@ def model_config_of(config: RunConfig) -> dict:
 @lru_cache(maxsize=16)
 def _cached_model_config(name: str, revision: str, stamp: float) -> dict:
     return load_model_config(name, revision, allow_network=False)
+
+
+def has_gpu_calibration() -> bool:
+    """Whether ``studio doctor`` has measured this machine's CUDA overheads (the estimate then uses them)."""
+    return bool(machine_overheads().measured)
 
 
 def estimate_run(config: RunConfig, device_type: str = "cuda", gpu_bytes: int = 0, gpu_count: int = 1) -> Estimate:

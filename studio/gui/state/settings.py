@@ -37,6 +37,7 @@ class AppSettings:
     gpu_custom_unit: str = "GiB"  # how the custom size is typed: GiB, or GB as on a card's box
     left_tab: int = 0
     right_tab: int = 0
+    self_test_offered: bool = False  # the GPU self-test was offered on a first start with a GPU (once)
 
     def remember_model(self, name: str) -> None:
         self.recent_models = _front(self.recent_models, name)

@@ -61,6 +61,8 @@ class BoundControl(QWidget):
         self.explain = explanation("")
         self.reason = explanation("", role="reason")
         self.reason.hide()
+        self.self_test_mark = explanation("", role="reason")  # a technique of this field failed the GPU self-test
+        self.self_test_mark.hide()
         self.set_explanation(explain)
         store.changed.connect(self.refresh)
 
@@ -68,6 +70,7 @@ class BoundControl(QWidget):
         if not self.compact:
             self.column.addWidget(self.explain)
         self.column.addWidget(self.reason)
+        self.column.addWidget(self.self_test_mark)
         self.refresh(self.store.config)
 
     def set_explanation(self, text: str) -> None:
@@ -83,6 +86,11 @@ class BoundControl(QWidget):
     def show_reason(self, text: str) -> None:
         self.reason.setText(text)
         self.reason.setVisible(bool(text))
+
+    def mark_self_test(self, text: str) -> None:
+        """What the GPU self-test found wrong with this field's technique (kept across edits); "" clears it."""
+        self.self_test_mark.setText(text)
+        self.self_test_mark.setVisible(bool(text))
 
     def refresh(self, config: RunConfig) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
