@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+# the same answers on every machine: no calibration of this one's GPU (studio doctor's) in the CUDA estimates
+os.environ["STUDIO_RUNS_DIR"] = os.path.join(tempfile.mkdtemp(prefix="golden-grid-"), "runs")
 
 from studio.core.config import RunConfig, choice_values, to_dict  # noqa: E402
 from studio.core.errors import StudioError  # noqa: E402

@@ -6,8 +6,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Runs started without a run directory, per-machine records and memory traces stay out of the user's folders.
-os.environ["STUDIO_RUNS_DIR"] = tempfile.mkdtemp(prefix="studio-test-runs-")
+# Runs started without a run directory, per-machine records and memory traces stay out of the user's folders:
+# the runs folder's parent is the data folder (memory-calibration.jsonl, gpu-calibration.json), a session's own.
+os.environ["STUDIO_RUNS_DIR"] = os.path.join(tempfile.mkdtemp(prefix="studio-test-data-"), "runs")
 os.environ["STUDIO_TRACE_CACHE"] = tempfile.mkdtemp(prefix="studio-test-traces-")
 os.environ["STUDIO_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="studio-test-runtime-")  # never the user's runtime
 os.environ["STUDIO_TOOLS_DIR"] = tempfile.mkdtemp(prefix="studio-test-tools-")  # llama.cpp's converter, installed once
