@@ -699,3 +699,51 @@ def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qt
     assert f"at most {tokens:,} tokens" in panel.data_peak.text()
     window.store.update(data={"max_length": min(lengths)})  # every micro-batch at the cut: nothing to add
     assert panel.data_peak.text() == ""
+
+
+# ---------------------------------------------------------------- only runs that can finish start
+
+def test_data_problems_keep_start_off_and_say_where(window, qtbot, tmp_path):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"instruction": "What is a plum?", "output": "a fruit"}\n{"instruction": "no answer"}\n')
+    window.data_panel.set_files([str(bad)])
+    qtbot.waitUntil(lambda: bool(window.data_panel.problems), timeout=10000)
+    assert not window.start_action.isEnabled()
+    assert "the data has problems (see 2 Data)" in window.start_reason.text()
+    assert "rows.jsonl:2" in window.start_action.toolTip()
+    window.data_panel.set_files([str(DEMO_TRAIN)])
+    qtbot.waitUntil(lambda: window.start_action.isEnabled(), timeout=10000)
+
+
+def test_a_4bit_base_keeps_start_off_on_a_machine_without_an_nvidia_gpu(window):
+    """bitsandbytes' CPU path may compute wrong numbers: the run would train, and its export would not verify."""
+    window.estimate_panel.detected = []  # this machine, as NVML sees it
+    window.store.update(method="qlora")
+    assert not window.start_action.isEnabled()
+    assert "4-bit base weights need an NVIDIA GPU" in window.start_reason.text()
+    window.estimate_panel.detected = [object()]  # a machine with one
+    window.store.update(training={"seed": 7})
+    assert window.start_action.isEnabled()
+
+
+def test_demo_model_resets_what_a_big_model_needed_and_says_what_it_changed(window):
+    window.store.update(method="qlora", training={"precision": "bf16", "optimizer": "adamw_8bit",
+                                                  "gradient_checkpointing": True, "activation_offload": True})
+    window.model_panel.demo_button.click()
+    config = window.store.config
+    assert config.method == "lora" and config.effective_load_in == "none" and config.training == demo_config().training
+    assert config.data.train_files == demo_config().data.train_files
+    text = window.preset_notice.text.text()
+    assert window.preset_notice.isVisible() and "Method: QLoRA → LoRA" in text and "Optimizer: AdamW 8-bit → AdamW" in text
+    assert "Offload layer inputs to CPU RAM: on → off" in text and "Precision: bf16 (mixed) → fp32" in text
+
+
+def test_new_setup_starts_over_from_the_demo_and_lists_what_it_changed(window, tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text('{"instruction": "a", "output": "b"}\n')
+    window.store.update(data={"train_files": (str(data),)}, lora={"r": 32})
+    window.new_setup_action.trigger()
+    assert window.store.config == demo_config()
+    text = window.preset_notice.text.text()
+    assert "A new setup: the demo's model" in text and "Rank: 32 → 8" in text
+    assert "Training files: mine.jsonl → categories_instruction.jsonl" in text

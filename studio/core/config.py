@@ -374,6 +374,18 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+def differences(before: RunConfig, after: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """``{"training.precision": ("bf16", "fp32"), ...}``: every field whose value differs, by dotted path."""
+    old, new = to_dict(before), to_dict(after)
+    found = {}
+    for name, value in new.items():
+        if isinstance(value, dict):
+            found.update({f"{name}.{key}": (old[name][key], v) for key, v in value.items() if old[name][key] != v})
+        elif old[name] != value:
+            found[name] = (old[name], value)
+    return found
+
+
 def choice_values(path: str) -> tuple[Any, ...]:
     """The values a choice field allows, in the schema's order: ``choice_values("training.precision")``."""
     owner: Any = RunConfig

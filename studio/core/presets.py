@@ -12,6 +12,10 @@ DEMO_TRAIN = DEMO_DATASETS / "categories_instruction.jsonl"
 DEMO_HELDOUT = DEMO_DATASETS / "categories_heldout.jsonl"
 
 
+# The data choices the demo model keeps when it is picked for data of the user's own.
+_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "format", "template", "train_on_prompt")
+
+
 def demo_config() -> RunConfig:
     """LoRA on the embedded tiny Llama: teaches it to answer questions about what it knows
     (see resources/build_demo_assets.py)."""
@@ -23,3 +27,11 @@ def demo_config() -> RunConfig:
                   "max_steps": 60, "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05},
         schedule={"log_every": 1, "save_every": 20},
     )
+
+
+def with_demo_model(config: RunConfig) -> RunConfig:
+    """The demo preset: its tiny model and every setting it trains with (whatever ``config`` had: a 4-bit base,
+    bf16 or savers meant for a big model), keeping the data ``config`` names, if any."""
+    if not config.data.train_files:
+        return demo_config()
+    return demo_config().replace(data={name: getattr(config.data, name) for name in _USERS_DATA})

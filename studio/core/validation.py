@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from studio.core.choices import choice_label
 from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES
 from studio.core.data.hub import is_hub_spec, parse_hub_spec
@@ -33,6 +34,19 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     problems += _check_schedule(config)
     problems += _check_distributed(config, check_files)
     return problems
+
+
+def machine_problems(config: RunConfig, nvidia_gpu: bool) -> list[Problem]:
+    """What ``config`` needs that this machine lacks (``nvidia_gpu``: whether it has one): a run that would start
+    but not finish correctly here. Not part of ``validate``: a config may be made here for another machine."""
+    load_in = config.effective_load_in
+    if nvidia_gpu or load_in == "none":
+        return []
+    label = choice_label("quantization.load_in", load_in)
+    return [Problem("quantization.load_in", f"{label} base weights need an NVIDIA GPU: without one bitsandbytes "
+                    "computes them on the CPU, which it warns may be silently wrong, and the export of such a run "
+                    "does not reproduce the trained model",
+                    "choose base weights none (16/32-bit) here, with LoRA, or train on a machine with an NVIDIA GPU")]
 
 
 def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True,

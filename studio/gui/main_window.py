@@ -11,10 +11,12 @@ from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QTabWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
+from studio.core.config import RunConfig, differences
 from studio.core.errors import Problem
-from studio.core.presets import RESOURCES
+from studio.core.presets import RESOURCES, demo_config, with_demo_model
 from studio.core.run.directory import default_runs_root
 from studio.core.runtime.self_test import SelfTestReport, latest_report
+from studio.core.validation import machine_problems
 from studio.gui.log_dialog import LogDialog
 from studio.gui.panels.data import DataPanel
 from studio.gui.panels.estimate import EstimatePanel
@@ -28,6 +30,7 @@ from studio.gui.runs import RunController
 from studio.gui.runtime.dialog import open_runtime_dialog
 from studio.gui.runtime.self_test import SelfTestDialog
 from studio.gui.state import settings as app_settings
+from studio.gui.state.changes import change_lines
 from studio.gui.state.hardware import detect_gpus
 from studio.gui.state.job_state import TERMINAL, State, status_text
 from studio.gui.state.memory import has_gpu_calibration
@@ -35,6 +38,7 @@ from studio.gui.state.run_history import live_runs
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.widgets.charts import WAITING, ChartsPanel
 from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, problems_html
+from studio.gui.widgets.controls import BoundControl
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -67,6 +71,7 @@ class MainWindow(QMainWindow):
         self.try_panel = TryPanel()
         self.run_banner = Banner()
         self.notice = Banner()
+        self.preset_notice = Banner()  # what a preset changed
         self.self_test_offer = Banner()
         self.self_test_dialog: SelfTestDialog | None = None
         self.problems = QLabel()
@@ -119,6 +124,9 @@ class MainWindow(QMainWindow):
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         toolbar.addWidget(spacer)
         toolbar.addWidget(self.run_name)
+        setup_menu = self.menuBar().addMenu("&Setup")
+        self.new_setup_action = setup_menu.addAction("New setup (the demo's settings and data)", self.new_setup)
+        self.new_setup_action.setShortcut(QKeySequence.StandardKey.New)
         runtime_menu = self.menuBar().addMenu("&Runtime")
         self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
         self.self_test_action = runtime_menu.addAction("GPU self-test…", self.open_self_test)
@@ -144,6 +152,9 @@ class MainWindow(QMainWindow):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(6, 6, 0, 6)
         left_layout.addWidget(self.notice)
+        left_layout.addWidget(self.preset_notice)
+        self.preset_notice.add_button("Dismiss", self.preset_notice.hide)
+        self.preset_notice.hide()
         left_layout.addWidget(self.self_test_offer)
         self.self_test_offer.add_button("Run the GPU self-test", self._accept_self_test_offer)
         self.self_test_offer.add_button("Not now", self.self_test_offer.hide)
@@ -184,7 +195,9 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         self.store.changed.connect(self._on_config_changed)
         self.model_panel.summary_changed.connect(self.data_panel.set_model)
+        self.model_panel.demo_requested.connect(self.use_demo_preset)
         self.data_panel.lengths_changed.connect(self.estimate_panel.set_data_lengths)
+        self.data_panel.problems_changed.connect(self._on_config_changed)  # Start waits for the data's problems
         self.model_panel.summary_changed.connect(self._on_config_changed)  # its problems may have changed
         self.controller.changed.connect(self._on_run_changed)
         self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))
@@ -221,10 +234,33 @@ class MainWindow(QMainWindow):
         self.self_test_offer.hide()
         self.open_self_test().start()
 
+    def use_demo_preset(self) -> None:
+        """The demo model with the settings it trains with (not a big model's 4-bit base, bf16 or savers), the
+        user's data kept."""
+        self._apply_preset(with_demo_model(self.store.config), "The demo model, with the settings it trains with.")
+
+    def new_setup(self) -> None:
+        """Start over from the demo preset: its model, data and settings."""
+        self._apply_preset(demo_config(), "A new setup: the demo's model, data and settings.")
+
+    def _apply_preset(self, config: RunConfig, title: str) -> None:
+        """Set ``config`` and say what that changed, in the window's words."""
+        before = self.store.config
+        self.store.set(config)
+        labels = {control.path: control.label for control in self.findChildren(BoundControl) if control.label}
+        lines = change_lines(differences(before, config), labels)
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+        self.preset_notice.show_message(f"<b>{html.escape(title, quote=False)}</b>"
+                                        + (f"<ul style='margin:0'>{items}</ul>" if lines else " Nothing changed."),
+                                        error=False)
+
     # ------------------------------------------------------------ runs
     def start_blockers(self) -> list[Problem]:
-        """What must be fixed before Start: the config's problems, then the model's (``studio config check``'s)."""
-        return self.store.problems() + self.model_panel.problems
+        """What must be fixed before Start: the config's problems, the model's (``studio config check``'s), the
+        data's (what its preview found), and what this machine cannot run correctly."""
+        config = self.store.config
+        return (self.store.problems() + self.model_panel.problems + self.data_panel.problems
+                + machine_problems(config, nvidia_gpu=bool(self.estimate_panel.detected)))
 
     def start_run(self) -> None:
         if self.controller.job.active or self.start_blockers():
@@ -288,6 +324,10 @@ class MainWindow(QMainWindow):
     def _start_reason(self, problems: list[Problem]) -> str:
         if self.model_panel.problems:
             return "⚠ Cannot start: the model cannot be loaded (see 1 Model)"
+        if self.data_panel.problems:
+            return "⚠ Cannot start: the data has problems (see 2 Data)"
+        if not self.store.problems():  # then it is this machine
+            return "⚠ Cannot start here: " + problems[0].message.split(":")[0]
         return f"⚠ Cannot start: {len(problems)} problem{'s' if len(problems) > 1 else ''}, listed on the left"
 
     def _waiting_text(self) -> str:

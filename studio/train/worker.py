@@ -44,7 +44,7 @@ from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_
 from studio.core.run.directory import RunDir, default_runs_root
 from studio.core.run.events import EventWriter
 from studio.core.sizes import format_bytes
-from studio.core.validation import raise_if_invalid
+from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
 from studio.train.data.packed_attention import attend_packed
@@ -130,6 +130,8 @@ class Worker:
         self.engine = make_engine(self.config, self.run_dir.path)  # first: the processes meet before the data
         self.device = self.engine.device
         self._check_cpu_ram()
+        for problem in machine_problems(self.config, nvidia_gpu=self.device.type == "cuda"):  # trains, unverifiable
+            self.events.emit("warning", message=f"{problem.where}: {problem.message}", hint=problem.hint)
         data = self._load_data(reports)
         self._build_model(resume_from)
         self._start_engine()

@@ -10,7 +10,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGro
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES
-from studio.core.errors import ProblemsError, StudioError
+from studio.core.data.row_formats import DataError
+from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN
 from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview
 from studio.gui.state.model_summary import ModelSummary
@@ -27,12 +28,14 @@ _PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
 class DataPanel(VerticalScroll):
     # the token lengths of the preview's rows (None: not counted in tokens) and whether they are all the rows
     lengths_changed = Signal(object, bool)
+    problems_changed = Signal()  # the data's problems (``problems``) were found, or went
 
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
         super().__init__(parent=parent)
         self.store = store
         self.tokenizer = TokenizerInfo()
         self.preview: Preview | None = None
+        self.problems: list[Problem] = []  # what the preview found wrong with the data: Start waits for them
         self._preview_inputs: tuple | None = None
         self.choose_files_dialog = lambda: QFileDialog.getOpenFileNames(
             self, "Choose training data", "", "Data files (" + " ".join(f"*{s}" for s in SUFFIXES) + ")")[0]
@@ -166,6 +169,7 @@ class DataPanel(VerticalScroll):
 
     def _show_preview(self, preview: Preview) -> None:
         self.preview = preview
+        self._set_problems([])
         self.banner.hide()
         rows = f"{preview.rows:,} rows" + ("" if preview.complete else " (at least)")
         template = {"none": "", "tokenizer": " · the tokenizer's chat template"}.get(
@@ -179,12 +183,18 @@ class DataPanel(VerticalScroll):
 
     def _show_error(self, error: Exception) -> None:
         self.preview = None
+        self._set_problems(getattr(error, "problems", None) or [_problem_of(error)])
         self.lengths_changed.emit(None, False)
         self.banner.show_message(_readable(error), error=True)
         self.summary.setText("")
         self.examples.setHtml(f"<p style='color:{MUTED}'>No preview: fix the data problem above.</p>")
         self.histogram.show_message("No lengths to show.")
         self.cut_note.setText("")
+
+    def _set_problems(self, problems: list[Problem]) -> None:
+        if problems != self.problems:
+            self.problems = problems
+            self.problems_changed.emit()
 
     def _draw_histogram(self, preview: Preview) -> None:
         sampled = f"the first {preview.sampled:,} rows" if preview.sampled < preview.rows else f"all {preview.rows:,} rows"
@@ -231,6 +241,15 @@ def _segment_html(text: str, trainable: bool) -> str:
     if trainable:
         return f"<span style='background:{TRAINED_BG}; color:#111'>{escaped}</span>"
     return f"<span style='background:{MASKED_BG}; color:{MUTED}'>{escaped}</span>"
+
+
+def _problem_of(error: Exception) -> Problem:
+    """One error as a problem: a data error names its file and line; anything else says what it was."""
+    if isinstance(error, DataError):
+        return error.problem
+    if isinstance(error, StudioError):
+        return Problem("", error.message, error.hint)
+    return Problem("", f"the data could not be read: {type(error).__name__}: {error}")
 
 
 def _readable(error: Exception) -> str:

@@ -21,6 +21,7 @@ from studio.gui.widgets.controls import ToggleControl
 
 class ModelPanel(VerticalScroll):
     summary_changed = Signal(object)  # ModelSummary or None
+    demo_requested = Signal()  # Demo model: the demo preset, with the settings the tiny model trains with
 
     def __init__(self, store: ConfigStore, settings: AppSettings, parent: QWidget | None = None):
         super().__init__(parent=parent)
@@ -31,8 +32,9 @@ class ModelPanel(VerticalScroll):
         self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Choose a model folder")
 
         self.demo_button = QPushButton("Demo model")
-        self.demo_button.setToolTip("The tiny Llama embedded in the app: trains in minutes on a CPU, no download")
-        self.demo_button.clicked.connect(lambda: self.use_model(str(DEMO_MODEL)))
+        self.demo_button.setToolTip("The tiny Llama embedded in the app, with the settings it trains with: trains in minutes "
+                                    "on a CPU, no download")
+        self.demo_button.clicked.connect(self.demo_requested.emit)  # the window applies the demo preset
         self.folder_button = QPushButton("Local folder…")
         self.folder_button.clicked.connect(self._choose_folder)
         self.hub_id = QLineEdit()

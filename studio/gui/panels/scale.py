@@ -27,6 +27,7 @@ class PathControl(BoundControl):
     def __init__(self, store: ConfigStore, path: str, label: str, explain: str, folder: bool,
                  applies: callable, reason: str):
         super().__init__(store, path, explain)
+        self.label = label
         self.folder, self.applies, self.reason_text = folder, applies, reason
         self.edit = QLineEdit()
         self.edit.setPlaceholderText("(none)")

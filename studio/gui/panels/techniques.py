@@ -28,7 +28,7 @@ class TechniquesPanel(SettingsColumn):
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
         super().__init__(store, parent)
         self.savers: dict[str, ToggleControl] = {}  # the memory savers' switches, by their table's names
-        self.method = RadioChoice(store, "method", METHODS)
+        self.method = RadioChoice(store, "method", METHODS, "Method")
         method_group = group_box("Method", self.method, self._quantization())
         self.lora_group = self._lora_group()
         self.virtual_group = self._virtual_tokens_group()
@@ -193,6 +193,8 @@ class TechniquesPanel(SettingsColumn):
 
 class TargetModules(BoundControl):
     """Which linear layers get an adapter: all of them, or a choice among the model's own module names."""
+
+    label = "Target modules"
 
     def __init__(self, store: ConfigStore):
         super().__init__(store, "lora.target_modules", "Attention-only adapters (q, v) use the least memory; all "

@@ -9,5 +9,6 @@
 * ``data_preview``: examples rendered as the model will see them, and their token lengths;
 * ``model_summary``: what the model picker shows about a model, from its files;
 * ``hardware``: this machine's GPUs (NVML), and the common cards to plan for when there is none;
-* ``settings``: the app's remembered choices, in the user's config directory.
+* ``settings``: the app's remembered choices, in the user's config directory;
+* ``changes``: what a preset changed, in the window's words.
 """

@@ -51,6 +51,8 @@ def options_for(path: str, words: Mapping[Any, tuple[str, str]]) -> list[Option]
 class BoundControl(QWidget):
     """Base: a control for ``path`` with an explanation line and a reason line for blocked choices."""
 
+    label = ""  # the field's name as the window shows it (what messages about the field call it)
+
     def __init__(self, store: ConfigStore, path: str, explain: str = "", compact: bool = False,
                  parent: QWidget | None = None):
         super().__init__(parent)
@@ -114,6 +116,7 @@ class ChoiceControl(BoundControl):
     def __init__(self, store: ConfigStore, path: str, label: str, extra_rule: Callable[[Any], str] | None = None,
                  compact: bool = False):
         super().__init__(store, path, compact=compact)
+        self.label = label
         self.options = options_for(path, CHOICE_WORDS[path])
         self.extra_rule = extra_rule  # reasons core validation cannot know (e.g. what the tokenizer has)
         self.combo = QComboBox()
@@ -147,8 +150,9 @@ class ChoiceControl(BoundControl):
 class RadioChoice(BoundControl):
     """Radio buttons, each with its own explanation visible at all times (for the method)."""
 
-    def __init__(self, store: ConfigStore, path: str, options: list[Option]):
+    def __init__(self, store: ConfigStore, path: str, options: list[Option], label: str = ""):
         super().__init__(store, path)
+        self.label = label
         self.options = options
         self.group = QButtonGroup(self)
         self.buttons: list[QRadioButton] = []
@@ -186,6 +190,7 @@ class RadioChoice(BoundControl):
 class ToggleControl(BoundControl):
     def __init__(self, store: ConfigStore, path: str, label: str, explain: str, compact: bool = False):
         super().__init__(store, path, explain, compact)
+        self.label = label
         self.check = QCheckBox(label)
         self.check.toggled.connect(self.write)
         self.column.addWidget(self.check)
@@ -203,6 +208,7 @@ class NumberControl(BoundControl):
     def __init__(self, store: ConfigStore, path: str, label: str, explain: str, minimum: float, maximum: float,
                  decimals: int = 0, step: float = 1, suffix: str = "", special_zero: str = "", compact: bool = False):
         super().__init__(store, path, explain, compact)
+        self.label = label
         self.is_float = decimals > 0
         self.spin = QDoubleSpinBox() if self.is_float else QSpinBox()
         if self.is_float:
@@ -228,6 +234,7 @@ class ScientificControl(BoundControl):
 
     def __init__(self, store: ConfigStore, path: str, label: str, explain: str):
         super().__init__(store, path, explain)
+        self.label = label
         self.edit = QLineEdit()
         self.edit.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.edit.editingFinished.connect(self._commit)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from studio.core.config import RunConfig, to_dict
+from studio.core.config import RunConfig, differences
 from studio.core.errors import StudioError
 from studio.core.sizes import format_bytes, parse_size
 from studio.train.measure.memtrack import LiveTensorTracker
@@ -131,14 +131,12 @@ def suggest_fix(config: RunConfig, device: torch.device) -> dict | None:
 
 
 def _changed_fields(before: RunConfig, after: RunConfig) -> dict:
-    """``{section: {field: new value}}`` for every field that differs."""
-    old, new = to_dict(before), to_dict(after)
-    changes = {}
-    for section, fields in new.items():
-        if isinstance(fields, dict):
-            diff = {name: value for name, value in fields.items() if old[section].get(name) != value}
-            if diff:
-                changes[section] = diff
+    """``{section: {field: new value}}`` for every field of a section that differs."""
+    changes: dict = {}
+    for path, (_, value) in differences(before, after).items():
+        section, _, name = path.rpartition(".")
+        if section:
+            changes.setdefault(section, {})[name] = value
     return changes
 
 

@@ -1,0 +1,34 @@
+"""What a preset changed, said in the window's words: each field by its control's label, each value by its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from studio.core.choices import CHOICE_WORDS
+from studio.core.methods import METHOD_SPECS
+
+# Fields the window sets through widgets other than a bound control (the model picker, the data's file list)
+OTHER_LABELS = {"model.name_or_path": "Model", "data.train_files": "Training files", "data.eval_files": "Evaluation files"}
+
+
+def value_words(path: str, value: Any) -> str:
+    """A field's value as the window shows it: a method's or a choice's label, on/off, a list, a number."""
+    if path == "method":
+        return METHOD_SPECS[value].label
+    if path in CHOICE_WORDS:
+        return CHOICE_WORDS[path][value][0]
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        files = path.endswith("_files")  # their names say which: the folders make the line too long to read
+        return ", ".join(Path(item).name if files else str(item) for item in value) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def change_lines(differences: dict[str, tuple[Any, Any]], labels: dict[str, str]) -> list[str]:
+    """``Precision: bf16 (mixed) -> fp32`` for each changed field (``config.differences``), named by ``labels``
+    (field path -> the label of its control) where the window has a control for it."""
+    labels = {**OTHER_LABELS, **labels}
+    return [f"{labels.get(path, path)}: {value_words(path, old)} → {value_words(path, new)}"
+            for path, (old, new) in differences.items()]
