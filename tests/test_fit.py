@@ -27,12 +27,33 @@ def effective_batch(config: RunConfig) -> int:
     return config.training.micro_batch_size * config.training.gradient_accumulation_steps
 
 
-def test_a_config_that_fits_is_left_alone():
-    config = lora_run(micro_batch_size=1, gradient_checkpointing=True)
+def test_the_fastest_config_that_fits_is_left_alone():
+    config = lora_run(micro_batch_size=2, gradient_accumulation_steps=1)  # no saver on, one micro-step
     result = fit(LLAMA_31_8B, config, 80 * GIB)
     assert result.fits and result.changes == () and result.config == config
     assert result.relative_step_time == 1.0
     assert "fits as it is" in result.explanation
+
+
+def test_with_room_fit_switches_slow_savers_off_for_a_faster_step():
+    """A run set up for a small card (micro-batch 1, checkpointing, its inputs in CPU RAM, the tiled MLP, 8-bit
+    AdamW, a 4-bit base) on a card with room becomes the faster one that fits, each change said."""
+    slow = lora_run(micro_batch_size=1, gradient_accumulation_steps=16, gradient_checkpointing=True,
+                    activation_offload=True, tiled_mlp=True, optimizer="adamw_8bit").replace(method="qlora")
+    result = fit(LLAMA_31_8B, slow, 80 * GIB)
+    t = result.config.training
+    assert result.fits and result.relative_step_time < 0.6 and "x as fast" in result.explanation
+    assert not t.tiled_mlp and not t.activation_offload and t.optimizer == "adamw" and t.micro_batch_size > 1
+    assert result.config.method == "lora" and result.config.effective_load_in == "none"
+    assert t.micro_batch_size * t.gradient_accumulation_steps == 16
+    assert "takes" in result.explanation and "training.tiled_mlp off" in result.explanation
+
+
+def test_after_fit_chose_a_4bit_base_choosing_lora_again_unquantizes():
+    """Fit's 4-bit base is QLoRA's own loading (auto), not a 4-bit setting LoRA would keep."""
+    result = fit(LLAMA_31_8B, lora_run(), 8 * GIB)
+    assert result.config.method == "qlora" and result.config.quantization.load_in == "auto"
+    assert result.config.replace(method="lora").effective_load_in == "none"
 
 
 def test_fit_keeps_the_effective_batch_and_fits():

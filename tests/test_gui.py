@@ -236,6 +236,20 @@ def test_fit_to_my_gpu_applies_the_changes_and_says_why(window):
     assert "Now it fits" in panel.result.text() and "saves" in panel.result.text()
 
 
+def test_fit_to_my_gpu_with_room_switches_slow_savers_off_and_says_it_is_faster(window):
+    window.store.update(training={"micro_batch_size": 1, "gradient_accumulation_steps": 8,
+                                  "gradient_checkpointing": True, "tiled_mlp": True}, data={"max_length": 256})
+    panel = window.estimate_panel
+    panel.set_data_lengths(None, complete=False)
+    panel.picker.select_custom(64.0)  # far more than the demo model needs
+    assert panel.verdict_status == "fits"
+    panel.fit_button.click()
+    training = window.store.config.training
+    assert not training.tiled_mlp and training.micro_batch_size * training.gradient_accumulation_steps == 8
+    text = panel.result.text()
+    assert "Faster, and it still fits" in text and "x as fast" in text and "training.tiled_mlp off" in text
+
+
 def test_fit_to_my_gpu_fits_the_data_s_own_rows_and_keeps_max_length(window):
     from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_longest_row

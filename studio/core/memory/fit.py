@@ -10,19 +10,19 @@ fits comfortably, and never closer than ``FIT_MARGIN`` to the GPU's size (the
 estimate's allocator margin is a rule of thumb until a GPU measures it). When
 nothing fits it returns the closest candidate and says what stands in the way.
 
-Fit's steps, in the order it tries and explains them (``FIT_STEPS``): a smaller micro-batch with
-more gradient accumulation (the effective batch micro-batch x accumulation is kept), then, ranked among
-them, the switches of the table of memory savers that fit may turn on (``studio.core.memory.savers``:
-checkpointing, its block inputs in CPU RAM, the input embedding and the output layer in CPU RAM, the tiled
-MLP), the 8-bit AdamW optimizer, a 4-bit base model (LoRA becomes QLoRA) and, when allowed, ZeRO optimizer
-offload to CPU RAM. A switch is tried only where validation allows it and the candidate's GPUs can hold it.
-The method (full or LoRA) and the sequence length are never changed: they change what is trained; the
-explanation says when they are what would help.
+Fit's steps, in the order it tries and explains them (``FIT_STEPS``): another micro-batch size with the
+accumulation that keeps the effective batch (micro-batch x accumulation), then, ranked among them, the switches
+of the table of memory savers (``studio.core.memory.savers``: checkpointing, its block inputs in CPU RAM, the
+input embedding and the output layer in CPU RAM, the tiled MLP), the 8-bit AdamW optimizer, a 4-bit base model
+(LoRA becomes QLoRA) and, when allowed, ZeRO optimizer offload to CPU RAM. Each step goes both ways: a saver
+the run has on is tried off too, so that where there is room fit finds the faster configuration, not only a
+smaller one. A switch is turned on only where validation allows it and the candidate's GPUs can hold it. The
+method (full or LoRA) and the sequence length are never changed: they change what is trained; the explanation
+says when they are what would help.
 
-Expected step time is relative and rule-of-thumb: each micro-step costs a fixed overhead worth
-``MICRO_STEP_OVERHEAD_TOKENS`` tokens, and each step in force multiplies the time by its slowdown: the
-savers' from their table, and here a 4-bit base dequantizes every weight (x1.25), the 8-bit optimizer step
-is a little slower (x1.02) and offload moves the optimizer step to the CPU (x1.5).
+Expected step time is relative and rule-of-thumb, from the savers' module: each micro-step costs a fixed
+overhead worth ``STEP_COSTS["micro_step_tokens"]`` tokens, and each step in force multiplies the time by its
+slowdown (a switch's from its row; a 4-bit base, the 8-bit optimizer and offload from ``STEP_COSTS``).
 
 Pure Python, like the estimate: the GUI calls it directly. A model no family
 describes is searched the same way from its trace (``studio.core.memory.derived``:
@@ -43,15 +43,12 @@ from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
 from studio.core.memory.parts import PARTS
 from studio.core.memory.run_data import config_for_longest_row
-from studio.core.memory.savers import SAVER_SPECS, ZERO, SaverSpec
+from studio.core.memory.savers import SAVER_SPECS, STEP_COSTS, ZERO, SaverSpec
+from studio.core.methods import METHOD_SPECS, trains_like
 from studio.core.model.info import ModelShape, UnknownArchitectureError, model_shape
 from studio.core.sizes import format_bytes
 
-MICRO_STEP_OVERHEAD_TOKENS = 256
 FIT_MARGIN = 0.02  # of the GPU's memory fit always leaves free
-FOUR_BIT_SLOWDOWN = 1.25
-EIGHT_BIT_OPTIMIZER_SLOWDOWN = 1.02
-OFFLOAD_SLOWDOWN = 1.5
 
 
 @dataclass(frozen=True)
@@ -76,9 +73,10 @@ class FitStep:
 
 
 def _micro_batches(c: Candidate) -> list[Candidate]:
+    """Every micro-batch size that divides the effective batch, smaller and larger (fewer micro-steps cost less)."""
     t = c.config.training
     effective = t.micro_batch_size * t.gradient_accumulation_steps
-    sizes = [m for m in range(t.micro_batch_size, 0, -1) if effective % m == 0]
+    sizes = [t.micro_batch_size] + [m for m in range(effective, 0, -1) if effective % m == 0 and m != t.micro_batch_size]
     return [replace(c, config=c.config.replace(training={"micro_batch_size": m, "gradient_accumulation_steps": effective // m}))
             for m in sizes]
 
@@ -89,31 +87,60 @@ def _describe_micro_batch(before: Candidate, after: Candidate) -> str:
             f"gradient_accumulation_steps {b.gradient_accumulation_steps} -> {a.gradient_accumulation_steps}")
 
 
-def _eight_bit_optimizer(c: Candidate) -> list[Candidate]:
-    options = [c]
-    if c.config.training.optimizer == "adamw":
-        options.append(replace(c, config=c.config.replace(training={"optimizer": "adamw_8bit"})))
-    return options
+def _eight_bit(optimizer: str) -> bool:
+    return optimizer in ("adamw_8bit", "paged_adamw_8bit")
+
+
+def _optimizer(c: Candidate) -> list[Candidate]:
+    """AdamW to its 8-bit states, or 8-bit AdamW back to AdamW where there is room."""
+    other = {"adamw": "adamw_8bit", "adamw_8bit": "adamw", "paged_adamw_8bit": "adamw"}.get(c.config.training.optimizer)
+    return [c] if other is None else [c, replace(c, config=c.config.replace(training={"optimizer": other}))]
+
+
+def _describe_optimizer(before: Candidate, after: Candidate) -> str:
+    return f"training.optimizer {before.config.training.optimizer} -> {after.config.training.optimizer}"
 
 
 def _four_bit_base(c: Candidate) -> list[Candidate]:
-    options = [c]
+    """A 16-bit base to a 4-bit one (LoRA becomes QLoRA, whose own loading is 4-bit), or a 4-bit base back to
+    16 bits (QLoRA becomes LoRA) where there is room."""
     config = c.config
     spec = config.method_spec
-    if spec.kbit_base != "no" and config.effective_load_in != "4bit" and not config.qat.enabled:
-        method = spec.quantized_as or config.method
-        options.append(replace(c, config=config.replace(method=method, quantization={"load_in": "4bit"})))
-    return options
+    if config.effective_load_in == "4bit":
+        method = trains_like(config.method)
+        if METHOD_SPECS[method].kbit_base == "required":
+            return [c]
+        return [c, replace(c, config=config.replace(method=method, quantization={"load_in": "auto"}))]
+    if spec.kbit_base == "no" or config.qat.enabled:
+        return [c]
+    renamed = spec.quantized_as  # its own loading is 4-bit: choosing the plain method later unquantizes again
+    four_bit = config.replace(method=renamed, quantization={"load_in": "auto"}) if renamed else \
+        config.replace(quantization={"load_in": "4bit"})
+    return [c, replace(c, config=four_bit)]
+
+
+def _describe_four_bit(before: Candidate, after: Candidate) -> str:
+    if after.config.effective_load_in == "4bit":
+        return f"4-bit base model (method {after.config.method}, quantization.load_in 4bit)"
+    return f"16-bit base model (method {after.config.method}, quantization.load_in none)"
 
 
 def _offload(c: Candidate) -> list[Candidate]:
-    options = [c]
+    """ZeRO optimizer offload to CPU RAM, or off again where there is room."""
+    if c.scale_out.offload_optimizer:
+        return [c, replace(c, scale_out=replace(c.scale_out, offload_optimizer=False))]
     t = c.config.training
     whole_model_savers = any(getattr(t, spec.name) and ZERO in spec.not_with for spec in SAVER_SPECS.values())
-    if not c.scale_out.offload_optimizer and not whole_model_savers:  # offload is a ZeRO stage they cannot run in
-        stage = max(c.scale_out.zero_stage, 2)
-        options.append(replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True)))
-    return options
+    if whole_model_savers:  # offload is a ZeRO stage they cannot run in
+        return [c]
+    stage = max(c.scale_out.zero_stage, 2)
+    return [c, replace(c, scale_out=replace(c.scale_out, zero_stage=stage, offload_optimizer=True))]
+
+
+def _describe_offload(before: Candidate, after: Candidate) -> str:
+    if after.scale_out.offload_optimizer:
+        return f"ZeRO stage {after.scale_out.zero_stage} with optimizer offload to CPU RAM"
+    return "no optimizer offload (the optimizer state back on the GPU)"
 
 
 def _slowdown_when(factor: float, in_force: Callable[[Candidate], bool]) -> Callable[[Candidate], float]:
@@ -123,29 +150,34 @@ def _slowdown_when(factor: float, in_force: Callable[[Candidate], bool]) -> Call
 _OWN_STEPS = (
     FitStep("micro_batch", 10, _micro_batches, _describe_micro_batch,
             lambda o, c: o.config.training.micro_batch_size == c.config.training.micro_batch_size, lambda c: 1.0),
-    FitStep("optimizer", 40, _eight_bit_optimizer, lambda b, a: "training.optimizer adamw -> adamw_8bit",
+    FitStep("optimizer", 40, _optimizer, _describe_optimizer,
             lambda o, c: o.config.training.optimizer == c.config.training.optimizer,
-            _slowdown_when(EIGHT_BIT_OPTIMIZER_SLOWDOWN,
-                           lambda c: c.config.training.optimizer in ("adamw_8bit", "paged_adamw_8bit"))),
-    FitStep("four_bit", 70, _four_bit_base, lambda b, a: "4-bit base model (method qlora, quantization.load_in 4bit)",
+            _slowdown_when(STEP_COSTS["eight_bit_optimizer"], lambda c: _eight_bit(c.config.training.optimizer))),
+    FitStep("four_bit", 70, _four_bit_base, _describe_four_bit,
             lambda o, c: o.config.effective_load_in == c.config.effective_load_in,
-            _slowdown_when(FOUR_BIT_SLOWDOWN, lambda c: c.config.effective_load_in == "4bit")),
-    FitStep("offload", 90, _offload, lambda b, a: f"ZeRO stage {a.scale_out.zero_stage} with optimizer offload to CPU RAM",
+            _slowdown_when(STEP_COSTS["four_bit_base"], lambda c: c.config.effective_load_in == "4bit")),
+    FitStep("offload", 90, _offload, _describe_offload,
             lambda o, c: o.scale_out.offload_optimizer == c.scale_out.offload_optimizer,
-            _slowdown_when(OFFLOAD_SLOWDOWN, lambda c: c.scale_out.offload_optimizer)),
+            _slowdown_when(STEP_COSTS["optimizer_offload"], lambda c: c.scale_out.offload_optimizer)),
 )
 
 
-def _switch_on(spec: SaverSpec) -> FitStep:
-    """The step that turns a saver's switch on, where validation allows it and the candidate's GPUs hold it."""
+def _switch(spec: SaverSpec) -> FitStep:
+    """The step that switches a saver: on where validation allows it and the candidate's GPUs hold it, or off
+    where there is room (what acts through it goes off with it)."""
 
     def options(c: Candidate) -> list[Candidate]:
+        if getattr(c.config.training, spec.name):
+            dependents = {other.name: False for other in SAVER_SPECS.values() if other.needs == spec.name}
+            return [c, replace(c, config=c.config.replace(training={spec.name: False, **dependents}))]
         on = replace(c, config=c.config.replace(training={spec.name: True}))
-        if getattr(c.config.training, spec.name) or spec.refused(on.config) or not spec.spreads_as(c.scale_out):
+        if spec.refused(on.config) or not spec.spreads_as(c.scale_out):
             return [c]
         return [c, on]
 
     def describe(before: Candidate, after: Candidate) -> str:
+        if not getattr(after.config.training, spec.name):
+            return f"{spec.field} off"
         return f"{spec.field} on" + (f" ({spec.fit_note})" if spec.fit_note else "")
 
     return FitStep(spec.fit_name or spec.name, spec.fit_rank, options, describe,
@@ -154,7 +186,7 @@ def _switch_on(spec: SaverSpec) -> FitStep:
 
 
 FIT_STEPS: tuple[FitStep, ...] = tuple(sorted(
-    [*_OWN_STEPS, *(_switch_on(spec) for spec in SAVER_SPECS.values() if spec.fit_rank is not None)],
+    [*_OWN_STEPS, *(_switch(spec) for spec in SAVER_SPECS.values() if spec.fit_rank is not None)],
     key=lambda step: step.rank))
 
 
@@ -163,9 +195,18 @@ def relative_step_time(c: Candidate, reference: Candidate) -> float:
     return _step_cost(c) / _step_cost(reference)
 
 
+def step_time_words(relative: float) -> str:
+    """A step's expected time against the original's, in words ("" when about the same)."""
+    if relative > 1.005:
+        return f"steps about {relative:.2f}x as long"
+    if relative < 0.995:
+        return f"steps about {1 / relative:.2f}x as fast"
+    return ""
+
+
 def _step_cost(c: Candidate) -> float:
     t, config = c.config.training, c.config
-    cost = t.gradient_accumulation_steps * (MICRO_STEP_OVERHEAD_TOKENS + t.micro_batch_size * config.data.max_length)
+    cost = t.gradient_accumulation_steps * (STEP_COSTS["micro_step_tokens"] + t.micro_batch_size * config.data.max_length)
     for step in FIT_STEPS:
         cost *= step.slowdown(c)
     return cost
@@ -177,11 +218,13 @@ class Change:
 
     saver: str
     description: str
-    saves_bytes: int
-    mostly: str  # the part that shrank most
+    saves_bytes: int  # negative for a change that takes memory where there is room, to be faster
+    mostly: str  # the part that shrank most (grew most, for a change that takes memory)
 
     def __str__(self) -> str:
-        return f"{self.description}: saves {format_bytes(self.saves_bytes)} (mostly {self.mostly.replace('_', ' ')})"
+        amount = format_bytes(abs(self.saves_bytes))
+        effect = f"saves {amount}" if self.saves_bytes >= 0 else f"takes {amount} more"
+        return f"{self.description}: {effect} (mostly {self.mostly.replace('_', ' ')})"
 
 
 @dataclass(frozen=True)
@@ -303,9 +346,9 @@ def _explain_changes(original: Candidate, chosen: Candidate, steps: list[FitStep
         if target == current:
             continue
         after = estimated(target)
-        deltas = {part: before.parts[part] - after.parts[part] for part in PARTS}
-        changes.append(Change(step.name, step.describe(current, target), before.peak_bytes - after.peak_bytes,
-                              max(deltas, key=deltas.get)))
+        saved = before.peak_bytes - after.peak_bytes
+        deltas = {part: (before.parts[part] - after.parts[part]) * (1 if saved >= 0 else -1) for part in PARTS}
+        changes.append(Change(step.name, step.describe(current, target), saved, max(deltas, key=deltas.get)))
         current, before = target, after
     return changes
 
@@ -326,17 +369,20 @@ def _explanation(result: FitResult, parameters: int, original: Estimate, untrace
                          + skipped)
     lines = []
     if result.fits:
-        slower = f"; expected step time x{result.relative_step_time:.2f}" if result.relative_step_time > 1.005 else ""
+        speed = step_time_words(result.relative_step_time)
+        speed = f"; {speed}" if speed else ""
         tight = f", tightly (leaving {FIT_MARGIN:.0%} free)" if result.estimate.verdict(result.gpu_bytes).status == "tight" else ""
-        lines.append(f"Fits in {gpu}{tight} with {needed} (it needed {format_bytes(original.peak_bytes)}){slower}. "
+        lines.append(f"Fits in {gpu}{tight} with {needed} (it needed {format_bytes(original.peak_bytes)}){speed}. "
                      "Changes:")
     else:
         over = format_bytes(result.estimate.peak_bytes - result.gpu_bytes)
         lines.append(f"Nothing fits in {gpu}. The closest needs {needed}, {over} too much. Changes tried:")
     lines += [f"  - {change}" for change in result.changes]
     changed = {change.saver for change in result.changes}
-    if any(step.saver.host_activations for step in FIT_STEPS if step.saver and step.name in changed):
-        host = next(d for d in result.estimate.devices if d.device == "host")
+    offloading = any(step.saver.host_activations and step.saver.is_on(result.config)
+                     for step in FIT_STEPS if step.saver and step.name in changed)
+    host = next((d for d in result.estimate.devices if d.device == "host"), None)
+    if offloading and host is not None:
         lines.append(f"The offloaded activations need {format_bytes(host.parts['activations'])} of CPU RAM.")
     if not result.fits:
         lines.append(_what_stands_in_the_way(result, parameters))

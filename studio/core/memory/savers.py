@@ -28,6 +28,16 @@ SHARDED_WEIGHTS = "ZeRO-3 or FSDP (sharded weights)"
 LAYER_SPLIT = "a layer split"
 DATA_PARALLEL = "several processes"
 
+# What fit's other steps cost (studio.core.memory.fit): the step time x this where they are in force, or, for the
+# micro-batch, the fixed cost of one micro-step in tokens. Rules of thumb, like the switches' slowdowns: a GPU
+# measurement (benchmarks/gpu_checks.py, docs/gpu-results.md) replaces the number here.
+STEP_COSTS = {
+    "micro_step_tokens": 256,  # a micro-step's fixed overhead (kernel launches, the optimizer's bookkeeping)
+    "four_bit_base": 1.25,  # every weight dequantized at every use
+    "eight_bit_optimizer": 1.02,  # the 8-bit state's quantization in the optimizer step
+    "optimizer_offload": 1.5,  # ZeRO's optimizer step on the CPU
+}
+
 # The techniques panel's groups a saver's switch sits in.
 SAVERS_GROUP = "savers"  # "Precision and memory savers"
 BASE_WEIGHTS_GROUP = "base weights"  # beside the base model's quantization

@@ -376,6 +376,7 @@ class EstimatePanel(QGroupBox):
                         f"The verdict above is for rows of {self.store.config.data.max_length:,} tokens.")
             self.result.setText(html.escape(text))
             return
+        fitted_before = self.verdict_status in ("fits", "tight")
         self._applying_fit = True
         try:
             self.store.set(suggestion.config)
@@ -385,11 +386,12 @@ class EstimatePanel(QGroupBox):
         what = "your data" if own_data else "it"
         outcome = {"fits": f"Now {what} fits", "tight": f"Now {what} fits, tightly"}.get(suggestion.verdict,
                                                                                          "Still does not fit")
-        slower = (f"; steps about {suggestion.relative_step_time:.2f}x as long"
-                  if suggestion.relative_step_time > 1.005 else "")
+        if fitted_before and suggestion.verdict != "does not fit":  # there was room: fit made it faster
+            outcome = f"Faster, and {what} still fits" + (", tightly" if suggestion.verdict == "tight" else "")
+        speed = f"; {suggestion.speed}" if suggestion.speed else ""
         advice = "" if suggestion.verdict != "does not fit" else \
             f"<br>{html.escape(suggestion.explanation.splitlines()[-1])}"
-        self.result.setText(f"<b>{outcome}</b> ({format_gib(suggestion.peak_bytes)}{slower}). Changed:"
+        self.result.setText(f"<b>{outcome}</b> ({format_gib(suggestion.peak_bytes)}{speed}). Changed:"
                             f"<ul style='margin:0'>{lines}</ul>{advice}")
 
     # ------------------------------------------------------------ simulation

@@ -18,7 +18,7 @@ from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.machine import available_ram
 from studio.core.memory.estimate import Estimate, ScaleOut, estimate
-from studio.core.memory.fit import fit, fit_own_data
+from studio.core.memory.fit import fit, fit_own_data, step_time_words
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.core.memory.savers import SaverSpec
 from studio.core.memory.sharding import machine_overheads
@@ -146,6 +146,11 @@ class FitSuggestion:
     peak_bytes: int
     explanation: str  # the solver's own summary (what stands in the way when nothing fits)
     relative_step_time: float
+
+    @property
+    def speed(self) -> str:
+        """How long a step takes next to the configuration's before, in words ("" when about the same)."""
+        return step_time_words(self.relative_step_time)
 
 
 def suggest_fit(config: RunConfig, gpu_bytes: int, longest_row: int | None = None) -> FitSuggestion:
