@@ -75,25 +75,30 @@ def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activa
     inputs += prefix_bytes(shape, regime)
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state, "master_weights": states.master_weights}
-    # an output layer kept in CPU RAM is on the device while the loss runs, which is the forward phase's peak
-    in_loss = {"weights": states.weights + host_head_bytes(shape, regime)}
+    in_step = inputs + acts.shared
     return {
-        "forward": {**persistent, **in_loss, **_loss_moment(shape, regime, states, acts, inputs)},
-        "backward": {**persistent, **_backward_moment(shape, regime, states, acts, inputs)},
+        "forward": {**persistent, **_forward_moment(shape, regime, states, acts, in_step)},
+        "backward": {**persistent, **_backward_moment(shape, regime, states, acts, in_step)},
         "optimizer": {**persistent, "gradients": states.gradients, "activations": inputs,
                       "temporaries": states.optimizer_temporaries},
     }
 
 
-def _loss_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:
-    """The end of the forward pass: every saved activation, and the logits and loss at their largest."""
+def _forward_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:
+    """The forward phase's largest moment: the end of the forward pass (every saved activation, and the logits and
+    loss at their largest), or the last block's forward (what the blocks keep by then and what it computes)."""
+    gradients = states.gradients if regime.accumulation > 1 else 0
     loss_forward, loss_backward = logits_loss_bytes(shape, regime, acts.logits_dtype)
     # autocast's cache (checkpointed blocks' weight copies) lives until the forward pass leaves autocast
     in_forward = loss_forward + acts.autocast_cache > loss_backward
-    return {"gradients": states.gradients if regime.accumulation > 1 else 0,
-            "activations": acts.saved - acts.weight_copies + inputs,
-            "logits_loss": loss_forward if in_forward else loss_backward,
-            "temporaries": acts.weight_copies + (acts.autocast_cache if in_forward else 0)}
+    # an output layer kept in CPU RAM is on the device while the loss runs
+    loss_end = {"weights": states.weights + host_head_bytes(shape, regime),
+                "gradients": gradients, "activations": acts.saved - acts.weight_copies + inputs,
+                "logits_loss": loss_forward if in_forward else loss_backward,
+                "temporaries": acts.weight_copies + (acts.autocast_cache if in_forward else 0)}
+    last_block = {"weights": states.weights, "gradients": gradients, "activations": acts.forward_block + inputs,
+                  "logits_loss": 0, "temporaries": acts.autocast_cache}
+    return max(loss_end, last_block, key=lambda parts: sum(parts.values()))
 
 
 def _backward_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:

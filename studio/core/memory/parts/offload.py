@@ -40,9 +40,11 @@ def offloaded_activations(acts: Activations, shape: ModelShape, regime: Regime) 
     # the worst of them is the second block's, with the .grad of every block after it
     second_block = replace(acts.last_block, parameter_grads=acts.last_block.parameter_grads
                            + max(layers - 2, 0) * acts.block_grads)
+    # the last block's forward: its own input on the device (the block before made it), the others' in host RAM
     return replace(acts, saved=acts.saved - layers * block_input + stays,
                    before_last_block=acts.before_last_block - (layers - 1) * block_input + prefetched + stays,
-                   before_first_block=acts.before_first_block + stays, last_block=second_block)
+                   before_first_block=acts.before_first_block + stays, last_block=second_block,
+                   forward_block=acts.forward_block - (layers - 1) * block_input + stays)
 
 
 def first_input_stays(shape: ModelShape, regime: Regime) -> bool:

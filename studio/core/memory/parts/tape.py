@@ -108,6 +108,12 @@ class ActivationTape:
             self.nodes.append(_Node(tuple(outputs), inputs, saved, temporary, parameter_grad, operands, held,
                                     forward_temporary))
 
+    def held_by_caller(self, tensor: _Tensor) -> None:
+        """A module's input lives until the module returns: the caller's frame holds it (peft's LoRA reads it
+        after the base layer; an MLP's input outlives its last projection)."""
+        if self.nodes:
+            self.nodes[-1].operands += (tensor,)
+
     def unary(self, tensor: _Tensor, dtype: str | None = None, elements: int | None = None) -> _Tensor:
         """A new tensor computed from one operand, saving nothing (a cast, a copy, a scaling)."""
         out = self.new(elements or tensor.elements, dtype or tensor.dtype, tensor.requires_grad)
@@ -236,6 +242,14 @@ class ActivationTape:
         self.record(out, [q, k], temporary=sum(t.nbytes for t in out))
         return out
 
+    def rotary_tables(self) -> int:
+        """Bytes of the rotary cos and sin the model computes once for all layers (the embeddings' dtype):
+        every block's forward and recomputation reads them, so they live through forward and backward."""
+        if self.shape.rotary_fraction <= 0:
+            return 0
+        width = round(self.shape.head_dim * self.shape.rotary_fraction)
+        return 2 * self.tokens * width * DTYPE_BYTES[self.position_dtype]
+
     def attention(self, q: _Tensor, k: _Tensor, v: _Tensor) -> _Tensor:
         shape, regime = self.shape, self.regime
         q, k, v = (self._autocast(t) for t in (q, k, v))
@@ -299,9 +313,9 @@ class ActivationTape:
             return out
         if form == SCALING:  # the output times the vector, back in the output's dtype
             return self.cast(self.mul(out, self.new(layer.out_features, "fp32", True)), out.dtype)
-        if form == REBUILT:
-            return self._rebuilt_update(x, layer, out)
-        return self._lora(x, layer, out)
+        out = self._rebuilt_update(x, layer, out) if form == REBUILT else self._lora(x, layer, out)
+        self.held_by_caller(x)
+        return out
 
     def _base_linear(self, x: _Tensor, layer: LinearLayer) -> _Tensor:
         regime = self.regime
@@ -436,7 +450,9 @@ class ActivationTape:
 
     def mlp(self, x: _Tensor, compute) -> _Tensor:
         """A block's MLP module, ``compute(x)``, or what ``feedforward`` makes of it (a tiled MLP)."""
-        return compute(x) if self.feedforward is None else self.feedforward(self, x, compute)
+        out = compute(x) if self.feedforward is None else self.feedforward(self, x, compute)
+        self.held_by_caller(x)
+        return out
 
     # ----------------------------------------------------------- the model
     def embeddings(self) -> _Tensor:
@@ -483,20 +499,21 @@ class BackwardMoment:
         return self.saved + self.in_flight + self.parameter_grads
 
 
-def forward_transient(nodes: list[_Node]) -> int:
-    """The most a block's forward pass holds at once besides what it saves.
+def forward_transient(nodes: list[_Node], saving: bool = True) -> int:
+    """The most a block's forward pass holds at once besides what it saves; ``saving=False``: the forward of a
+    checkpointed block, which saves nothing (its saved tensors die after their last use, as the others do).
 
     A tensor made inside the block lives from the operation that makes it to
     the last one that reads it (Python may hold it a little longer).
     """
-    saved = {s for node in nodes for s in node.kept}
+    saved = {s for node in nodes for s in node.kept} if saving else set()
     born, last_use = {}, {}
     for index, node in enumerate(nodes):
         for tensor in node.operands:
             last_use[tensor.storage] = index
-        for tensor in node.outputs:
-            born.setdefault(tensor.storage, index)
-            last_use.setdefault(tensor.storage, index)
+        for storage in [tensor.storage for tensor in node.outputs] + ([] if saving else list(node.kept)):
+            born.setdefault(storage, index)  # a tensor only saved (a dropout mask) lives while its node runs
+            last_use.setdefault(storage, index)
     live = [(born[s], last_use[s], s.nbytes) for s in born if s not in saved]
     return max((node.forward_temporary + sum(nbytes for start, end, nbytes in live if start <= index <= end)
                 for index, node in enumerate(nodes)), default=0)
@@ -546,6 +563,10 @@ class Activations:
     head_grads: int  # .grad bytes of the final norm and the output head
     logits_dtype: str
     block_input: int = 0  # bytes of the input each checkpointed block keeps (0 without checkpointing)
+    # the worst moment of the last block's forward pass: what every block keeps by then and what the block holds
+    # while it computes (a deep model with a small vocabulary peaks here, not at the loss)
+    forward_block: int = 0
+    shared: int = 0  # what every block reads, alive through forward and backward (the rotary cos and sin)
 
 
 def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activations:
@@ -581,12 +602,15 @@ def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activati
         before_first = held + unsaved_input + embedding
         copies = saved_bytes(head, "weight_copy")
         cache = layers * saved_bytes(later, "weight_copy")
+        forward_block = layers * kept + embedding + forward_transient(later, saving=False)
     else:
         saved = saved_bytes(tape.nodes) + (layers - 2) * block_saved
         before_last, before_first = (saved_bytes(first) + (layers - 2) * block_saved if layers > 1 else 0), 0
         copies = saved_bytes(tape.nodes, "weight_copy") + (layers - 2) * saved_bytes(later, "weight_copy")
         cache = 0
+        forward_block = saved - saved_bytes(head) + forward_transient(later)
     return Activations(saved=saved, weight_copies=copies, autocast_cache=cache, before_last_block=before_last,
                        before_first_block=before_first, last_block=last_moment, first_block=first_moment,
                        block_grads=block_grads, head_grads=sum(node.parameter_grad for node in head),
-                       logits_dtype=logits.dtype, block_input=x.nbytes if regime.checkpointing else 0)
+                       logits_dtype=logits.dtype, block_input=x.nbytes if regime.checkpointing else 0,
+                       forward_block=forward_block, shared=tape.rotary_tables())
