@@ -747,8 +747,8 @@ def test_demo_model_resets_what_a_big_model_needed_and_says_what_it_changed(wind
     config = window.store.config
     assert config.method == "lora" and config.effective_load_in == "none" and config.training == demo_config().training
     assert config.data.train_files == demo_config().data.train_files
-    text = window.preset_notice.text.text()
-    assert window.preset_notice.isVisible() and "Method: QLoRA → LoRA" in text and "Optimizer: AdamW 8-bit → AdamW" in text
+    text = window.changes_notice.text.text()
+    assert window.changes_notice.isVisible() and "Method: QLoRA → LoRA" in text and "Optimizer: AdamW 8-bit → AdamW" in text
     assert "Offload layer inputs to CPU RAM: on → off" in text and "Precision: bf16 (mixed) → fp32" in text
 
 
@@ -758,6 +758,19 @@ def test_new_setup_starts_over_from_the_demo_and_lists_what_it_changed(window, t
     window.store.update(data={"train_files": (str(data),)}, lora={"r": 32})
     window.new_setup_action.trigger()
     assert window.store.config == demo_config()
-    text = window.preset_notice.text.text()
+    text = window.changes_notice.text.text()
     assert "A new setup: the demo's model" in text and "Rank: 32 → 8" in text
     assert "Training files: mine.jsonl → categories_instruction.jsonl" in text
+
+
+def test_choosing_zero_switches_the_output_layer_off_cpu_and_says_why_in_the_window_s_words(window):
+    window.store.update(training={"output_layer_on_cpu": True}, distributed={"num_processes": 2})
+    sharding = window.scale_panel.sharding
+    zero2 = next(i for i, option in enumerate(sharding.options) if option.value == "zero2")
+    assert sharding.combo.model().item(zero2).isEnabled()  # the saver does not block it: the later choice wins
+    sharding.combo.setCurrentIndex(zero2)
+    config = window.store.config
+    assert config.distributed.sharding == "zero2" and not config.training.output_layer_on_cpu
+    text = window.changes_notice.text.text()
+    assert window.changes_notice.isVisible() and "Output layer in CPU RAM is off now" in text
+    assert "distributed." not in text and "“Sharding”" in text and "&#x27;" not in text

@@ -38,7 +38,6 @@ from studio.gui.state.run_history import live_runs
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.widgets.charts import WAITING, ChartsPanel
 from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, problems_html
-from studio.gui.widgets.controls import BoundControl
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -71,7 +70,7 @@ class MainWindow(QMainWindow):
         self.try_panel = TryPanel()
         self.run_banner = Banner()
         self.notice = Banner()
-        self.preset_notice = Banner()  # what a preset changed
+        self.changes_notice = Banner()  # what a preset, or a choice that rules a saver out, changed
         self.self_test_offer = Banner()
         self.self_test_dialog: SelfTestDialog | None = None
         self.problems = QLabel()
@@ -152,9 +151,9 @@ class MainWindow(QMainWindow):
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(6, 6, 0, 6)
         left_layout.addWidget(self.notice)
-        left_layout.addWidget(self.preset_notice)
-        self.preset_notice.add_button("Dismiss", self.preset_notice.hide)
-        self.preset_notice.hide()
+        left_layout.addWidget(self.changes_notice)
+        self.changes_notice.add_button("Dismiss", self.changes_notice.hide)
+        self.changes_notice.hide()
         left_layout.addWidget(self.self_test_offer)
         self.self_test_offer.add_button("Run the GPU self-test", self._accept_self_test_offer)
         self.self_test_offer.add_button("Not now", self.self_test_offer.hide)
@@ -194,6 +193,7 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.store.changed.connect(self._on_config_changed)
+        self.store.switched_off.connect(lambda text: self.changes_notice.show_message(html.escape(text, quote=False), error=False))
         self.model_panel.summary_changed.connect(self.data_panel.set_model)
         self.model_panel.demo_requested.connect(self.use_demo_preset)
         self.data_panel.lengths_changed.connect(self.estimate_panel.set_data_lengths)
@@ -247,10 +247,9 @@ class MainWindow(QMainWindow):
         """Set ``config`` and say what that changed, in the window's words."""
         before = self.store.config
         self.store.set(config)
-        labels = {control.path: control.label for control in self.findChildren(BoundControl) if control.label}
-        lines = change_lines(differences(before, config), labels)
+        lines = change_lines(differences(before, config), self.store.labels)
         items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-        self.preset_notice.show_message(f"<b>{html.escape(title, quote=False)}</b>"
+        self.changes_notice.show_message(f"<b>{html.escape(title, quote=False)}</b>"
                                         + (f"<ul style='margin:0'>{items}</ul>" if lines else " Nothing changed."),
                                         error=False)
 

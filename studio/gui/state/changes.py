@@ -1,7 +1,9 @@
-"""What a preset changed, said in the window's words: each field by its control's label, each value by its own."""
+"""What a preset or a choice changed, said in the window's words: each field by its control's label, each value by
+its own; and messages written for the config file (``training.seed``) with the labels on screen."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +34,12 @@ def change_lines(differences: dict[str, tuple[Any, Any]], labels: dict[str, str]
     labels = {**OTHER_LABELS, **labels}
     return [f"{labels.get(path, path)}: {value_words(path, old)} → {value_words(path, new)}"
             for path, (old, new) in differences.items()]
+
+
+_FIELD_PATH = re.compile(r"\b[a-z]+\.[a-z_]+\b")
+
+
+def in_window_words(text: str, labels: dict[str, str]) -> str:
+    """``text`` with each config field it names (``distributed.sharding``) called by its label on screen, quoted."""
+    labels = {**OTHER_LABELS, **labels}
+    return _FIELD_PATH.sub(lambda m: f"“{labels[m.group()]}”" if m.group() in labels else m.group(), text)

@@ -135,6 +135,18 @@ def trace_in_background(config: RunConfig, trace_file: Path, regime: str = "") -
     return "the memory trace failed: " + str(result.get("error") or "it left no trace for these settings")
 
 
+def with_refused_savers_off(before: RunConfig, after: RunConfig) -> tuple[RunConfig, list[tuple[str, str]]]:
+    """``after`` with each memory saver switched off that ``before`` could run and ``after`` refuses (the later
+    choice wins: ZeRO over the output layer in CPU RAM), and ``[(the saver's field, why)]`` for each."""
+    switched = []
+    for spec in SAVER_SPECS.values():
+        kept_on = getattr(before.training, spec.name) and getattr(after.training, spec.name)
+        if kept_on and not spec.refused(before) and (reason := spec.refused(after)):
+            after = after.replace(training={spec.name: False})
+            switched.append((spec.field, reason))
+    return after, switched
+
+
 # ---------------------------------------------------------------- fit to a GPU
 
 

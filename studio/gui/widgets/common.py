@@ -13,6 +13,8 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QGroupBox, QHBox
 from studio.core.config import RunConfig
 from studio.core.errors import Problem
 from studio.core.validation import validate
+from studio.gui.state.changes import in_window_words
+from studio.gui.state.memory import with_refused_savers_off
 
 # One palette for every panel: charts, bars and verdicts use the same meaning everywhere.
 GOOD, WARN, BAD, MUTED = "#2e7d32", "#b26a00", "#c62828", "#6b7280"
@@ -101,10 +103,12 @@ class ConfigStore(QObject):
     """The run config being edited; every panel reads it and writes changes through ``update``."""
 
     changed = Signal(object)
+    switched_off = Signal(str)  # what a choice switched off that cannot run with it, and why, in the window's words
 
     def __init__(self, config: RunConfig, parent: QObject | None = None):
         super().__init__(parent)
         self._config = config
+        self.labels: dict[str, str] = {}  # field path -> its control's label (each control adds its own)
         self._problems: list[Problem] | None = None
         self._combination_problems: set[Problem] | None = None  # without file checks, for blocked_reason
 
@@ -113,8 +117,17 @@ class ConfigStore(QObject):
         return self._config
 
     def update(self, **sections: Any) -> None:
-        """``store.update(training={"micro_batch_size": 2})``: change fields, notify once."""
-        self.set(self._config.replace(**sections))
+        """``store.update(training={"micro_batch_size": 2})``: change fields, notify once. A memory saver the change
+        rules out is switched off, and ``switched_off`` says so."""
+        config, switched = with_refused_savers_off(self._config, self._config.replace(**sections))
+        self.set(config)
+        if switched:
+            self.switched_off.emit(" ".join(f"{self.labels.get(field, field)} is off now: {self.words(reason)}."
+                                            for field, reason in switched))
+
+    def words(self, text: str) -> str:
+        """A message written for the config file, with the labels on screen."""
+        return in_window_words(text, self.labels)
 
     def set(self, config: RunConfig) -> None:
         if config != self._config:
@@ -130,16 +143,17 @@ class ConfigStore(QObject):
         """Why changing to ``sections`` would make the config invalid ("" when it would not).
 
         Only problems the change would add count: the user is told what this
-        option conflicts with, not what else is wrong already.
+        option conflicts with, not what else is wrong already (nor a memory saver
+        the change switches off, as ``update`` does).
         """
         if self._combination_problems is None:
             self._combination_problems = set(validate(self._config, check_files=False))
-        after = validate(self._config.replace(**sections), check_files=False)
-        new = [p for p in after if p not in self._combination_problems]
+        after, _ = with_refused_savers_off(self._config, self._config.replace(**sections))  # as update makes it
+        new = [p for p in validate(after, check_files=False) if p not in self._combination_problems]
         if not new:
             return ""
         problem = new[0]
-        return f"{problem.message} ({problem.hint})" if problem.hint else problem.message
+        return self.words(f"{problem.message} ({problem.hint})" if problem.hint else problem.message)
 
 
 def group_box(title: str, *widgets: QWidget) -> QGroupBox:

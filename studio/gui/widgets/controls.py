@@ -69,6 +69,8 @@ class BoundControl(QWidget):
         store.changed.connect(self.refresh)
 
     def finish_layout(self) -> None:
+        if self.label:
+            self.store.labels[self.path] = self.label
         if not self.compact:
             self.column.addWidget(self.explain)
         self.column.addWidget(self.reason)
