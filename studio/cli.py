@@ -245,8 +245,39 @@ def _config(args) -> int:
     load_hub_datasets(config)
     report = inspect_files(config.data.train_files, config.data.format, keep=0)
     check_model(config)  # imports transformers only for an architecture the estimator does not know
+    note = _check_lengths(config, report.format)
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
+    if note:
+        print(f"  {note}")
     return 0
+
+
+def _check_lengths(config, fmt: str) -> str:
+    """Every training row measured with the model's tokenizer (as the data tab does): raises when no row keeps a
+    token of its response within data.max_length; else a warning naming the rows left out, or a note that no
+    tokenizer was there to count with."""
+    from studio.core.data.dataset import beyond_max_length_problems, beyond_max_length_warning
+    from studio.core.errors import ProblemsError
+    from studio.gui.state.data_preview import rows_beyond, tokenizer_of
+    from studio.gui.state.model_summary import summarize_model
+
+    data = config.data
+    try:
+        tokenizer = tokenizer_of(summarize_model(config.model.name_or_path, config.model.revision))
+    except StudioError:  # not on this machine yet: the worker downloads it and measures then
+        tokenizer = tokenizer_of(None)
+    measured = rows_beyond(data.train_files, fmt, data.template, tokenizer, data.max_length, data.train_on_prompt)
+    if measured is None:
+        return ("note: the rows' token lengths are not checked: the model's tokenizer.json is not on this machine "
+                "(training measures them)")
+    beyond, rows = measured
+    if beyond and len(beyond) == rows:
+        raise ProblemsError(beyond_max_length_problems(beyond, data.max_length), "data", "the training data")
+    if not beyond:
+        return ""
+    message, hint = beyond_max_length_warning(beyond, f"{rows:,} training rows", data.max_length,
+                                              f"a run trains on the other {rows - len(beyond):,} rows")
+    return f"warning: {message}\n  hint: {hint}"
 
 
 def main(argv: list[str] | None = None) -> int:
