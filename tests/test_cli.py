@@ -55,7 +55,8 @@ def test_config_check_reads_the_data_too(tmp_path, capsys):
 
 
 def test_config_check_names_the_rows_cut_before_their_response_and_says_the_rest_trains(tmp_path, capsys):
-    long, short = {"instruction": "Repeat: " + "word " * 100, "output": "done"}, {"instruction": "Hi", "output": "Hello"}
+    long = {"instruction": "Repeat: " + "word " * 100, "output": "done"}
+    short = {"instruction": "Hi", "output": "Hello"}
     rows = [short, long, long, short, long, long, long, short]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = tmp_path / "run.yaml"

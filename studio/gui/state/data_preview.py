@@ -82,7 +82,8 @@ class Preview:
         """The sampled rows whose response starts at or after ``max_length`` tokens: the cut leaves none of it."""
         if self.unit != "tokens":
             return []
-        return [(where, int(start)) for where, start in zip(self.locations, self.response_starts) if start >= max_length]
+        starts = zip(self.locations, self.response_starts)
+        return [(where, int(start)) for where, start in starts if start >= max_length]
 
 
 def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo,
@@ -224,7 +225,8 @@ class _Encoder:
         self.adds_bos = bos_id is not None and tokenizer.encode("a").ids[:1] == [bos_id]
 
     def counts(self, texts: Sequence[str]) -> list[int]:
-        return [len(e.ids) for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)] if texts else []
+        encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
+        return [len(e.ids) for e in encoded]
 
     def measure(self, segments: Sequence[Segment]) -> tuple[int, int]:
         """The tokens of all segments, and of those before the first learned one (all, when none is)."""
