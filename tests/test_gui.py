@@ -352,6 +352,21 @@ def test_data_preview_marks_the_learned_part_and_the_histogram_the_cut(window, q
     assert data.histogram.cut_line.value() == shorter and f"longer than {shorter} tokens" in data.cut_note.text()
 
 
+def test_the_demo_detects_its_format_so_other_files_get_their_fields_named(window, qtbot, tmp_path):
+    data = window.data_panel
+    wait_for_preview(qtbot, window)
+    assert window.store.config.data.format == "auto" and data.format.combo.currentIndex() == 0
+    assert data.preview.format == "instruction"
+    unknown = tmp_path / "scores.csv"
+    unknown.write_text("foo,bar\n1,2\n")
+    data.set_files([str(unknown)])
+    qtbot.waitUntil(lambda: not data.task.busy and data.banner.isVisibleTo(data), timeout=10000)
+    assert "scores.csv:2: cannot tell the row format from its fields (foo, bar)" in data.banner.text.text()
+    data.format.combo.setCurrentIndex(1)  # a format chosen by hand: the fields are still named, with what it needs
+    qtbot.waitUntil(lambda: not data.task.busy, timeout=10000)
+    assert "(foo, bar): data.format is instruction, whose rows need instruction and output" in data.banner.text.text()
+
+
 def test_data_format_override_and_other_files(window, qtbot, tmp_path):
     data = window.data_panel
     wait_for_preview(qtbot, window)

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.data.hub import is_hub_spec, parse_hub_spec, rows_file
-from studio.core.data.row_formats import FORMATS, DataError, Example, describe_value, detect_format, to_messages
+from studio.core.data.row_formats import (FORMATS, DataError, Example, describe_value, detect_format, fits_no_format,
+                                          to_messages, unknown_format_error)
 from studio.core.errors import Problem, ProblemsError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
@@ -396,6 +397,9 @@ class _Scanner:
                                f"{self.format} ({self.decided_at})", "use one row format per dataset")
             return to_messages(record, self.format, location)
         except DataError as exc:
+            if self.requested != "auto" and fits_no_format(record):  # "field 'instruction' is missing" hides why
+                self.wrong_format = not self.rows_checked
+                return unknown_format_error(record, location, self.format).problem
             if self.requested != "auto" and seen and seen != self.format:
                 if not self.rows_checked:  # the first row already: the whole dataset is likely another format
                     self.wrong_format = True
