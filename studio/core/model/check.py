@@ -51,7 +51,7 @@ def model_problems(name_or_path: str, revision: str = "") -> list[Problem]:
         return check_model_folder(name_or_path)
     if not name_or_path or looks_like_path(name_or_path) or os.environ.get("HF_HUB_OFFLINE") != "1":
         return []
-    hint = (f"download it once on a connected machine (huggingface-cli download {name_or_path}), "
+    hint = (f"download it once on a connected machine (hf download {name_or_path}), "
             "or choose a local model folder")
     config = cached_config(name_or_path, revision)
     if config is None:

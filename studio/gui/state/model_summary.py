@@ -92,7 +92,7 @@ def _not_found(name: str) -> ModelNotFound:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     message = f"'{name}' is not on this machine yet"
     hint = ("you are offline (HF_HUB_OFFLINE=1): download it once on a connected machine "
-            "(huggingface-cli download " + name + "), or choose a local folder" if offline else
+            "(hf download " + name + "), or choose a local folder" if offline else
             "Start downloads it from the Hugging Face Hub (needs the network); offline, choose a local folder instead")
     return ModelNotFound(message, hint, kind="model")
 
