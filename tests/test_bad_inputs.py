@@ -331,6 +331,19 @@ def test_model_panel_names_the_broken_file(name, tmp_path, qtbot):
     assert panel.summary is None or not panel.settings.recent_models  # a broken folder is not remembered
 
 
+def test_model_panel_says_a_model_without_tokenizer_has_none_not_that_it_lacks_a_chat_template(tmp_path, qtbot):
+    from studio.gui.panels.model import ModelPanel
+    from studio.gui.state.settings import AppSettings
+    from studio.gui.widgets.common import ConfigStore
+
+    panel = ModelPanel(ConfigStore(user_config("tokenizer missing", tmp_path)), AppSettings())
+    qtbot.addWidget(panel)
+    words = panel.facts["Chat template"].text()
+    assert "no tokenizer" in words and "no text can be read or written" in words and "ChatML" not in words
+    panel.use_model(str(DEMO_MODEL))
+    assert panel.facts["Chat template"].text() == "its own (chat rows use it)"
+
+
 @pytest.mark.parametrize("name, expected", [
     ("config: wrong types", ("model.trust_remote_code (", "last-choices.yaml:4): expected true or false",
                              "training.learning_rate (", "last-choices.yaml:10): expected a number")),

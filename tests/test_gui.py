@@ -337,6 +337,22 @@ def test_model_picker_hub_id_offline_then_demo(window, monkeypatch, tmp_path):
     assert panel.facts["Weights"].text().startswith("<span") and "present locally" in panel.facts["Weights"].text()
 
 
+def test_the_hub_id_field_shows_the_hub_model_in_use_and_nothing_for_a_folder(window, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    panel = window.model_panel
+    assert panel.hub_id.text() == ""  # the demo model is a folder
+    panel.hub_id.setText("Qwen/Qwen3-0.6B")
+    panel.hub_id.returnPressed.emit()
+    assert window.store.config.model.name_or_path == "Qwen/Qwen3-0.6B" and panel.hub_id.text() == "Qwen/Qwen3-0.6B"
+    panel.demo_button.click()
+    assert panel.hub_id.text() == ""
+    window.store.update(model={"name_or_path": "someone/other-model"})  # as a loaded config or a recent one sets it
+    assert panel.hub_id.text() == "someone/other-model"
+    panel.choose_folder_dialog = lambda: str(DEMO_MODEL)
+    panel.folder_button.click()
+    assert panel.hub_id.text() == ""
+
+
 def test_data_preview_marks_the_learned_part_and_the_histogram_the_cut(window, qtbot):
     data = window.data_panel
     wait_for_preview(qtbot, window)

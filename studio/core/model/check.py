@@ -152,9 +152,14 @@ def _safetensors_problem(path: Path) -> Problem | None:
     return None
 
 
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the folder holds a tokenizer's files (any kind transformers reads)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+
+
 def _check_tokenizer(folder: Path) -> list[Problem]:
     present = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
-    if not present and not any(folder.glob("*.tiktoken")):
+    if not has_tokenizer(folder):
         return [Problem(str(folder), "no tokenizer: none of " + ", ".join(TOKENIZER_FILES) + " is in the folder",
                         "copy the tokenizer files from the model's original folder or Hub page")]
     tokenizer_json = folder / "tokenizer.json"
