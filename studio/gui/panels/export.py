@@ -259,7 +259,7 @@ class ExportPanel(QWidget):
             published = next((line.split(":", 1)[1].strip() for line in self._process.all_lines
                               if line.startswith("published:")), "")
             where = f"<br>Published to <b>{html.escape(published)}</b>" if published else ""
-            what = "GGUF files" if kind == "gguf" else f"the {kind}"
+            what = {"gguf": "GGUF files", "merged": "the merged model"}.get(kind, f"the {kind}")
             self.status.setText(f"Exported {what} to <b>{html.escape(str(folder))}</b>{where}<br>"
                                 f"{verification_html(info)}")
             return
