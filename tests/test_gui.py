@@ -617,6 +617,22 @@ def test_publishing_without_a_login_says_so_before_any_work(window, app_dirs, mo
     assert not started and "switched off" in panel.status.text()
 
 
+def test_a_finished_export_says_what_it_wrote_in_words(window, app_dirs, qtbot):
+    run = write_run(app_dirs / "runs", "said", [2.0])
+    record = json.dumps({"form": "merged model in float32", "verification": {
+        "passed": True, "samples": 4, "max_abs_diff": 0.0, "top1_agreement": 1.0}})
+    panel = window.export_panel
+    panel.command = lambda run_dir, kind, out, *_: [sys.executable, "-c", (
+        f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
+        f"(out / 'studio_export.json').write_text({record!r})")]
+    panel.set_run(run)
+    for button, words in ((panel.merged, "Exported the merged model to"), (panel.adapter, "Exported the adapter to")):
+        button.setChecked(True)
+        panel.start_export()
+        qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+        assert panel.status.text().startswith(f"{words} <b>{panel.output_folder()}</b>"), panel.status.text()
+
+
 def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app_dirs):
     run = write_run(app_dirs / "runs", "unsaved", [2.0])
     (run / "config.yaml").write_text("method: full\n")
