@@ -2,6 +2,7 @@
 history, persistence, and how a crashed worker is reported. The real-worker runs are in test_gui_runs.py."""
 
 import json
+import re
 import shutil
 from html import escape as html_escape
 import subprocess
@@ -18,7 +19,7 @@ from PySide6.QtWidgets import QMessageBox
 from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
-from studio.core.sizes import GIB
+from studio.core.sizes import GIB, format_bytes
 from studio.gui import errors
 from studio.gui.log_dialog import LogDialog
 from studio.gui.main_window import MainWindow
@@ -729,6 +730,16 @@ def test_method_specific_settings_show_only_when_they_apply(window):
     assert window.store.config.qat.weights == "int4" and techniques.qat_activations.isEnabled()
 
 
+def test_the_estimate_and_fit_write_gpu_sizes_alike(window):
+    panel = window.estimate_panel
+    panel.picker.select_custom(24)
+    panel.fit_button.click()  # the demo fits as it is: fit's own words under the estimate's verdict
+    verdict, words = panel.verdict.text(), panel.result.text()
+    assert f"{format_bytes(panel.estimate.peak_bytes)} of 24.00 GiB (" in verdict and " of 24.00 GiB." in words
+    sizes = re.findall(r"[\d.,]+ [KMG]iB", verdict + words)
+    assert len(sizes) >= 4 and all(re.fullmatch(r"[\d,]+\.\d\d [KMG]iB", size) for size in sizes), sizes
+
+
 def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qtbot):
     from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
@@ -742,7 +753,9 @@ def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qt
     assert lengths and len(lengths) == window.data_panel.preview.sampled
     tokens = largest_possible_micro_batch(lengths, config.training.micro_batch_size, 2048, padded=False)
     own = estimate(model_config_of(config), config_for_tokens(config, tokens)).peak_bytes
-    assert f"{own / GIB:.2f} GiB" in panel.data_peak.text() and own < panel.estimate.peak_bytes
-    assert f"at most {tokens:,} tokens" in panel.data_peak.text()
+    assert format_bytes(own) in panel.data_peak.text() and own < panel.estimate.peak_bytes
+    micro = config.training.micro_batch_size  # micro-batch beside micro-batch, not beside a row
+    assert (f"make micro-batches of at most {tokens:,} tokens); the verdict above is the worst case, micro-batches "
+            f"of {micro * 2048:,} tokens ({micro} rows of 2,048).") in panel.data_peak.text()
     window.store.update(data={"max_length": min(lengths)})  # every micro-batch at the cut: nothing to add
     assert panel.data_peak.text() == ""
