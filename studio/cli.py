@@ -39,6 +39,8 @@ def _add_export(commands) -> None:
                            "llama.cpp's converter")
     p.add_argument("--quant", nargs="+", choices=QUANT_TYPES, default=[DEFAULT_QUANT],
                    help=f"GGUF types to write (default {DEFAULT_QUANT}); q4_k_m needs llama-cpp-python")
+    p.add_argument("--check", action="store_true", help="with --gguf: only check, in seconds, that llama.cpp can "
+                   "convert the run's model and tokenizer (what the export checks before any work); writes nothing")
     p.add_argument("--out", type=Path, help="destination folder (default: RUN_DIR/exports/KIND)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype of a merged export")
     p.add_argument("--push-to-hub", metavar="OWNER/NAME", help="then publish the export to this Hugging Face Hub "
@@ -119,6 +121,8 @@ def _export(args) -> int:
 
     if args.private and not args.push_to_hub:
         raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
+    if args.check:
+        return _check_gguf(args)
     if args.push_to_hub:
         check_can_push(args.push_to_hub)  # before minutes of export work
     if args.kind == "gguf":
@@ -131,6 +135,18 @@ def _export(args) -> int:
               f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
     if args.push_to_hub:
         print(f"published: {publish(args.run_dir, out, args.push_to_hub, args.private)}")
+    return 0
+
+
+def _check_gguf(args) -> int:
+    from studio.train.export.gguf import check_gguf
+
+    if args.kind != "gguf" or args.push_to_hub:
+        raise StudioError("--check checks a GGUF export before it starts", "use it as `studio export RUN --gguf "
+                          "--check`, without --push-to-hub", kind="usage")
+    _, config, _, converter = check_gguf(args.run_dir, tuple(args.quant))
+    print(f"GGUF can be made: llama.cpp's converter ({converter.source}) converts {config.model.name_or_path} "
+          "and its tokenizer")
     return 0
 
 

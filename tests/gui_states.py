@@ -282,9 +282,11 @@ def gguf_published(window, qtbot, tmp_path):
     panel.command = lambda run_dir, kind, out, *_: [sys.executable, "-c", (
         f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
         f"(out / 'studio_export.json').write_text({record!r}); print('published: https://huggingface.co/you/plums')")]
+    panel.check_command = lambda run_dir: [sys.executable, "-c", "print('GGUF can be made')"]
     panel.set_run(window.controller.run_dir.path)
     window.run_tabs.setCurrentWidget(panel)
     panel.gguf.setChecked(True)
+    qtbot.waitUntil(lambda: panel.gguf_verdicts.get(panel.run_dir) == "", timeout=20000)
     panel.quants["f16"].setChecked(True)
     panel.repo.setText("you/plums")
     panel.start_export(push_to="you/plums")  # the button asks the Hub login first; a state has none

@@ -578,6 +578,8 @@ def test_every_command_the_window_starts_is_read_back_by_the_module_it_runs(wind
     window.export_panel.start_export()
     module, args = parse_command(started[0])
     assert (args.command, args.run_dir, args.kind, args.out) == ("export", run, "adapter", run / "exports" / "adapter")
+    module, args = parse_command(window.export_panel.check_command(run))
+    assert (args.command, args.run_dir, args.kind, args.check) == ("export", run, "gguf", True)
 
 
 def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs, monkeypatch):
@@ -596,6 +598,41 @@ def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs
     module, args = parse_command(started[0])
     assert (args.kind, args.quant, args.out) == ("gguf", ["f16", "q8_0"], run / "exports" / "gguf")
     assert (args.push_to_hub, args.private) == ("you/plums", True)
+
+
+REFUSED_GGUF = ("import sys; print('error: llama.cpp\\'s converter cannot make a GGUF of this model: it does not "
+                "recognise the model\\'s BPE tokenizer', file=sys.stderr); print('  hint: export the merged model "
+                "instead', file=sys.stderr); sys.exit(1)")
+
+
+def test_gguf_is_offered_only_once_llama_cpp_can_convert_the_run_and_says_why_not(window, app_dirs, qtbot):
+    run = write_run(app_dirs / "runs", "tiny-tokenizer", [2.0])
+    (run / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-000001" / "COMPLETE").write_text("")
+    checks = []
+    panel = window.export_panel
+    panel.check_command = lambda run_dir: checks.append(run_dir) or [sys.executable, "-c", REFUSED_GGUF]
+    panel.set_run(run)
+    assert panel.export_button.isEnabled() and not checks  # the adapter needs no check
+    panel.gguf.setChecked(True)
+    assert not panel.export_button.isEnabled() and "Checking that llama.cpp can convert" in panel.kind_reason.text()
+    qtbot.waitUntil(lambda: run in panel.gguf_verdicts, timeout=20000)
+    reason = panel.kind_reason.text()
+    assert reason.startswith("No GGUF for this run: llama.cpp's converter cannot make a GGUF of this model: it does "
+                             "not recognise the model's BPE tokenizer. To do: export the merged model instead.")
+    assert not panel.export_button.isEnabled() and not any(box.isEnabled() for box in panel.quants.values())
+    panel.merged.setChecked(True)  # the other kinds stay offered
+    assert panel.export_button.isEnabled() and panel.kind_reason.isHidden()
+    panel.gguf.setChecked(True)
+    assert checks == [run] and not panel.export_button.isEnabled()  # asked once per run
+
+    other = write_run(app_dirs / "runs", "convertible", [2.0])
+    shutil.copytree(run / "checkpoints", other / "checkpoints")
+    panel.check_command = lambda run_dir: [sys.executable, "-c", "print('GGUF can be made')"]
+    panel.set_run(other)
+    qtbot.waitUntil(lambda: panel.gguf_verdicts.get(other) == "", timeout=20000)
+    assert panel.export_button.isEnabled() and all(box.isEnabled() for box in panel.quants.values())
+    assert panel.kind_reason.isHidden()
 
 
 def test_publishing_without_a_login_says_so_before_any_work(window, app_dirs, monkeypatch, tmp_path):
