@@ -111,9 +111,9 @@ def check_vocabulary(converter: Converter, folder: Path) -> None:
             raise _refusal(done)
 
 
-UNKNOWN_BPE_HINT = ("export the merged model instead, for transformers, vLLM or TGI; for llama.cpp, Ollama or LM Studio, "
-                    "fine-tune a model llama.cpp supports with its own tokenizer (its original Hub release), or, for a "
-                    "model newer than studio's converter, set LLAMA_CPP_DIR to a recent llama.cpp checkout")
+UNKNOWN_BPE_HINT = ("export the merged model instead, for transformers, vLLM or TGI; for llama.cpp, Ollama or LM "
+                    "Studio, fine-tune a model llama.cpp supports with its own tokenizer (its original Hub release), "
+                    "or, for a model newer than studio's converter, set LLAMA_CPP_DIR to a recent llama.cpp checkout")
 
 
 def _refusal(done: subprocess.CompletedProcess) -> StudioError:
