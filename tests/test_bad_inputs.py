@@ -307,6 +307,7 @@ def test_data_panel_names_the_rows_cut_before_their_response_until_the_length_ke
     assert_readable(text, ["long_prompt.jsonl:1: the response starts after", "no row is left to train on"])
     needed = int(re.search(r"raise the Sequence length \(Techniques tab\) to at least (\d+) tokens", text).group(1))
     assert [p.where for p in panel.problems] == ["long_prompt.jsonl:1", ""]  # what Start waits for
+    assert panel.summary.text().startswith("<b>1 row</b> · format")
 
     store.update(data={"max_length": needed})
     assert panel.banner.isHidden() and not panel.problems
@@ -339,7 +340,8 @@ def test_model_panel_says_a_model_without_tokenizer_has_none_not_that_it_lacks_a
     panel = ModelPanel(ConfigStore(user_config("tokenizer missing", tmp_path)), AppSettings())
     qtbot.addWidget(panel)
     words = panel.facts["Chat template"].text()
-    assert "no tokenizer" in words and "no text can be read or written" in words and "ChatML" not in words
+    assert "no tokenizer" in words and "no text can go in or out" in words and "ChatML" not in words
+    assert "no tokenizer: none of tokenizer.json" in panel.banner.text.text()  # "above": what to copy where
     panel.use_model(str(DEMO_MODEL))
     assert panel.facts["Chat template"].text() == "its own (chat rows use it)"
 

@@ -188,7 +188,6 @@ class ModelPanel(VerticalScroll):
 
 def _chat_template_words(s: ModelSummary) -> str:
     if not s.has_tokenizer:
-        return (f"<span style='color:{BAD}'>no tokenizer</span>: the folder has no tokenizer files, so no text can be "
-                "read or written with this model; copy them from its original folder or Hub page")
+        return f"<span style='color:{BAD}'>no tokenizer</span>: no text can go in or out (see above)"
     return "its own (chat rows use it)" if s.chat_template else "none (chat rows use ChatML)"
 
