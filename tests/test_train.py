@@ -148,7 +148,8 @@ def test_bad_data_row_fails_naming_file_and_line(tmp_path, small_data):
 
 def test_rows_cut_before_their_response_are_named_in_a_warning_and_the_rest_trains(tmp_path, small_data):
     data = tmp_path / "some-long.jsonl"
-    data.write_text(small_data.read_text() + json.dumps({"instruction": "Repeat: " + "word " * 100, "output": "x"}) + "\n")
+    long = {"instruction": "Repeat: " + "word " * 100, "output": "x"}
+    data.write_text(small_data.read_text() + json.dumps(long) + "\n")
     run_dir, events = train(tmp_path, quick_config(data, training={"max_steps": 2}))
     [warning] = [e for e in events if e["type"] == "warning" and "left out" in e["message"]]
     assert warning["message"].startswith("1 of 33 training rows is left out") and "(some-long.jsonl:33: after " in \
