@@ -314,8 +314,8 @@ def gguf_published(window, qtbot, tmp_path):
 GGUF_REFUSED = ("import sys; from studio.train.export.llama_cpp import UNKNOWN_BPE_HINT; print(\"error: llama.cpp's "
                 "converter cannot make a GGUF of this model: it does not recognise the model's BPE tokenizer "
                 "(llama.cpp knows one by the tokens it makes of a test text; a GGUF of this one would split text "
-                "differently from training)\", file=sys.stderr); print('  hint: ' + UNKNOWN_BPE_HINT, file=sys.stderr); "
-                "sys.exit(1)")
+                "differently from training)\", file=sys.stderr); print('  hint: ' + UNKNOWN_BPE_HINT, "
+                "file=sys.stderr); sys.exit(1)")
 
 
 def gguf_refused(window, qtbot, tmp_path):

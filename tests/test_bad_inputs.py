@@ -341,7 +341,7 @@ def test_model_panel_says_a_model_without_tokenizer_has_none_not_that_it_lacks_a
     qtbot.addWidget(panel)
     words = panel.facts["Chat template"].text()
     assert "no tokenizer" in words and "no text can go in or out" in words and "ChatML" not in words
-    assert "no tokenizer: none of tokenizer.json" in panel.banner.text.text()  # "above": what to copy where
+    assert "no tokenizer: none of tokenizer.json" in panel.banner.text.text()  # and the banner: what to copy where
     panel.use_model(str(DEMO_MODEL))
     assert panel.facts["Chat template"].text() == "its own (chat rows use it)"
 

@@ -115,7 +115,8 @@ def test_fields_that_fit_no_format_are_named_whether_or_not_a_format_is_set(tmp_
     path = tmp_path / "scores.csv"
     path.write_text("foo,bar\n1,2\n3,4\n")
     message = "cannot tell the row format from its fields (foo, bar)"
-    assert [m.split(" (rows need")[0] for m in problems_of(path)] == [f"scores.csv:{line}: {message}" for line in (2, 3)]
+    found = [problem.split(" (rows need")[0] for problem in problems_of(path)]
+    assert found == [f"scores.csv:{line}: {message}" for line in (2, 3)]
     for fmt, needs in (("instruction", "instruction and output"), ("chat", "messages or conversations")):
         (problem,) = problems_of(path, fmt)  # the first row says it for the file
         assert problem.startswith(f"scores.csv:2: {message}: data.format is {fmt}, whose rows need {needs} ("), fmt

@@ -165,7 +165,8 @@ class DataPanel(VerticalScroll):
         self.preview = preview
         self.problems = []
         self.banner.hide()
-        rows = f"{preview.rows:,} {'row' if preview.rows == 1 else 'rows'}" + ("" if preview.complete else " (at least)")
+        rows = f"{preview.rows:,} {'row' if preview.rows == 1 else 'rows'}"
+        rows += "" if preview.complete else " (at least)"
         template = {"none": "", "tokenizer": " · the tokenizer's chat template"}.get(
             preview.template, f" · {preview.template} template")
         self.summary.setText(f"<b>{rows}</b> · format <b>{preview.format}</b>{template}")

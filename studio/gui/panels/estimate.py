@@ -172,7 +172,8 @@ def _loading_text(estimate: Estimate) -> str:
     if not estimate.loading:
         return ""
     each = [f"{entry.processes}: {format_bytes(entry.weights_bytes)} of weights"
-            + (f", and the {format_bytes(entry.checkpoint_bytes)} checkpoint read into CPU RAM" if entry.checkpoint_bytes else "")
+            + (f", and the {format_bytes(entry.checkpoint_bytes)} checkpoint read into CPU RAM"
+               if entry.checkpoint_bytes else "")
             for entry in estimate.loading]
     return " While the model loads: " + "; ".join(each) + "."
 
@@ -292,7 +293,8 @@ class EstimatePanel(QGroupBox):
         color = VERDICT_COLORS[verdict.status]
         self.verdict.setText(
             f"<b style='color:{color}; font-size:14px'>{verdict.status.capitalize()}</b>"
-            f"&nbsp; {format_bytes(estimate.peak_bytes)} of {format_bytes(capacity)} ({estimate.peak_bytes / capacity:.0%})")
+            f"&nbsp; {format_bytes(estimate.peak_bytes)} of {format_bytes(capacity)} "
+            f"({estimate.peak_bytes / capacity:.0%})")
         headroom = verdict.headroom_bytes
         self.phase.setText(f"Peak during {PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
                            f"{format_bytes(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
@@ -359,7 +361,8 @@ class EstimatePanel(QGroupBox):
             label.setVisible(index < len(shown))
             if index < len(shown):
                 name, value = shown[index]
-                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} {format_bytes(value)}")
+                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} "
+                              f"{format_bytes(value)}")
 
     # ------------------------------------------------------------ fit
     def fit_to_gpu(self) -> None:
@@ -438,6 +441,8 @@ class EstimatePanel(QGroupBox):
         analytic = ""
         if asked_estimate is not None:  # the estimate of the config simulated, for the GPU picked then
             tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
-            analytic = f"; the estimate's tensors: {format_bytes(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
+            analytic = (f"; the estimate's tensors: {format_bytes(tensors)} "
+                        f"({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})")
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)
-        self.result.setText(f"Simulated peak: <b>{format_bytes(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")
+        self.result.setText(f"Simulated peak: <b>{format_bytes(result.peak_bytes)}</b> of tensors, during "
+                            f"{phase}{analytic}.")

@@ -188,6 +188,5 @@ class ModelPanel(VerticalScroll):
 
 def _chat_template_words(s: ModelSummary) -> str:
     if not s.has_tokenizer:
-        return f"<span style='color:{BAD}'>no tokenizer</span>: no text can go in or out (see above)"
+        return f"<span style='color:{BAD}'>no tokenizer</span>: no text can go in or out of this model"
     return "its own (chat rows use it)" if s.chat_template else "none (chat rows use ChatML)"
-
