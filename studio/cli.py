@@ -39,6 +39,8 @@ def _add_export(commands) -> None:
                            "llama.cpp's converter")
     p.add_argument("--quant", nargs="+", choices=QUANT_TYPES, default=[DEFAULT_QUANT],
                    help=f"GGUF types to write (default {DEFAULT_QUANT}); q4_k_m needs llama-cpp-python")
+    p.add_argument("--check", action="store_true", help="with --gguf: only check, in seconds, that llama.cpp can "
+                   "convert the run's model and tokenizer (what the export checks before any work); writes nothing")
     p.add_argument("--out", type=Path, help="destination folder (default: RUN_DIR/exports/KIND)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype of a merged export")
     p.add_argument("--push-to-hub", metavar="OWNER/NAME", help="then publish the export to this Hugging Face Hub "
@@ -119,6 +121,8 @@ def _export(args) -> int:
 
     if args.private and not args.push_to_hub:
         raise StudioError("--private makes a Hub repository private", "add --push-to-hub OWNER/NAME", kind="usage")
+    if args.check:
+        return _check_gguf(args)
     if args.push_to_hub:
         check_can_push(args.push_to_hub)  # before minutes of export work
     if args.kind == "gguf":
@@ -131,6 +135,18 @@ def _export(args) -> int:
               f"top-1 agreement {verification.top1_agreement:.1%} on {verification.samples} samples")
     if args.push_to_hub:
         print(f"published: {publish(args.run_dir, out, args.push_to_hub, args.private)}")
+    return 0
+
+
+def _check_gguf(args) -> int:
+    from studio.train.export.gguf import check_gguf
+
+    if args.kind != "gguf" or args.push_to_hub:
+        raise StudioError("--check checks a GGUF export before it starts", "use it as `studio export RUN --gguf "
+                          "--check`, without --push-to-hub", kind="usage")
+    _, config, _, converter = check_gguf(args.run_dir, tuple(args.quant))
+    print(f"GGUF can be made: llama.cpp's converter ({converter.source}) converts {config.model.name_or_path} "
+          "and its tokenizer")
     return 0
 
 
@@ -245,8 +261,39 @@ def _config(args) -> int:
     load_hub_datasets(config)
     report = inspect_files(config.data.train_files, config.data.format, keep=0)
     check_model(config)  # imports transformers only for an architecture the estimator does not know
+    note = _check_lengths(config, report.format)
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
+    if note:
+        print(f"  {note}")
     return 0
+
+
+def _check_lengths(config, fmt: str) -> str:
+    """Every training row measured with the model's tokenizer (as the data tab does): raises when no row keeps a
+    token of its response within data.max_length; else a warning naming the rows left out, or a note that no
+    tokenizer was there to count with."""
+    from studio.core.data.dataset import beyond_max_length_problems, beyond_max_length_warning
+    from studio.core.errors import ProblemsError
+    from studio.gui.state.data_preview import rows_beyond, tokenizer_of
+    from studio.gui.state.model_summary import summarize_model
+
+    data = config.data
+    try:
+        tokenizer = tokenizer_of(summarize_model(config.model.name_or_path, config.model.revision))
+    except StudioError:  # not on this machine yet: the worker downloads it and measures then
+        tokenizer = tokenizer_of(None)
+    measured = rows_beyond(data.train_files, fmt, data.template, tokenizer, data.max_length, data.train_on_prompt)
+    if measured is None:
+        return ("note: the rows' token lengths are not checked: the model's tokenizer.json is not on this machine "
+                "(training measures them)")
+    beyond, rows = measured
+    if beyond and len(beyond) == rows:
+        raise ProblemsError(beyond_max_length_problems(beyond, data.max_length), "data", "the training data")
+    if not beyond:
+        return ""
+    message, hint = beyond_max_length_warning(beyond, f"{rows:,} training rows", data.max_length,
+                                              f"a run trains on the other {rows - len(beyond):,} rows")
+    return f"warning: {message}\n  hint: {hint}"
 
 
 def main(argv: list[str] | None = None) -> int:

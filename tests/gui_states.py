@@ -180,6 +180,24 @@ def data_problems(window, qtbot, tmp_path):
     qtbot.waitUntil(lambda: not window.data_panel.task.busy, timeout=10000)
 
 
+def rows_beyond_max_length(window, qtbot, tmp_path):
+    """A file whose only row's prompt is longer than the sequence length: nothing to learn, named in red."""
+    long = tmp_path / "long-prompt.jsonl"
+    long.write_text(json.dumps({"instruction": "Summarize: " + "word " * 200, "output": "done"}) + "\n")
+    window.setup_tabs.setCurrentWidget(window.data_panel)
+    window.data_panel.set_files([str(long)])
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy and bool(window.data_panel.problems), timeout=10000)
+
+
+def unknown_columns(window, qtbot, tmp_path):
+    """The demo preset, then a CSV whose columns fit no row format: its fields are named."""
+    scores = tmp_path / "scores.csv"
+    scores.write_text("foo,bar\n" + "".join(f"{i},{i * i}\n" for i in range(30)))
+    window.setup_tabs.setCurrentWidget(window.data_panel)
+    window.data_panel.set_files([str(scores)])
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy, timeout=10000)
+
+
 def does_not_fit(window, qtbot, tmp_path):
     window.setup_tabs.setCurrentWidget(window.techniques_panel)
     window.store.update(training={"micro_batch_size": 64}, data={"max_length": 256})
@@ -282,13 +300,33 @@ def gguf_published(window, qtbot, tmp_path):
     panel.command = lambda run_dir, kind, out, *_: [sys.executable, "-c", (
         f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
         f"(out / 'studio_export.json').write_text({record!r}); print('published: https://huggingface.co/you/plums')")]
+    panel.check_command = lambda run_dir: [sys.executable, "-c", "print('GGUF can be made')"]
     panel.set_run(window.controller.run_dir.path)
     window.run_tabs.setCurrentWidget(panel)
     panel.gguf.setChecked(True)
+    qtbot.waitUntil(lambda: panel.gguf_verdicts.get(panel.run_dir) == "", timeout=20000)
     panel.quants["f16"].setChecked(True)
     panel.repo.setText("you/plums")
     panel.start_export(push_to="you/plums")  # the button asks the Hub login first; a state has none
     qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+
+
+GGUF_REFUSED = ("import sys; from studio.train.export.llama_cpp import UNKNOWN_BPE_HINT; print(\"error: llama.cpp's "
+                "converter cannot make a GGUF of this model: it does not recognise the model's BPE tokenizer "
+                "(llama.cpp knows one by the tokens it makes of a test text; a GGUF of this one would split text "
+                "differently from training)\", file=sys.stderr); print('  hint: ' + UNKNOWN_BPE_HINT, "
+                "file=sys.stderr); sys.exit(1)")
+
+
+def gguf_refused(window, qtbot, tmp_path):
+    """GGUF chosen for the demo model, whose tokenizer llama.cpp does not know: why not, and what to do."""
+    _train(window, qtbot, tmp_path, steps=20, finish=True)
+    panel = window.export_panel
+    panel.check_command = lambda run_dir: [sys.executable, "-c", GGUF_REFUSED]
+    panel.set_run(window.controller.run_dir.path)
+    window.run_tabs.setCurrentWidget(panel)
+    panel.gguf.setChecked(True)
+    qtbot.waitUntil(lambda: panel.run_dir in panel.gguf_verdicts, timeout=20000)
 
 
 def try_it(window, qtbot, tmp_path):
@@ -304,7 +342,8 @@ def try_it(window, qtbot, tmp_path):
 
 
 STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
-          hub_id_offline, folder_without_weights, remote_code_on, data_problems, does_not_fit, fit_to_gpu, simulated,
-          simulation_dropped, unreadable_last_choices, loading_model, training, training_two_gpus, completed,
-          run_failed, history_compare, history_empty, export_verified, gguf_published, try_it)
+          hub_id_offline, folder_without_weights, remote_code_on, data_problems, rows_beyond_max_length,
+          unknown_columns, does_not_fit, fit_to_gpu, simulated, simulation_dropped, unreadable_last_choices,
+          loading_model, training, training_two_gpus, completed, run_failed, history_compare, history_empty,
+          export_verified, gguf_published, gguf_refused, try_it)
 TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus)

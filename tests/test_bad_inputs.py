@@ -10,6 +10,7 @@ made here in the test's own "user folder".
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,11 @@ def generated_data(name: str, write: Callable[[Path], None]) -> Callable[[Path],
 
 def ten_megabyte_line(path: Path) -> None:
     path.write_text('{"prompt": "Summarize:", "completion": "' + "word " * 2_000_000 + "\n", encoding="utf-8")
+
+
+def prompt_beyond_max_length(path: Path) -> None:
+    """One row whose prompt alone is longer than the config's max_length (64): nothing of its response is left."""
+    path.write_text(json.dumps({"instruction": "Repeat: " + "word " * 100, "output": "done"}) + "\n", encoding="utf-8")
 
 
 def parquet_with_numbers(path: Path) -> None:
@@ -150,6 +156,9 @@ CORPUS = {
     # data files made here
     "a 10 MB line cut off": Case(generated_data("big.jsonl", ten_megabyte_line),
                                  ("big.jsonl:1: not valid JSON: the line ends before the object does",), DATA_FILE),
+    "response beyond max_length": Case(generated_data("long_prompt.jsonl", prompt_beyond_max_length), (
+        "long_prompt.jsonl:1: the response starts after", "tokens, or shorten the prompt",
+        "no row is left to train on"), DATA_FILE),
     "parquet with wrong types": Case(generated_data("typed.parquet", parquet_with_numbers),
                                      ("typed.parquet row 1: field 'completion' must be text, got a number (4)",), DATA_FILE),
     "not parquet": Case(generated_data("garbage.parquet", lambda p: p.write_bytes(b"PAR1 not really")),
@@ -283,6 +292,33 @@ def test_data_panel_shows_a_readable_problem(name, tmp_path, qtbot):
     assert panel.preview is None
 
 
+def test_data_panel_names_the_rows_cut_before_their_response_until_the_length_keeps_them(tmp_path, qtbot):
+    from studio.gui.panels.data import DataPanel
+    from studio.gui.state.model_summary import summarize_model
+    from studio.gui.widgets.common import ConfigStore
+
+    store = ConfigStore(user_config("response beyond max_length", tmp_path))
+    panel = DataPanel(store)
+    qtbot.addWidget(panel)
+    panel.set_model(summarize_model(str(DEMO_MODEL)))  # the window passes the model's tokenizer: tokens to count
+    qtbot.waitUntil(lambda: not panel.task.busy and panel.preview is not None, timeout=20000)
+    assert panel.banner.isVisibleTo(panel) and panel.banner.property("role") == "banner-error"
+    text = panel.banner.text.text()
+    assert_readable(text, ["long_prompt.jsonl:1: the response starts after", "no row is left to train on"])
+    needed = int(re.search(r"raise the Sequence length \(Techniques tab\) to at least (\d+) tokens", text).group(1))
+    assert [p.where for p in panel.problems] == ["long_prompt.jsonl:1", ""]  # what Start waits for
+    assert panel.summary.text().startswith("<b>1 row</b> · format")
+
+    store.update(data={"max_length": needed})
+    assert panel.banner.isHidden() and not panel.problems
+    store.update(data={"max_length": 64, "train_files": (*store.config.data.train_files, str(DEMO_TRAIN))})
+    qtbot.waitUntil(lambda: not panel.task.busy and len(panel.preview.locations) > 1, timeout=20000)
+    text = panel.banner.text.text()  # others still train: a note naming the row, not an error
+    assert panel.banner.property("role") == "banner-info" and not panel.problems
+    assert_readable(text, [f"1 of {panel.preview.rows:,} training rows is left out", "(long_prompt.jsonl:1: after ",
+                           "the run trains on the others; to keep it, raise the Sequence length"])
+
+
 @pytest.mark.parametrize("name", GUI_MODELS)
 def test_model_panel_names_the_broken_file(name, tmp_path, qtbot):
     from studio.gui.panels.model import ModelPanel
@@ -294,6 +330,20 @@ def test_model_panel_names_the_broken_file(name, tmp_path, qtbot):
     assert panel.banner.isVisibleTo(panel)
     assert_readable(panel.banner.text.text(), [html_quoted(e) for e in GUI_MODELS[name]])
     assert panel.summary is None or not panel.settings.recent_models  # a broken folder is not remembered
+
+
+def test_model_panel_says_a_model_without_tokenizer_has_none_not_that_it_lacks_a_chat_template(tmp_path, qtbot):
+    from studio.gui.panels.model import ModelPanel
+    from studio.gui.state.settings import AppSettings
+    from studio.gui.widgets.common import ConfigStore
+
+    panel = ModelPanel(ConfigStore(user_config("tokenizer missing", tmp_path)), AppSettings())
+    qtbot.addWidget(panel)
+    words = panel.facts["Chat template"].text()
+    assert "no tokenizer" in words and "no text can go in or out" in words and "ChatML" not in words
+    assert "no tokenizer: none of tokenizer.json" in panel.banner.text.text()  # and the banner: what to copy where
+    panel.use_model(str(DEMO_MODEL))
+    assert panel.facts["Chat template"].text() == "its own (chat rows use it)"
 
 
 @pytest.mark.parametrize("name, expected", [

@@ -1,5 +1,6 @@
 """The studio command as a user types it: readable errors, non-zero exits, nothing overwritten."""
 
+import json
 import subprocess
 import sys
 
@@ -51,3 +52,34 @@ def test_config_check_reads_the_data_too(tmp_path, capsys):
     config.write_text(f"model: {{name_or_path: {demo_config().model.name_or_path}}}\ndata: {{train_files: [rows.jsonl]}}\n")
     assert main(["config", "check", str(config)]) == 2
     assert "rows.jsonl:2" in capsys.readouterr().err
+
+
+def test_config_check_names_the_rows_cut_before_their_response_and_says_the_rest_trains(tmp_path, capsys):
+    long = {"instruction": "Repeat: " + "word " * 100, "output": "done"}
+    short = {"instruction": "Hi", "output": "Hello"}
+    rows = [short, long, long, short, long, long, long, short]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{name_or_path: {demo_config().model.name_or_path}}}\n"
+                      "data: {train_files: [rows.jsonl], max_length: 64}\n")
+    assert main(["config", "check", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "valid; 8 training rows" in out
+    assert "warning: 5 of 8 training rows are left out: their response starts beyond the 64 tokens of " \
+           "data.max_length" in out
+    assert "(rows.jsonl:2: after " in out and "rows.jsonl:3: after" in out and "rows.jsonl:5: after" in out
+    assert "; and 2 more)" in out and "rows.jsonl:6" not in out
+    assert "hint: a run trains on the other 3 rows; to keep them, raise data.max_length to at least " in out
+
+
+def test_config_check_says_when_no_tokenizer_measured_the_rows(tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"  # a SentencePiece tokenizer only: nothing here counts its tokens without the ML stack
+    shutil.copytree(demo_config().model.name_or_path, model)
+    (model / "tokenizer.json").rename(model / "tokenizer.model")
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n')
+    config = tmp_path / "run.yaml"
+    config.write_text("model: {name_or_path: ./model}\ndata: {train_files: [rows.jsonl]}\n")
+    assert main(["config", "check", str(config)]) == 0
+    assert "note: the rows' token lengths are not checked" in capsys.readouterr().out

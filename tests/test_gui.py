@@ -2,6 +2,7 @@
 history, persistence, and how a crashed worker is reported. The real-worker runs are in test_gui_runs.py."""
 
 import json
+import re
 import shutil
 from html import escape as html_escape
 import subprocess
@@ -18,7 +19,7 @@ from PySide6.QtWidgets import QMessageBox
 from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
-from studio.core.sizes import GIB
+from studio.core.sizes import GIB, format_bytes
 from studio.gui import errors
 from studio.gui.log_dialog import LogDialog
 from studio.gui.main_window import MainWindow
@@ -351,6 +352,22 @@ def test_model_picker_hub_id_offline_then_demo(window, monkeypatch, tmp_path):
     assert panel.facts["Weights"].text().startswith("<span") and "present locally" in panel.facts["Weights"].text()
 
 
+def test_the_hub_id_field_shows_the_hub_model_in_use_and_nothing_for_a_folder(window, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    panel = window.model_panel
+    assert panel.hub_id.text() == ""  # the demo model is a folder
+    panel.hub_id.setText("Qwen/Qwen3-0.6B")
+    panel.hub_id.returnPressed.emit()
+    assert window.store.config.model.name_or_path == "Qwen/Qwen3-0.6B" and panel.hub_id.text() == "Qwen/Qwen3-0.6B"
+    panel.demo_button.click()
+    assert panel.hub_id.text() == ""
+    window.store.update(model={"name_or_path": "someone/other-model"})  # as a loaded config or a recent one sets it
+    assert panel.hub_id.text() == "someone/other-model"
+    panel.choose_folder_dialog = lambda: str(DEMO_MODEL)
+    panel.folder_button.click()
+    assert panel.hub_id.text() == ""
+
+
 def test_data_preview_marks_the_learned_part_and_the_histogram_the_cut(window, qtbot):
     data = window.data_panel
     wait_for_preview(qtbot, window)
@@ -364,6 +381,21 @@ def test_data_preview_marks_the_learned_part_and_the_histogram_the_cut(window, q
     shorter = max(8, int(np.median(data.preview.lengths)))
     window.techniques_panel.max_length.spin.setValue(shorter)
     assert data.histogram.cut_line.value() == shorter and f"longer than {shorter} tokens" in data.cut_note.text()
+
+
+def test_the_demo_detects_its_format_so_other_files_get_their_fields_named(window, qtbot, tmp_path):
+    data = window.data_panel
+    wait_for_preview(qtbot, window)
+    assert window.store.config.data.format == "auto" and data.format.combo.currentIndex() == 0
+    assert data.preview.format == "instruction"
+    unknown = tmp_path / "scores.csv"
+    unknown.write_text("foo,bar\n1,2\n")
+    data.set_files([str(unknown)])
+    qtbot.waitUntil(lambda: not data.task.busy and data.banner.isVisibleTo(data), timeout=10000)
+    assert "scores.csv:2: cannot tell the row format from its fields (foo, bar)" in data.banner.text.text()
+    data.format.combo.setCurrentIndex(1)  # a format chosen by hand: the fields are still named, with what it needs
+    qtbot.waitUntil(lambda: not data.task.busy, timeout=10000)
+    assert "(foo, bar): data.format is instruction, whose rows need instruction and output" in data.banner.text.text()
 
 
 def test_data_format_override_and_other_files(window, qtbot, tmp_path):
@@ -560,6 +592,8 @@ def test_every_command_the_window_starts_is_read_back_by_the_module_it_runs(wind
     window.export_panel.start_export()
     module, args = parse_command(started[0])
     assert (args.command, args.run_dir, args.kind, args.out) == ("export", run, "adapter", run / "exports" / "adapter")
+    module, args = parse_command(window.export_panel.check_command(run))
+    assert (args.command, args.run_dir, args.kind, args.check) == ("export", run, "gguf", True)
 
 
 def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs, monkeypatch):
@@ -580,6 +614,41 @@ def test_gguf_export_and_publish_build_the_command_line_command(window, app_dirs
     assert (args.push_to_hub, args.private) == ("you/plums", True)
 
 
+REFUSED_GGUF = ("import sys; print('error: llama.cpp\\'s converter cannot make a GGUF of this model: it does not "
+                "recognise the model\\'s BPE tokenizer', file=sys.stderr); print('  hint: export the merged model "
+                "instead', file=sys.stderr); sys.exit(1)")
+
+
+def test_gguf_is_offered_only_once_llama_cpp_can_convert_the_run_and_says_why_not(window, app_dirs, qtbot):
+    run = write_run(app_dirs / "runs", "tiny-tokenizer", [2.0])
+    (run / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-000001" / "COMPLETE").write_text("")
+    checks = []
+    panel = window.export_panel
+    panel.check_command = lambda run_dir: checks.append(run_dir) or [sys.executable, "-c", REFUSED_GGUF]
+    panel.set_run(run)
+    assert panel.export_button.isEnabled() and not checks  # the adapter needs no check
+    panel.gguf.setChecked(True)
+    assert not panel.export_button.isEnabled() and "Checking that llama.cpp can convert" in panel.kind_reason.text()
+    qtbot.waitUntil(lambda: run in panel.gguf_verdicts, timeout=20000)
+    reason = panel.kind_reason.text()
+    assert reason.startswith("No GGUF for this run: llama.cpp's converter cannot make a GGUF of this model: it does "
+                             "not recognise the model's BPE tokenizer. To do: export the merged model instead.")
+    assert not panel.export_button.isEnabled() and not any(box.isEnabled() for box in panel.quants.values())
+    panel.merged.setChecked(True)  # the other kinds stay offered
+    assert panel.export_button.isEnabled() and panel.kind_reason.isHidden()
+    panel.gguf.setChecked(True)
+    assert checks == [run] and not panel.export_button.isEnabled()  # asked once per run
+
+    other = write_run(app_dirs / "runs", "convertible", [2.0])
+    shutil.copytree(run / "checkpoints", other / "checkpoints")
+    panel.check_command = lambda run_dir: [sys.executable, "-c", "print('GGUF can be made')"]
+    panel.set_run(other)
+    qtbot.waitUntil(lambda: panel.gguf_verdicts.get(other) == "", timeout=20000)
+    assert panel.export_button.isEnabled() and all(box.isEnabled() for box in panel.quants.values())
+    assert panel.kind_reason.isHidden()
+
+
 def test_publishing_without_a_login_says_so_before_any_work(window, app_dirs, monkeypatch, tmp_path):
     import huggingface_hub
 
@@ -598,6 +667,22 @@ def test_publishing_without_a_login_says_so_before_any_work(window, app_dirs, mo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     panel.start_publish()
     assert not started and "switched off" in panel.status.text()
+
+
+def test_a_finished_export_says_what_it_wrote_in_words(window, app_dirs, qtbot):
+    run = write_run(app_dirs / "runs", "said", [2.0])
+    record = json.dumps({"form": "merged model in float32", "verification": {
+        "passed": True, "samples": 4, "max_abs_diff": 0.0, "top1_agreement": 1.0}})
+    panel = window.export_panel
+    panel.command = lambda run_dir, kind, out, *_: [sys.executable, "-c", (
+        f"import pathlib; out = pathlib.Path({str(out)!r}); out.mkdir(parents=True, exist_ok=True); "
+        f"(out / 'studio_export.json').write_text({record!r})")]
+    panel.set_run(run)
+    for button, words in ((panel.merged, "Exported the merged model to"), (panel.adapter, "Exported the adapter to")):
+        button.setChecked(True)
+        panel.start_export()
+        qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+        assert panel.status.text().startswith(f"{words} <b>{panel.output_folder()}</b>"), panel.status.text()
 
 
 def test_export_needs_a_checkpoint_and_full_fine_tunes_export_merged(window, app_dirs):
@@ -696,6 +781,16 @@ def test_method_specific_settings_show_only_when_they_apply(window):
     assert window.store.config.qat.weights == "int4" and techniques.qat_activations.isEnabled()
 
 
+def test_the_estimate_and_fit_write_gpu_sizes_alike(window):
+    panel = window.estimate_panel
+    panel.picker.select_custom(24)
+    panel.fit_button.click()  # the demo fits as it is: fit's own words under the estimate's verdict
+    verdict, words = panel.verdict.text(), panel.result.text()
+    assert f"{format_bytes(panel.estimate.peak_bytes)} of 24.00 GiB (" in verdict and " of 24.00 GiB." in words
+    sizes = re.findall(r"[\d.,]+ [KMG]iB", verdict + words)
+    assert len(sizes) >= 4 and all(re.fullmatch(r"[\d,]+\.\d\d [KMG]iB", size) for size in sizes), sizes
+
+
 def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qtbot):
     from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
@@ -709,8 +804,10 @@ def test_the_estimate_shows_the_data_s_own_peak_beside_the_worst_case(window, qt
     assert lengths and len(lengths) == window.data_panel.preview.sampled
     tokens = largest_possible_micro_batch(lengths, config.training.micro_batch_size, 2048, padded=False)
     own = estimate(model_config_of(config), config_for_tokens(config, tokens)).peak_bytes
-    assert f"{own / GIB:.2f} GiB" in panel.data_peak.text() and own < panel.estimate.peak_bytes
-    assert f"at most {tokens:,} tokens" in panel.data_peak.text()
+    assert format_bytes(own) in panel.data_peak.text() and own < panel.estimate.peak_bytes
+    micro = config.training.micro_batch_size  # micro-batch beside micro-batch, not beside a row
+    assert (f"make micro-batches of at most {tokens:,} tokens); the verdict above is the worst case, micro-batches "
+            f"of {micro * 2048:,} tokens ({micro} rows of 2,048).") in panel.data_peak.text()
     window.store.update(data={"max_length": min(lengths)})  # every micro-batch at the cut: nothing to add
     assert panel.data_peak.text() == ""
 
@@ -726,6 +823,17 @@ def test_data_problems_keep_start_off_and_say_where(window, qtbot, tmp_path):
     assert "the data has problems (see 2 Data)" in window.start_reason.text()
     assert "rows.jsonl:2" in window.start_action.toolTip()
     window.data_panel.set_files([str(DEMO_TRAIN)])
+    qtbot.waitUntil(lambda: window.start_action.isEnabled(), timeout=10000)
+
+
+def test_a_file_whose_only_row_is_cut_before_its_response_keeps_start_off_until_the_length_keeps_it(
+        window, qtbot, tmp_path):
+    long = tmp_path / "long-prompt.jsonl"
+    long.write_text(json.dumps({"instruction": "Summarize: " + "word " * 200, "output": "done"}) + "\n")
+    window.data_panel.set_files([str(long)])
+    qtbot.waitUntil(lambda: bool(window.data_panel.problems), timeout=10000)
+    assert not window.start_action.isEnabled() and "long-prompt.jsonl:1" in window.start_action.toolTip()
+    window.store.update(data={"max_length": 1024})
     qtbot.waitUntil(lambda: window.start_action.isEnabled(), timeout=10000)
 
 

@@ -195,6 +195,7 @@ def test_a_hub_id_not_on_this_machine_gets_an_offline_friendly_message(monkeypat
     with pytest.raises(ModelNotFound) as raised:
         summarize_model("Qwen/Qwen2.5-0.5B")
     assert "offline" in raised.value.hint and "local folder" in raised.value.hint
+    assert "(hf download Qwen/Qwen2.5-0.5B)" in raised.value.hint  # the current CLI: huggingface-cli is deprecated
 
 
 def demo_tokenizer():

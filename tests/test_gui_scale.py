@@ -3,7 +3,7 @@
 import pytest
 
 from studio.core.config import load_config
-from studio.core.sizes import format_gib
+from studio.core.sizes import format_bytes
 from test_gui import app_dirs, open_window  # noqa: F401 (fixture)
 
 
@@ -25,10 +25,12 @@ def test_sharding_over_gpus_lowers_the_estimate_per_gpu(window):
     assert estimate.estimate.parts["optimizer_state"] < single
     # every rank's own bar, titled with its total, and what each process holds while the model loads
     titles = [title.text() for title, bar in estimate.bars if bar.isVisibleTo(estimate)]
-    assert titles == [f"rank {r} (cuda:{r}): {format_gib(estimate.estimate.devices[r].total_bytes)}" for r in range(4)]
+    devices = estimate.estimate.devices
+    assert titles == [f"rank {r} (cuda:{r}): {format_bytes(devices[r].total_bytes)}" for r in range(4)]
     rank0, others = estimate.estimate.loading
-    assert (f"While the model loads: rank 0: {format_gib(rank0.weights_bytes)} of weights, and the "
-            f"{format_gib(rank0.checkpoint_bytes)} checkpoint read into CPU RAM; ranks 1-3: {format_gib(others.weights_bytes)}") in estimate.phase.text()
+    assert (f"While the model loads: rank 0: {format_bytes(rank0.weights_bytes)} of weights, and the "
+            f"{format_bytes(rank0.checkpoint_bytes)} checkpoint read into CPU RAM; ranks 1-3: "
+            f"{format_bytes(others.weights_bytes)}") in estimate.phase.text()
 
 
 def test_choices_validation_refuses_are_disabled_with_the_reason(window, tmp_path):
@@ -56,7 +58,7 @@ def test_layer_split_shows_where_the_layers_go(window):
     assert estimate.estimate.placement is not None and "Layer split: " in estimate.phase.text()
     gpus = [d for d in estimate.estimate.devices if d.device != "host"]
     titles = [title.text() for title, bar in estimate.bars if bar.isVisibleTo(estimate)]
-    assert len(gpus) == 1 or titles == [f"{d.device}: {format_gib(d.total_bytes)}" for d in gpus]  # devices, not ranks
+    assert len(gpus) == 1 or titles == [f"{d.device}: {format_bytes(d.total_bytes)}" for d in gpus]  # not ranks
     assert not panel.bundle_button.isEnabled()
 
 

@@ -51,7 +51,7 @@ def test_offline_with_nothing_cached_names_the_model_and_what_to_do(offline_cach
     with pytest.raises(StudioError) as raised:
         load_model_config("acme/missing")
     assert "'acme/missing'" in raised.value.message and "HF_HUB_OFFLINE" in raised.value.message
-    assert "huggingface-cli download acme/missing config.json" in raised.value.hint
+    assert "hf download acme/missing config.json" in raised.value.hint
     assert "local folder" in raised.value.hint
     monkeypatch.delenv("HF_HUB_OFFLINE")  # the window's per-keystroke lookups never go online either
     with pytest.raises(StudioError, match="acme/missing.*not in the Hugging Face cache"):

@@ -146,6 +146,19 @@ def test_bad_data_row_fails_naming_file_and_line(tmp_path, small_data):
     assert json.loads(run_dir.events.read_text().splitlines()[-1])["status"] == "failed"
 
 
+def test_rows_cut_before_their_response_are_named_in_a_warning_and_the_rest_trains(tmp_path, small_data):
+    data = tmp_path / "some-long.jsonl"
+    long = {"instruction": "Repeat: " + "word " * 100, "output": "x"}
+    data.write_text(small_data.read_text() + json.dumps(long) + "\n")
+    run_dir, events = train(tmp_path, quick_config(data, training={"max_steps": 2}))
+    [warning] = [e for e in events if e["type"] == "warning" and "left out" in e["message"]]
+    assert warning["message"].startswith("1 of 33 training rows is left out") and "(some-long.jsonl:33: after " in \
+        warning["message"]
+    assert warning["hint"].startswith("the run trains on the other 32 rows; to keep it, raise data.max_length to")
+    started = next(e for e in events if e["type"] == "run_started")
+    assert (started["data"]["train"]["rows"], started["data"]["train"]["dropped"]) == (32, 1)
+
+
 def test_an_unreachable_hub_fails_at_once_for_a_model_not_cached(tmp_path, small_data, monkeypatch):
     from studio.train.model import build as model
 

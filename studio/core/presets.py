@@ -21,7 +21,7 @@ def demo_config() -> RunConfig:
     (see resources/build_demo_assets.py)."""
     return RunConfig(name="demo").replace(
         model={"name_or_path": str(DEMO_MODEL)},
-        data={"train_files": (str(DEMO_TRAIN),), "format": "instruction", "max_length": 64},
+        data={"train_files": (str(DEMO_TRAIN),), "format": "auto", "max_length": 64},
         lora={"r": 8, "alpha": 16.0, "dropout": 0.0},
         training={"precision": "fp32", "micro_batch_size": 16, "gradient_accumulation_steps": 1,
                   "max_steps": 60, "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05},

@@ -28,8 +28,3 @@ def parse_size(text: str) -> int:
     if unit not in _UNITS:
         raise StudioError(f"cannot read the memory size {text!r}", "write it like 24GiB, 24GB or 16000MiB", kind="usage")
     return int(float(match.group(1)) * _UNITS[unit])
-
-
-def format_gib(count: float) -> str:
-    """``1.84 GiB``, one decimal from 10 GiB on: GPU memory, always in GiB."""
-    return f"{count / GIB:.2f} GiB" if count < 10 * GIB else f"{count / GIB:.1f} GiB"

@@ -171,6 +171,9 @@ class Worker:
                 data = load_prepared(prepared)
         how = "tokenized" if engine.is_local_main else "read what this machine's first process tokenized"
         log.info("data: %s in %.2f s (%d training rows)", how, time.perf_counter() - started, len(data.train))
+        for message, hint in data.warnings:  # rows left out: named, with what keeps them
+            log.warning("%s (%s)", message, hint)
+            self.events.emit("warning", message=message, hint=hint)
         self.train_rows, self.eval_rows = data.train, data.eval
         self.plan = BatchPlan.for_rows(self.config, self.train_rows)
         self.total_steps = self.plan.total_steps(self.config, engine.world_size)

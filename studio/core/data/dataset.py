@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.data.hub import is_hub_spec, parse_hub_spec, rows_file
-from studio.core.data.row_formats import FORMATS, DataError, Example, describe_value, detect_format, to_messages
+from studio.core.data.row_formats import (FORMATS, DataError, Example, describe_value, detect_format, fits_no_format,
+                                          to_messages, unknown_format_error)
 from studio.core.errors import Problem, ProblemsError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
@@ -396,6 +397,9 @@ class _Scanner:
                                f"{self.format} ({self.decided_at})", "use one row format per dataset")
             return to_messages(record, self.format, location)
         except DataError as exc:
+            if self.requested != "auto" and fits_no_format(record):  # "field 'instruction' is missing" hides why
+                self.wrong_format = not self.rows_checked
+                return unknown_format_error(record, location, self.format).problem
             if self.requested != "auto" and seen and seen != self.format:
                 if not self.rows_checked:  # the first row already: the whole dataset is likely another format
                     self.wrong_format = True
@@ -465,3 +469,54 @@ def _describe_paths(paths: list[Path]) -> str:
     if len(paths) <= 3:
         return ", ".join(str(p) for p in paths)
     return f"{len(paths)} data files"
+
+
+# ---------------------------------------------------------------- rows the cut at max_length leaves nothing to learn
+
+SHOWN_ROWS = 3
+"""How many rows a message about rows beyond max_length names; it counts the rest."""
+
+RowStart = tuple[str, int]
+"""(location, tokens before its response): a row whose response starts at or after data.max_length."""
+
+
+def beyond_max_length_problems(rows: list[RowStart], max_length: int,
+                               setting: str = "data.max_length") -> list[Problem]:
+    """No training row keeps a token of its response: the first rows named with what to do, and the count.
+
+    Raised when every training row is cut before its response: the run would have nothing to learn.
+    ``setting`` names max_length as the reader knows it (the window: by its label).
+    """
+    problems = [Problem(where, f"the response starts after {start:,} tokens, beyond the {max_length:,} of {setting}: "
+                        "the cut leaves nothing of it to learn",
+                        f"raise {setting} to at least {start + 1:,} tokens, or shorten the prompt")
+                for where, start in rows[:SHOWN_ROWS]]
+    every = "the only training row is" if len(rows) == 1 else f"all {len(rows):,} training rows are"
+    keep_all = (f"raise {setting} to at least {_tokens_keeping(rows):,} tokens to keep every row, or shorten the "
+                "prompts") if len(rows) > 1 else ""
+    problems.append(Problem("", f"no row is left to train on: {every} cut before its response", keep_all))
+    return problems
+
+
+def beyond_max_length_warning(rows: list[RowStart], checked: str, max_length: int, consequence: str = "",
+                              setting: str = "data.max_length") -> tuple[str, str]:
+    """(message, hint) for some of the ``checked`` rows ("120 training rows") cut before their response: they
+    are left out.
+
+    ``consequence`` says what happens to the rest (the run trains on them), in the hint before what to do;
+    ``setting`` as for beyond_max_length_problems.
+    """
+    named = "; ".join(f"{where}: after {start:,} tokens" for where, start in rows[:SHOWN_ROWS])
+    more = f"; and {len(rows) - SHOWN_ROWS:,} more" if len(rows) > SHOWN_ROWS else ""
+    one = len(rows) == 1
+    message = (f"{len(rows):,} of {checked} {'is' if one else 'are'} left out: {'its' if one else 'their'} response "
+               f"starts beyond the {max_length:,} tokens of {setting}, so the cut leaves nothing of it to learn "
+               f"({named}{more})")
+    to_do = (f"to keep {'it' if one else 'them'}, raise {setting} to at least {_tokens_keeping(rows):,} tokens, or "
+             f"shorten {'its prompt' if one else 'their prompts'}")
+    return message, f"{consequence}; {to_do}" if consequence else to_do
+
+
+def _tokens_keeping(rows: list[RowStart]) -> int:
+    """The max_length that keeps a token of every row's response."""
+    return max(start for _, start in rows) + 1

@@ -92,9 +92,22 @@ def to_messages(record: dict, fmt: str, location: str = "") -> Example:
     if fmt == "auto":
         fmt = detect_format(record) or _guess_format(record) or ""
     if fmt not in _BUILDERS:
-        fields = ", ".join(map(str, record)) or "none"
-        raise DataError(location, f"cannot tell the row format from its fields ({fields})", _FORMAT_HINT)
+        raise unknown_format_error(record, location)
     return _BUILDERS[fmt](record, location)
+
+
+def fits_no_format(record: dict) -> bool:
+    """Whether the record has no field of any row format (``{"foo": ..., "bar": ...}``)."""
+    return detect_format(record) is None and _guess_format(record) is None
+
+
+def unknown_format_error(record: dict, location: str, fmt: str = "auto") -> DataError:
+    """A record whose fields fit no row format, its fields named; and what ``fmt`` needs, when one is set."""
+    fields = ", ".join(map(str, record)) or "none"
+    needs = ""
+    if fmt in _FORMAT_FIELDS:
+        needs = f": data.format is {fmt}, whose rows need " + " or ".join(map(" and ".join, _FORMAT_FIELDS[fmt]))
+    return DataError(location, f"cannot tell the row format from its fields ({fields}){needs}", _FORMAT_HINT)
 
 
 def _instruction(record: dict, location: str) -> Example:

@@ -51,7 +51,7 @@ def model_problems(name_or_path: str, revision: str = "") -> list[Problem]:
         return check_model_folder(name_or_path)
     if not name_or_path or looks_like_path(name_or_path) or os.environ.get("HF_HUB_OFFLINE") != "1":
         return []
-    hint = (f"download it once on a connected machine (huggingface-cli download {name_or_path}), "
+    hint = (f"download it once on a connected machine (hf download {name_or_path}), "
             "or choose a local model folder")
     config = cached_config(name_or_path, revision)
     if config is None:
@@ -152,9 +152,14 @@ def _safetensors_problem(path: Path) -> Problem | None:
     return None
 
 
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the folder holds a tokenizer's files (any kind transformers reads)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+
+
 def _check_tokenizer(folder: Path) -> list[Problem]:
     present = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
-    if not present and not any(folder.glob("*.tiktoken")):
+    if not has_tokenizer(folder):
         return [Problem(str(folder), "no tokenizer: none of " + ", ".join(TOKENIZER_FILES) + " is in the folder",
                         "copy the tokenizer files from the model's original folder or Hub page")]
     tokenizer_json = folder / "tokenizer.json"

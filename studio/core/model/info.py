@@ -267,7 +267,7 @@ def looks_like_path(name_or_path: str) -> bool:
 
 def load_model_config(name_or_path: str, revision: str = "", allow_network: bool = True) -> dict:
     """A model's config.json: from a local folder, or through huggingface_hub for a Hub id (its cache first,
-    then the Hub at ``HF_ENDPOINT`` with the token ``huggingface-cli login`` saved; that file alone).
+    then the Hub at ``HF_ENDPOINT`` with the token ``hf auth login`` saved; that file alone).
 
     ``allow_network=False`` (the window, on every keystroke) and ``HF_HUB_OFFLINE=1`` read the cache only.
     """
@@ -284,7 +284,7 @@ def load_model_config(name_or_path: str, revision: str = "", allow_network: bool
     if not allow_network or _offline():
         why = " and HF_HUB_OFFLINE forbids asking the Hub" if _offline() else ""
         raise StudioError(f"the config.json of '{name_or_path}' is not in the Hugging Face cache ({hub_cache_dir()})"
-                          + why, f"fetch it once online (`huggingface-cli download {name_or_path} config.json`, or "
+                          + why, f"fetch it once online (`hf download {name_or_path} config.json`, or "
                           "`studio estimate` with the network), or point model.name_or_path at a local folder",
                           kind="model")
     return _read_json(_download_config(name_or_path, revision))
@@ -325,11 +325,11 @@ def _download_config(repo_id: str, revision: str) -> Path:
         return Path(hf_hub_download(repo_id, "config.json", revision=revision or None, cache_dir=hub_cache_dir()))
     except GatedRepoError as exc:
         raise StudioError(f"{where} is gated: its config.json needs an account that accepted its license",
-                          "accept the license on the model's Hub page, then `huggingface-cli login` (or set HF_TOKEN)",
+                          "accept the license on the model's Hub page, then `hf auth login` (or set HF_TOKEN)",
                           kind="model") from exc
     except RepositoryNotFoundError as exc:
         raise StudioError(f"the Hub has no model {where} (or it is private)",
-                          "check the model id; for a private model, `huggingface-cli login` (or set HF_TOKEN)",
+                          "check the model id; for a private model, `hf auth login` (or set HF_TOKEN)",
                           kind="model") from exc
     except RevisionNotFoundError as exc:
         raise StudioError(f"the Hub has no revision '{revision}' of '{repo_id}'", "check model.revision",

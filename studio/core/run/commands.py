@@ -106,6 +106,11 @@ def export_command(python: str, run_dir: Path, kind: str, out: Path, dtype: str,
     return argv
 
 
+def gguf_check_command(python: str, run_dir: Path) -> list[str]:
+    """``studio export --gguf --check``: exits 0 when llama.cpp can convert the run's model, else prints why."""
+    return _studio(python, "export", str(run_dir), "--gguf", "--check")
+
+
 def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: int) -> list[str]:
     """``studio generate --json``: prints one JSON object ``{"base", "tuned", "checkpoint"}``.
 

@@ -9,15 +9,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGro
                                QTextBrowser, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
-from studio.core.data.dataset import SUFFIXES
+from studio.core.data.dataset import SUFFIXES, beyond_max_length_problems, beyond_max_length_warning
 from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN
-from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview
+from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview, tokenizer_of
 from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
 from studio.gui.widgets.common import (BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation,
-                                       VerticalScroll)
+                                       problems_html, VerticalScroll)
 from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleControl
 from studio.gui.widgets.histogram import LengthHistogram
 
@@ -35,7 +35,7 @@ class DataPanel(VerticalScroll):
         self.store = store
         self.tokenizer = TokenizerInfo()
         self.preview: Preview | None = None
-        self.problems: list[Problem] = []  # what the preview found wrong with the data: Start waits for them
+        self.problems: list[Problem] = []  # what stops the data training: Start waits for them to be fixed
         self._preview_inputs: tuple | None = None
         self.choose_files_dialog = lambda: QFileDialog.getOpenFileNames(
             self, "Choose training data", "", "Data files (" + " ".join(f"*{s}" for s in SUFFIXES) + ")")[0]
@@ -127,11 +127,7 @@ class DataPanel(VerticalScroll):
 
     def set_model(self, summary: ModelSummary | None) -> None:
         """The tokenizer the preview renders and counts with."""
-        if summary is None or summary.folder is None:
-            self.tokenizer = TokenizerInfo()
-        else:
-            self.tokenizer = TokenizerInfo(summary.chat_template, summary.special_tokens,
-                                           summary.folder / "tokenizer.json")
+        self.tokenizer = tokenizer_of(summary)
         self._preview_inputs = None
         self.template.refresh(self.store.config)
         self._on_config(self.store.config)
@@ -171,7 +167,8 @@ class DataPanel(VerticalScroll):
         self.preview = preview
         self._set_problems([])
         self.banner.hide()
-        rows = f"{preview.rows:,} rows" + ("" if preview.complete else " (at least)")
+        rows = f"{preview.rows:,} {'row' if preview.rows == 1 else 'rows'}"
+        rows += "" if preview.complete else " (at least)"
         template = {"none": "", "tokenizer": " · the tokenizer's chat template"}.get(
             preview.template, f" · {preview.template} template")
         self.summary.setText(f"<b>{rows}</b> · format <b>{preview.format}</b>{template}")
@@ -211,11 +208,31 @@ class DataPanel(VerticalScroll):
                                   "so the max-length cut cannot be placed.")
             return
         self.histogram.set_cut(max_length)
+        self._show_rows_beyond(preview, max_length)
         cut = preview.truncated(max_length)
         share = cut / max(preview.sampled, 1)
         longest = int(preview.lengths.max()) if len(preview.lengths) else 0
         self.cut_note.setText(f"{cut:,} of {preview.sampled:,} rows ({share:.0%}) are longer than {max_length} "
                               "tokens and get cut." if cut else f"Every row fits in {max_length} tokens (longest: {longest}).")
+
+
+    def _show_rows_beyond(self, preview: Preview, max_length: int) -> None:
+        """Rows whose response starts beyond max_length keep nothing to learn: named, in red when no row is left
+        to train on (Start waits), else as a note saying the others train."""
+        beyond = preview.beyond(max_length)
+        every_row = preview.sampled >= preview.rows and preview.complete
+        setting = "the Sequence length (Techniques tab)"
+        self._set_problems(beyond_max_length_problems(beyond, max_length, setting) if beyond and every_row and
+                           len(beyond) == preview.sampled else [])
+        if self.problems:
+            self.banner.show_message(problems_html("The data has problems", self.problems), error=True)
+        elif beyond:
+            checked = f"{preview.rows:,} training rows" if every_row else f"the first {preview.sampled:,} rows"
+            message, hint = beyond_max_length_warning(beyond, checked, max_length, "the run trains on the others",
+                                                      setting)
+            self.banner.show_message(f"<b>{html.escape(message)}.</b><br>{html.escape(hint)}.", error=False)
+        else:
+            self.banner.hide()
 
 
 def examples_html(preview: Preview) -> str:

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.machine import available_ram
-from studio.core.sizes import GIB, format_gib
+from studio.core.sizes import GIB, format_bytes
 from studio.gui.process import LineProcess
 from studio.gui.state import memory
 from studio.gui.state.console import console_error
@@ -31,7 +31,7 @@ PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
 }
 VERDICT_COLORS = {"fits": GOOD, "tight": WARN, "does not fit": BAD}
 CUSTOM = "custom"
-LEGEND_COLUMNS = 3  # the widest labels ("optimizer state 12.3 GiB") side by side in the setup column
+LEGEND_COLUMNS = 3  # the widest labels ("optimizer state 12.30 GiB") side by side in the setup column
 
 
 class StackedBar(QWidget):
@@ -48,7 +48,7 @@ class StackedBar(QWidget):
 
     def set_parts(self, parts: dict[str, int], capacity: int) -> None:
         self.parts, self.capacity = {k: v for k, v in parts.items() if v > 0}, max(capacity, 1)
-        self.setToolTip("\n".join(f"{PART_LABELS[k]}: {format_gib(v)}" for k, v in self.parts.items()))
+        self.setToolTip("\n".join(f"{PART_LABELS[k]}: {format_bytes(v)}" for k, v in self.parts.items()))
         self.update()
 
     def paintEvent(self, event) -> None:
@@ -161,8 +161,8 @@ def _host_text(host, available_ram: int) -> str:
     if host is None:
         return ""
     held = [_HOST_CONTENTS.get(part, "offloaded optimizer state") for part, size in host.parts.items() if size]
-    need = f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {format_gib(host.total_bytes)} of the " \
-           f"{format_gib(available_ram)} available."
+    need = f" CPU RAM for {' and '.join(dict.fromkeys(held))}: {format_bytes(host.total_bytes)} of the " \
+           f"{format_bytes(available_ram)} available."
     if host.total_bytes <= available_ram:
         return need
     return f"<b style='color:{BAD}'>{need} More than this machine has free: the run would not start.</b>"
@@ -171,8 +171,9 @@ def _host_text(host, available_ram: int) -> str:
 def _loading_text(estimate: Estimate) -> str:
     if not estimate.loading:
         return ""
-    each = [f"{entry.processes}: {format_gib(entry.weights_bytes)} of weights"
-            + (f", and the {format_gib(entry.checkpoint_bytes)} checkpoint read into CPU RAM" if entry.checkpoint_bytes else "")
+    each = [f"{entry.processes}: {format_bytes(entry.weights_bytes)} of weights"
+            + (f", and the {format_bytes(entry.checkpoint_bytes)} checkpoint read into CPU RAM"
+               if entry.checkpoint_bytes else "")
             for entry in estimate.loading]
     return " While the model loads: " + "; ".join(each) + "."
 
@@ -180,7 +181,7 @@ def _loading_text(estimate: Estimate) -> str:
 def _bar_title(device: str, total_bytes: int, layer_split: bool) -> str:
     """A bar's title when there are several: the device of a layer split, or the rank of the process on it."""
     who = device if layer_split else f"rank {device.rsplit(':', 1)[-1]} ({device})"
-    return f"{who}: {format_gib(total_bytes)}"
+    return f"{who}: {format_bytes(total_bytes)}"
 
 
 class EstimatePanel(QGroupBox):
@@ -292,10 +293,11 @@ class EstimatePanel(QGroupBox):
         color = VERDICT_COLORS[verdict.status]
         self.verdict.setText(
             f"<b style='color:{color}; font-size:14px'>{verdict.status.capitalize()}</b>"
-            f"&nbsp; {format_gib(estimate.peak_bytes)} of {format_gib(capacity)} ({estimate.peak_bytes / capacity:.0%})")
+            f"&nbsp; {format_bytes(estimate.peak_bytes)} of {format_bytes(capacity)} "
+            f"({estimate.peak_bytes / capacity:.0%})")
         headroom = verdict.headroom_bytes
         self.phase.setText(f"Peak during {PHASE_LABELS.get(estimate.peak_phase, estimate.peak_phase)}; "
-                           f"{format_gib(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
+                           f"{format_bytes(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
                            + _scale_out_text(estimate, available_ram())
                            + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes) + ".")
@@ -318,8 +320,10 @@ class EstimatePanel(QGroupBox):
         if own is None:
             return ""
         rows = "its rows" if self.data_complete else f"its first {len(self.data_lengths):,} rows"
-        return (f"Your data: {format_gib(own.peak_bytes)} ({rows} make micro-batches of at most {own.tokens:,} "
-                f"tokens); the verdict above is the worst case, every row {config.data.max_length:,} tokens.")
+        micro, longest = config.training.micro_batch_size, config.data.max_length
+        return (f"Your data: {format_bytes(own.peak_bytes)} ({rows} make micro-batches of at most {own.tokens:,} "
+                f"tokens); the verdict above is the worst case, micro-batches of {micro * longest:,} tokens "
+                f"({micro} {'row' if micro == 1 else 'rows'} of {longest:,}).")
 
     def _update_simulate_button(self) -> None:
         """Simulate needs what the estimate needs (a known model); while it runs, the button cancels it."""
@@ -357,7 +361,8 @@ class EstimatePanel(QGroupBox):
             label.setVisible(index < len(shown))
             if index < len(shown):
                 name, value = shown[index]
-                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} {format_gib(value)}")
+                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} "
+                              f"{format_bytes(value)}")
 
     # ------------------------------------------------------------ fit
     def fit_to_gpu(self) -> None:
@@ -391,7 +396,7 @@ class EstimatePanel(QGroupBox):
         speed = f"; {suggestion.speed}" if suggestion.speed else ""
         advice = "" if suggestion.verdict != "does not fit" else \
             f"<br>{html.escape(suggestion.explanation.splitlines()[-1])}"
-        self.result.setText(f"<b>{outcome}</b> ({format_gib(suggestion.peak_bytes)}{speed}). Changed:"
+        self.result.setText(f"<b>{outcome}</b> ({format_bytes(suggestion.peak_bytes)}{speed}). Changed:"
                             f"<ul style='margin:0'>{lines}</ul>{advice}")
 
     # ------------------------------------------------------------ simulation
@@ -438,6 +443,8 @@ class EstimatePanel(QGroupBox):
         analytic = ""
         if asked_estimate is not None:  # the estimate of the config simulated, for the GPU picked then
             tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
-            analytic = f"; the estimate's tensors: {format_gib(tensors)} ({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})"
+            analytic = (f"; the estimate's tensors: {format_bytes(tensors)} "
+                        f"({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})")
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)
-        self.result.setText(f"Simulated peak: <b>{format_gib(result.peak_bytes)}</b> of tensors, during {phase}{analytic}.")
+        self.result.setText(f"Simulated peak: <b>{format_bytes(result.peak_bytes)}</b> of tensors, during "
+                            f"{phase}{analytic}.")

@@ -1,6 +1,7 @@
 """Export a run (adapter, merged model or GGUF; dtype or GGUF types; destination) with `studio export` in a
 subprocess, optionally publishing it to the Hugging Face Hub, and show the verification it wrote (its export
-record). Whether a publish can work (a login, online, a valid name) is asked before the subprocess starts."""
+record). Whether a publish can work (a login, online, a valid name) is asked before the subprocess starts;
+whether llama.cpp can convert the run's model (`studio export --gguf --check`, seconds) when GGUF is chosen."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from studio.core.config import load_config
 from studio.core.errors import StudioError
 from studio.core.export.gguf import DEFAULT_QUANT, NEEDS_LLAMA_CPP, QUANT_TYPES, LLAMA_CPP_INSTALL
 from studio.core.export.publishing import check_can_push
-from studio.core.run.commands import export_command, read_export_record
+from studio.core.run.commands import export_command, gguf_check_command, read_export_record
 from studio.core.run.directory import RunDir
 from studio.gui.process import LineProcess
 from studio.gui.state.console import console_error
@@ -59,6 +60,8 @@ class ExportPanel(QWidget):
         self.result_info: dict | None = None
         self.choose_folder_dialog = lambda: QFileDialog.getExistingDirectory(self, "Export to")
         self.command = partial(export_command, sys.executable)  # tests point this at a stand-in
+        self.check_command = partial(gguf_check_command, sys.executable)  # this one too
+        self.gguf_verdicts: dict[Path, str] = {}  # run folder -> "" (llama.cpp can convert it) or why not, in words
         self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
         self.run_label.setWordWrap(True)
         self.adapter = QRadioButton("Adapter: small, PEFT loads it on the base model")
@@ -96,6 +99,9 @@ class ExportPanel(QWidget):
         self._process = LineProcess(self)
         self._process.line.connect(self._on_line)
         self._process.done.connect(self._on_done)
+        self._check = LineProcess(self)
+        self._check.done.connect(self._on_checked)
+        self._checking: Path | None = None  # the run the GGUF check running is about
         self._started = 0.0
         self._last_line = ""
         self._asked: tuple | None = None  # (run, kind, folder, dtype, quants) of the export running
@@ -105,6 +111,7 @@ class ExportPanel(QWidget):
         self._build_layout(browse)
         self.merged.toggled.connect(self._update_form)
         self.gguf.toggled.connect(self._update_form)
+        self.gguf.toggled.connect(self._check_gguf)
         self._update_form()
 
     def _build_layout(self, browse: QPushButton) -> None:
@@ -164,6 +171,7 @@ class ExportPanel(QWidget):
         if self.cannot_merge:
             self.adapter.setChecked(True)
         self._update_form()
+        self._check_gguf()
 
     def _update_form(self) -> None:
         self.adapter.setEnabled(not self.full_fine_tune)
@@ -171,17 +179,56 @@ class ExportPanel(QWidget):
             button.setEnabled(not self.cannot_merge)
             button.setToolTip(self.cannot_merge)
         reason = "A full fine-tune has no adapter: export the merged model." if self.full_fine_tune else self.cannot_merge
+        ready = self._has_checkpoint()
+        gguf_waits = self._gguf_waits()
+        if gguf_waits:
+            reason = self._gguf_reason()
         self.kind_reason.setText(reason)
         self.kind_reason.setVisible(bool(reason))
         self.dtype.setEnabled(self.merged.isChecked())
         self.dtype.setToolTip("" if self.merged.isChecked() else "An adapter keeps the dtype it was trained in; "
                               "a GGUF has its types")
         for box in self.quants.values():
-            box.setEnabled(self.gguf.isChecked())
-        ready = self.run_dir is not None and RunDir(self.run_dir).latest_checkpoint() is not None
+            box.setEnabled(self.gguf.isChecked() and not gguf_waits)
         for button in (self.export_button, self.publish_button):
-            button.setEnabled(ready and not self._process_running())
+            button.setEnabled(ready and not gguf_waits and not self._process_running())
             button.setToolTip("" if ready else "Needs a run with a saved checkpoint")
+
+    def _has_checkpoint(self) -> bool:
+        return self.run_dir is not None and RunDir(self.run_dir).latest_checkpoint() is not None
+
+    def _gguf_waits(self) -> bool:
+        """GGUF is chosen for a run that can export, and its check has not said yes (yet)."""
+        return self.gguf.isChecked() and self._has_checkpoint() and self.gguf_verdicts.get(self.run_dir) != ""
+
+    def _gguf_reason(self) -> str:
+        """Why the GGUF export waits: its check runs, or found that llama.cpp cannot convert this run."""
+        verdict = self.gguf_verdicts.get(self.run_dir)
+        if verdict is None:
+            return "Checking that llama.cpp can convert this run's model and tokenizer (a few seconds)…"
+        return f"No GGUF for this run: {verdict}"
+
+    def _check_gguf(self) -> None:
+        """Ask `studio export --gguf --check` once per run, when GGUF is chosen, whether llama.cpp converts it."""
+        run = self.run_dir
+        if not self._gguf_waits() or run in self.gguf_verdicts or self._check.running:
+            return
+        self._checking = run
+        self._check.start(self.check_command(run))
+        self._update_form()
+
+    def _on_checked(self, exit_code: int, error: str) -> None:
+        found = console_error("\n".join(self._check.all_lines))
+        if exit_code == 0 and not error:
+            verdict = ""
+        elif found:
+            verdict = f"{found.message}. To do: {found.hint}." if found.hint else f"{found.message}."
+        else:
+            verdict = f"the check failed ({error or f'exit code {exit_code}'})."
+        self.gguf_verdicts[self._checking] = verdict
+        self._checking = None
+        self._check_gguf()  # another run was chosen meanwhile
+        self._update_form()
 
     def _process_running(self) -> bool:
         return self._process.running
@@ -222,6 +269,9 @@ class ExportPanel(QWidget):
         if self.kind == "gguf" and not self.chosen_quants():
             self.status.setText(f"<b style='color:{BAD}'>Choose at least one GGUF type.</b>")
             return
+        if self.kind == "gguf" and self._gguf_waits():
+            self.status.setText(f"<b style='color:{BAD}'>{html.escape(self._gguf_reason())}</b>")
+            return
         self.result_info = None
         self._asked = self._request()
         self._publishing = push_to
@@ -259,7 +309,7 @@ class ExportPanel(QWidget):
             published = next((line.split(":", 1)[1].strip() for line in self._process.all_lines
                               if line.startswith("published:")), "")
             where = f"<br>Published to <b>{html.escape(published)}</b>" if published else ""
-            what = "GGUF files" if kind == "gguf" else f"the {kind}"
+            what = {"gguf": "GGUF files", "merged": "the merged model"}.get(kind, f"the {kind}")
             self.status.setText(f"Exported {what} to <b>{html.escape(str(folder))}</b>{where}<br>"
                                 f"{verification_html(info)}")
             return

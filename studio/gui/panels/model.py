@@ -13,7 +13,8 @@ from studio.core.errors import Problem, StudioError
 from studio.core.model.check import is_local_model, model_problems, remote_code_warning
 from studio.core.presets import DEMO_MODEL
 from studio.core.sizes import format_bytes
-from studio.gui.state.model_summary import WEIGHT_SUFFIXES, ModelSummary, human_count, summarize_model
+from studio.gui.state.model_summary import (WEIGHT_SUFFIXES, ModelSummary, human_count, looks_like_hub_id,
+                                            summarize_model)
 from studio.gui.state.settings import AppSettings
 from studio.gui.widgets.common import BAD, GOOD, WARN, Banner, ConfigStore, explanation, problems_html, VerticalScroll
 from studio.gui.widgets.controls import ToggleControl
@@ -134,6 +135,7 @@ class ModelPanel(VerticalScroll):
             return
         self._shown_model = (name, config.model.revision)
         self.current.setText(name or "(none chosen)")
+        self.hub_id.setText(name if looks_like_hub_id(name) and not is_local_model(name) else "")
         problems = self.problems = model_problems(name, config.model.revision)
         try:
             self.summary = summarize_model(name, config.model.revision)
@@ -180,8 +182,13 @@ class ModelPanel(VerticalScroll):
             "Stored dtype": s.dtype,
             "Vocabulary": f"{s.vocabulary:,} tokens" if s.vocabulary else "not stated",
             "Weights": weights,
-            "Chat template": "its own (chat rows use it)" if s.chat_template else "none (chat rows use ChatML)",
+            "Chat template": _chat_template_words(s),
         }
         for key, text in values.items():
             self.facts[key].setText(text)
 
+
+def _chat_template_words(s: ModelSummary) -> str:
+    if not s.has_tokenizer:
+        return f"<span style='color:{BAD}'>no tokenizer</span>: no text can go in or out of this model"
+    return "its own (chat rows use it)" if s.chat_template else "none (chat rows use ChatML)"

@@ -11,6 +11,7 @@ without one gets character lengths, labelled as such.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,9 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from studio.core.data import templates
-from studio.core.data.dataset import inspect_files
+from studio.core.data.dataset import RowStart, inspect_files, iter_examples
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
+from studio.gui.state.model_summary import ModelSummary
 
 PREVIEW_EXAMPLES = 5
 LENGTH_SAMPLE = 2000  # rows tokenized for the histogram
@@ -44,6 +46,13 @@ class TokenizerInfo:
         return self.special_tokens.get("bos_token", "")
 
 
+def tokenizer_of(summary: ModelSummary | None) -> TokenizerInfo:
+    """The tokenizer files of a model as the preview reads them; none for a model not on this machine."""
+    if summary is None or summary.folder is None:
+        return TokenizerInfo()
+    return TokenizerInfo(summary.chat_template, summary.special_tokens, summary.folder / "tokenizer.json")
+
+
 @dataclass(frozen=True)
 class RenderedExample:
     location: str
@@ -62,9 +71,19 @@ class Preview:
     lengths: np.ndarray  # per sampled row: tokens, or characters when unit is "characters"
     unit: str  # "tokens" or "characters"
     sampled: int  # rows the lengths cover
+    locations: tuple[str, ...] = ()  # of each sampled row
+    response_starts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per sampled row: tokens before its
+    # response (zeros when unit is "characters")
 
     def truncated(self, max_length: int) -> int:
         return int((self.lengths > max_length).sum()) if self.unit == "tokens" else 0
+
+    def beyond(self, max_length: int) -> list[RowStart]:
+        """The sampled rows whose response starts at or after ``max_length`` tokens: the cut leaves none of it."""
+        if self.unit != "tokens":
+            return []
+        starts = zip(self.locations, self.response_starts)
+        return [(where, int(start)) for where, start in starts if start >= max_length]
 
 
 def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo,
@@ -76,22 +95,62 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
     report = inspect_files(files, fmt, keep=LENGTH_SAMPLE)
     encoder = _load_encoder(tokenizer)
     resolved = resolve_template(template, tokenizer) if report.format in ("instruction", "chat") else "none"
-    rendered, lengths = [], []
+    rendered, lengths, locations, starts = [], [], [], []
     for index, example in enumerate(report.examples):
         try:
-            segments = render_example(example, resolved, tokenizer, train_on_prompt)
+            segments, length, start = _measure(example, resolved, tokenizer, train_on_prompt, encoder)
         except DataError as exc:
             if index < PREVIEW_EXAMPLES:
                 rendered.append(RenderedExample(example.location, (), None, str(exc)))
             continue
-        if encoder is not None:
-            segments = _with_bos(segments, encoder, tokenizer, train_on_prompt)
-        length = encoder.count(segments) if encoder else sum(len(text) for text, _ in segments)
         lengths.append(length)
+        locations.append(example.location)
+        starts.append(start)
         if index < PREVIEW_EXAMPLES:
             rendered.append(RenderedExample(example.location, tuple(segments), length if encoder else None))
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
-                   np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths))
+                   np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
+                   tuple(locations), np.asarray(starts, dtype=float))
+
+
+def rows_beyond(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo, max_length: int,
+                train_on_prompt: bool = False) -> tuple[list[RowStart], int] | None:
+    """Every row whose response starts at or after ``max_length`` tokens, and how many rows there are; None
+    without a tokenizer.json to count with.
+
+    For a check of the whole data (``studio config check``): the preview measures only a sample. ``fmt`` is
+    the format inspect_files detected. Raises DataError for a row the template cannot render.
+    """
+    encoder = _load_encoder(tokenizer)
+    if encoder is None:
+        return None
+    resolved = resolve_template(template, tokenizer) if fmt in ("instruction", "chat") else "none"
+    beyond, rows = [], 0
+    for example in iter_examples(files, fmt):
+        rows += 1
+        segments = _with_bos(render_example(example, resolved, tokenizer, train_on_prompt), encoder, tokenizer,
+                             train_on_prompt)
+        prompt = [text for text, _ in itertools.takewhile(lambda segment: not segment[1], segments)]
+        if _may_reach(prompt, max_length) and (start := sum(encoder.counts(prompt))) >= max_length:
+            beyond.append((example.location, start))
+    return beyond, rows
+
+
+def _may_reach(texts: Sequence[str], tokens: int) -> bool:
+    """Whether the texts may tokenize into ``tokens`` tokens: a token holds at least a byte of its text, beside the
+    one a tokenizer may put before each text. Shorter texts need no tokenizing: most prompts of a dataset."""
+    return sum(len(text.encode()) + 1 for text in texts) >= tokens
+
+
+def _measure(example: Example, template: str, tokenizer: TokenizerInfo, train_on_prompt: bool,
+             encoder: _Encoder | None) -> tuple[list[Segment], int, int]:
+    """The example's segments as the worker sees them, its length (tokens; characters without an encoder)
+    and the tokens before its first learned one (0 without an encoder)."""
+    segments = render_example(example, template, tokenizer, train_on_prompt)
+    if encoder is None:
+        return segments, sum(len(text) for text, _ in segments), 0
+    segments = _with_bos(segments, encoder, tokenizer, train_on_prompt)
+    return segments, *encoder.measure(segments)
 
 
 def resolve_template(template: str, tokenizer: TokenizerInfo) -> str:
@@ -165,9 +224,15 @@ class _Encoder:
         bos_id = tokenizer.token_to_id(bos) if bos else None
         self.adds_bos = bos_id is not None and tokenizer.encode("a").ids[:1] == [bos_id]
 
-    def count(self, segments: Sequence[Segment]) -> int:
-        texts = [text for text, _ in segments]
-        return sum(len(e.ids) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)) if texts else 0
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
+        return [len(e.ids) for e in encoded]
+
+    def measure(self, segments: Sequence[Segment]) -> tuple[int, int]:
+        """The tokens of all segments, and of those before the first learned one (all, when none is)."""
+        counts = self.counts([text for text, _ in segments])
+        learned = [trainable for _, trainable in segments]
+        return sum(counts), sum(counts[:learned.index(True)] if True in learned else counts)
 
 
 def _load_encoder(tokenizer: TokenizerInfo) -> _Encoder | None:

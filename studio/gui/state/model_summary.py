@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import StudioError
+from studio.core.model.check import has_tokenizer
 from studio.core.model.info import hub_cache_dir, load_model_config, model_shape
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -31,6 +32,7 @@ class ModelSummary:
     weights_bytes: int
     folder: Path | None  # the local folder (or cache snapshot) holding its files
     local_folder: bool  # a folder the user chose (not the Hugging Face cache)
+    has_tokenizer: bool  # its folder holds tokenizer files (a model without cannot read text)
     chat_template: str | None  # the tokenizer's Jinja chat template, when it has one
     special_tokens: dict[str, str]  # bos_token, eos_token... as the tokenizer config names them
     note: str = ""  # e.g. why the parameter count is unknown
@@ -78,6 +80,7 @@ def summarize_model(name_or_path: str, revision: str = "") -> ModelSummary:
         weights_bytes=sum(_size(p) for p in weights),
         folder=folder,
         local_folder=Path(name_or_path).expanduser().is_dir(),
+        has_tokenizer=has_tokenizer(folder),
         chat_template=_chat_template(folder, tokenizer_config),
         special_tokens={k: _token_text(v) for k, v in tokenizer_config.items()
                         if k.endswith("_token") and _token_text(v)},
@@ -92,7 +95,7 @@ def _not_found(name: str) -> ModelNotFound:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     message = f"'{name}' is not on this machine yet"
     hint = ("you are offline (HF_HUB_OFFLINE=1): download it once on a connected machine "
-            "(huggingface-cli download " + name + "), or choose a local folder" if offline else
+            "(hf download " + name + "), or choose a local folder" if offline else
             "Start downloads it from the Hugging Face Hub (needs the network); offline, choose a local folder instead")
     return ModelNotFound(message, hint, kind="model")
 

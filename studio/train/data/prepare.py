@@ -27,7 +27,8 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.data import templates
-from studio.core.data.dataset import MAX_PROBLEMS, inspect_files, iter_examples
+from studio.core.data.dataset import (MAX_PROBLEMS, RowStart, beyond_max_length_problems, beyond_max_length_warning,
+                                      inspect_files, iter_examples)
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import Problem, ProblemsError, StudioError
@@ -54,6 +55,8 @@ class PreparedData:
     eval: datasets.Dataset | None
     """None without eval data, or when every eval row was dropped (stats["eval"] still says so)."""
     stats: dict[str, dict[str, Any]]
+    warnings: tuple[tuple[str, str], ...] = ()
+    """(message, hint) for the run to show: the rows dropped, named (not kept by save_prepared)."""
 
 
 # ---------------------------------------------------------------- rendering
@@ -119,7 +122,8 @@ def adds_bos(tokenizer: Any) -> bool:
 
 def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_on_prompt: bool = False,
            add_bos: bool | None = None) -> dict[str, Any]:
-    """Token ids, labels and whether the example was cut at ``max_length`` (right truncation).
+    """Token ids, labels, whether the example was cut at ``max_length`` (right truncation) and where its
+    first learned token was before the cut (``response_start``; the length when none is).
 
     A bos token is prepended when the tokenizer adds one (``add_bos``; None:
     ask it) and the text does not start with it already (a template wrote it).
@@ -137,7 +141,9 @@ def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_o
     for piece, (_, trainable) in zip(pieces, segments):
         ids += piece
         labels += piece if trainable or train_on_prompt else [IGNORE_INDEX] * len(piece)
-    return {"input_ids": ids[:max_length], "labels": labels[:max_length], "truncated": len(ids) > max_length}
+    response_start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+    return {"input_ids": ids[:max_length], "labels": labels[:max_length], "truncated": len(ids) > max_length,
+            "response_start": response_start}
 
 
 def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list[int], str]:
@@ -185,11 +191,13 @@ class _SplitBuilder:
         self._batches: list[pa.RecordBatch] = []
         self._ids: list[list[int]] = []
         self._labels: list[list[int]] = []
+        self.dropped: list[RowStart] = []  # the rows whose response lay beyond max_length, and where it started
 
-    def add(self, encoded: dict[str, Any]) -> None:
+    def add(self, encoded: dict[str, Any], location: str) -> None:
         targets = sum(label != IGNORE_INDEX for label in encoded["labels"])
         if targets == 0:  # the response lay beyond max_length: nothing to learn
             self.stats["dropped"] += 1
+            self.dropped.append((location, encoded["response_start"]))
             return
         self.stats["rows"] += 1
         self.stats["tokens"] += len(encoded["input_ids"])
@@ -240,12 +248,28 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     encoder.raise_problems()
 
     if train.stats["rows"] == 0:
-        raise StudioError(f"no training rows left: in all {train.stats['dropped']} rows the response starts after "
-                          f"max_length ({data.max_length}) tokens", "raise data.max_length", kind="data")
+        raise ProblemsError(beyond_max_length_problems(train.dropped, data.max_length), "data", "the training data")
+    warnings = _dropped_warnings(train, evaluation, data.max_length)
     if evaluation is None:
-        return PreparedData(train.dataset(), None, {"train": train.stats})
+        return PreparedData(train.dataset(), None, {"train": train.stats}, warnings)
     eval_set = evaluation.dataset() if evaluation.stats["rows"] else None
-    return PreparedData(train.dataset(), eval_set, {"train": train.stats, "eval": evaluation.stats})
+    return PreparedData(train.dataset(), eval_set, {"train": train.stats, "eval": evaluation.stats}, warnings)
+
+
+def _dropped_warnings(train: _SplitBuilder, evaluation: _SplitBuilder | None,
+                      max_length: int) -> tuple[tuple[str, str], ...]:
+    """What to say of the rows left out because their response lay beyond max_length; the rest still trains."""
+    warnings = []
+    if train.dropped:
+        kept = train.stats["rows"]
+        warnings.append(beyond_max_length_warning(train.dropped, f"{kept + len(train.dropped):,} training rows",
+                                                  max_length, f"the run trains on the other {kept:,} rows"))
+    if evaluation is not None and evaluation.dropped:
+        kept = evaluation.stats["rows"]
+        warnings.append(beyond_max_length_warning(
+            evaluation.dropped, f"{kept + len(evaluation.dropped):,} eval rows", max_length,
+            f"eval loss is measured on the other {kept:,} rows" if kept else "this run measures no eval loss"))
+    return tuple(warnings)
 
 
 def save_prepared(data: PreparedData, folder: Path) -> None:
@@ -286,7 +310,8 @@ class _Encoder:
             except DataError as exc:
                 self.problems.append(exc.problem)
                 continue
-            split_of(index).add(encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos))
+            encoded = encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
+            split_of(index).add(encoded, example.location)
 
     def raise_problems(self) -> None:
         if self.problems:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,12 +24,12 @@ from studio.core.errors import StudioError
 from studio.core.export.gguf import (DEFAULT_QUANT, LLAMA_CPP_INSTALL, MIN_AGREEMENT, NEEDS_LLAMA_CPP, QUANT_TYPES,
                                      gguf_name, modelfile_name)
 from studio.core.run.commands import EXPORT_RECORD, read_export_record
-from studio.core.run.directory import atomic_folder
+from studio.core.run.directory import RunDir, atomic_folder
 from studio.train.export.card import write_card
 from studio.train.export.hf_format import (Verification, compare_logits, logits_of, open_run, record_export,
                                            usual_file_modes, verification_inputs, write_verified)
-from studio.train.export.llama_cpp import (Converter, convert, find_converter, llama_cpp_available, llama_cpp_logits,
-                                           quantize_k, supported_architectures)
+from studio.train.export.llama_cpp import (Converter, check_vocabulary, convert, find_converter, llama_cpp_available,
+                                           llama_cpp_logits, quantize_k, supported_architectures)
 from studio.train.export.modelfile import write_modelfile
 from studio.train.model.build import hub_kwargs, load_tokenizer
 
@@ -40,10 +41,7 @@ def export_gguf(run_dir: Path, quants: tuple[str, ...] = (DEFAULT_QUANT,), out: 
     """Export the run as verified GGUF files (one per quant) with their Modelfiles; returns the folder and
     the weakest file's verification."""
     quants = tuple(dict.fromkeys(quants))
-    rd, config, checkpoint = open_run(run_dir, "gguf")
-    _refuse_unconvertible(config, quants)
-    converter = find_converter(say)
-    check_supported(config, converter)
+    rd, config, checkpoint, converter = check_gguf(run_dir, quants, say)
     out = Path(out) if out else rd.exports_dir / "gguf"
     with atomic_folder(out, replace=True) as staging:
         merged = staging / "merged"  # the source of every GGUF; removed before the folder is moved into place
@@ -59,6 +57,19 @@ def export_gguf(run_dir: Path, quants: tuple[str, ...] = (DEFAULT_QUANT,), out: 
     weakest = Verification(**record["verification"])
     record_export(rd, "gguf", out, weakest)
     return out, weakest
+
+
+def check_gguf(run_dir: Path, quants: tuple[str, ...] = (DEFAULT_QUANT,),
+               say=print) -> tuple[RunDir, RunConfig, Path, Converter]:
+    """What a GGUF export checks before any work (``studio export RUN --gguf --check`` alone): the types, the
+    method, the family and the tokenizer, each refusal saying what to do. Returns the run, its config, its newest
+    checkpoint and the converter."""
+    rd, config, checkpoint = open_run(run_dir, "gguf")
+    _refuse_unconvertible(config, quants)
+    converter = find_converter(say)
+    check_supported(config, converter)
+    check_tokenizer(config, converter)
+    return rd, config, checkpoint, converter
 
 
 def _refuse_unconvertible(config: RunConfig, quants: tuple[str, ...]) -> None:
@@ -93,6 +104,17 @@ def check_supported(config: RunConfig, converter: Converter) -> None:
                           f"{LLAMA_CPP_INSTALL} (llama.cpp then verifies it), or export --merged; without it GGUF "
                           "exports are verified for " + ", ".join(sorted(GGUF_SUPPORTED_ARCHITECTURES)),
                           kind="usage")
+
+
+def check_tokenizer(config: RunConfig, converter: Converter) -> None:
+    """Refuse a tokenizer the converter cannot carry into a GGUF (a BPE one it does not recognise) before any
+    work: it writes the vocabulary alone from the tokenizer and config.json a merged export holds."""
+    from transformers import AutoConfig
+
+    with tempfile.TemporaryDirectory(prefix="studio-gguf-tokenizer-") as folder:
+        load_tokenizer(config).save_pretrained(folder)
+        AutoConfig.from_pretrained(config.model.name_or_path, **hub_kwargs(config)).save_pretrained(folder)
+        check_vocabulary(converter, Path(folder))
 
 
 def transformers_reads(model_type: str) -> bool:

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,11 +98,33 @@ def convert(converter: Converter, model_folder: Path, outtype: str, outfile: Pat
     """Run the converter on a merged model folder; its own error becomes the message when it refuses."""
     done = converter.run(str(model_folder), "--outtype", outtype, "--outfile", str(outfile))
     if done.returncode != 0 or not outfile.is_file():
-        reason = _converter_error(done)
-        hint = ("llama.cpp recognises a BPE tokenizer by what it makes of a test text: this tokenizer is not one it "
-                "knows, so its GGUF would tokenize wrongly" if "pre-tokenizer was not recognized" in reason
-                else "see the converter's output above")
-        raise StudioError(f"llama.cpp's converter failed: {reason}", hint, kind="export")
+        raise _refusal(done)
+
+
+def check_vocabulary(converter: Converter, folder: Path) -> None:
+    """Have the converter write only the vocabulary of the model in ``folder`` (its config.json and tokenizer
+    files are enough): what it would refuse of the tokenizer after minutes of merging, refused in seconds."""
+    with tempfile.TemporaryDirectory(prefix="studio-vocab-") as out:
+        outfile = Path(out) / "vocabulary.gguf"
+        done = converter.run(str(folder), "--vocab-only", "--outfile", str(outfile))
+        if done.returncode != 0 or not outfile.is_file():
+            raise _refusal(done)
+
+
+UNKNOWN_BPE_HINT = ("export the merged model instead, for transformers, vLLM or TGI; for llama.cpp, Ollama or LM "
+                    "Studio, fine-tune a model llama.cpp supports with its own tokenizer (its original Hub release), "
+                    "or, for a model newer than studio's converter, set LLAMA_CPP_DIR to a recent llama.cpp checkout")
+
+
+def _refusal(done: subprocess.CompletedProcess) -> StudioError:
+    reason = _converter_error(done)
+    if "pre-tokenizer was not recognized" in reason:
+        return StudioError("llama.cpp's converter cannot make a GGUF of this model: it does not recognise the "
+                           "model's BPE tokenizer (llama.cpp knows one by the tokens it makes of a test text; a GGUF "
+                           "of this one would split text differently from training)", UNKNOWN_BPE_HINT, kind="export")
+    return StudioError(f"llama.cpp's converter failed: {reason}",
+                       "export the merged model (--merged) to use it with transformers; if the model is newer than "
+                       "studio's converter, set LLAMA_CPP_DIR to a recent llama.cpp checkout", kind="export")
 
 
 def llama_cpp_available() -> bool:
