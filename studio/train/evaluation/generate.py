@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig, load_config
+from studio.core.data.dataset import inspect_files
 from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
@@ -23,9 +24,17 @@ from studio.train.quiet import quiet_progress_bars
 
 
 def _prompt_example(config: RunConfig, prompt: str) -> Example:
-    if config.data.format in ("prompt_completion", "text"):
+    """The prompt as the run's rows put it: a completion's prompt, or a user's message (chat, instruction)."""
+    if _row_format(config) in ("prompt_completion", "text"):
         return Example(kind="prompt_completion", prompt=prompt, completion="")
     return Example(kind="chat", messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": ""}))
+
+
+def _row_format(config: RunConfig) -> str:
+    """The run's row format; for "auto" the one its first training row has (the rest matched it)."""
+    if config.data.format != "auto":
+        return config.data.format
+    return inspect_files(config.data.train_files, "auto", limit=1, keep=0).format
 
 
 def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[str, str]:
