@@ -362,3 +362,11 @@ def test_example_is_frozen():
     example = Example("text", text="x")
     with pytest.raises(AttributeError):
         example.text = "y"
+
+
+def test_data_problems_say_to_fix_the_rows_named_not_fields(tmp_path):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\nnot json\n')
+    with pytest.raises(ProblemsError) as caught:
+        inspect_files([bad])
+    assert "rows.jsonl:2" in caught.value.message and "fix the rows and files named above" in caught.value.hint

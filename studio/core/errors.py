@@ -46,7 +46,8 @@ class ProblemsError(StudioError):
         self.problems = list(problems)
         head = f"{len(self.problems)} problem(s) in {source}" if source else f"{len(self.problems)} problem(s)"
         body = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{head}:\n{body}", hint="fix the fields named above and try again", kind=kind)
+        named = "the rows and files" if kind == "data" else "the fields"  # data problems name file and line
+        super().__init__(f"{head}:\n{body}", hint=f"fix {named} named above and try again", kind=kind)
 
 
 # The packages whose pip name differs from the module's, among those studio imports only where it uses them
