@@ -248,7 +248,7 @@ def test_fit_to_my_gpu_with_room_switches_slow_savers_off_and_says_it_is_faster(
     training = window.store.config.training
     assert not training.tiled_mlp and training.micro_batch_size * training.gradient_accumulation_steps == 8
     text = panel.result.text()
-    assert "Faster, and it still fits" in text and "x as fast" in text and "training.tiled_mlp off" in text
+    assert "Faster, and it still fits" in text and "x as fast" in text and "“Tiled MLP (long sequences)” off" in text
 
 
 def test_fit_to_my_gpu_fits_the_data_s_own_rows_and_keeps_max_length(window):

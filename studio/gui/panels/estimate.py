@@ -371,7 +371,7 @@ class EstimatePanel(QGroupBox):
         try:
             suggestion = memory.suggest_fit(self.store.config, self.picker.capacity_bytes, longest_row)
         except StudioError as exc:
-            self.result.setText(f"<span style='color:{BAD}'>Cannot fit: {html.escape(exc.message)}</span>")
+            self.result.setText(f"<span style='color:{BAD}'>Cannot fit: {html.escape(self.store.words(exc.message))}</span>")
             return
         own_data = longest_row is not None and longest_row < self.store.config.data.max_length
         if not suggestion.changes:
@@ -379,7 +379,7 @@ class EstimatePanel(QGroupBox):
             if own_data:  # the verdict above is the worst case: say which one this is
                 text = (f"For your data (rows of at most {longest_row:,} tokens): {text[:1].lower()}{text[1:]} "
                         f"The verdict above is for rows of {self.store.config.data.max_length:,} tokens.")
-            self.result.setText(html.escape(text))
+            self.result.setText(html.escape(self.store.words(text)))
             return
         fitted_before = self.verdict_status in ("fits", "tight")
         self._applying_fit = True
@@ -387,7 +387,7 @@ class EstimatePanel(QGroupBox):
             self.store.set(suggestion.config)
         finally:
             self._applying_fit = False
-        lines = "".join(f"<li>{html.escape(change)}</li>" for change in suggestion.changes)
+        lines = "".join(f"<li>{html.escape(self.store.words(change))}</li>" for change in suggestion.changes)
         what = "your data" if own_data else "it"
         outcome = {"fits": f"Now {what} fits", "tight": f"Now {what} fits, tightly"}.get(suggestion.verdict,
                                                                                          "Still does not fit")
@@ -395,7 +395,7 @@ class EstimatePanel(QGroupBox):
             outcome = f"Faster, and {what} still fits" + (", tightly" if suggestion.verdict == "tight" else "")
         speed = f"; {suggestion.speed}" if suggestion.speed else ""
         advice = "" if suggestion.verdict != "does not fit" else \
-            f"<br>{html.escape(suggestion.explanation.splitlines()[-1])}"
+            f"<br>{html.escape(self.store.words(suggestion.explanation.splitlines()[-1]))}"
         self.result.setText(f"<b>{outcome}</b> ({format_bytes(suggestion.peak_bytes)}{speed}). Changed:"
                             f"<ul style='margin:0'>{lines}</ul>{advice}")
 
