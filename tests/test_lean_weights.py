@@ -244,7 +244,9 @@ def test_the_8b_qlora_at_2048_tokens_sheds_the_output_layer_through_backward():
     on_cpu = config.replace(training=HEAD_ON_CPU)
     before, after = (estimate(LLAMA_31_8B, c, "cpu").devices[0].phases for c in (config, on_cpu))
     head = 128256 * 4096 * 2  # bf16 (lean weights)
-    assert before["forward"] == after["forward"]  # the loss, with its copy of the layer
+    # the loss copies the layer back, so the forward peak drops by less than the layer: only the moment
+    # at the end of the last block, which held the layer with the block's activations, is gone
+    assert 0 < before["forward"] - after["forward"] < head
     assert before["backward"] - after["backward"] == head == before["optimizer"] - after["optimizer"]
     assert estimate(LLAMA_31_8B, config).peak_phase == "backward"
     host = next(d for d in estimate(LLAMA_31_8B, on_cpu).devices if d.device == "host")
