@@ -59,6 +59,21 @@ def _add_generate(commands) -> None:
     p.set_defaults(handler=_generate)
 
 
+def _add_eval(commands) -> None:
+    p = commands.add_parser("eval", help="compare the base and the fine-tuned model on held-out rows",
+                            description="Score the run's base model and its newest checkpoint on held-out rows: loss "
+                            "and perplexity over completion tokens, and for rows with a reference answer exact match, "
+                            "contains and token F1 of greedy answers. Writes RUN_DIR/evaluation.json (every row, "
+                            "worst first) and an event the model card shows.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--data", nargs="+", metavar="FILE", help="rows to evaluate on (default: the run's eval_files, "
+                   "else the rows its eval_fraction held out)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer generated (default 256; "
+                   "each batch stops 16 tokens past its longest reference)")
+    p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
+    p.set_defaults(handler=_eval)
+
+
 def _add_config(commands) -> None:
     from studio.core.config import reference_markdown
 
@@ -101,7 +116,7 @@ def _add_doctor(commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config, _add_bundle,
+    for add in (_add_train, _add_demo, _add_export, _add_generate, _add_eval, add_estimate, add_fit, _add_config, _add_bundle,
                 _add_doctor):
         add(commands)
     return parser
@@ -175,6 +190,28 @@ def _generate(args) -> int:
         print(json.dumps(answers))
     else:
         print(f"base:       {answers['base']}\nfine-tuned: {answers['tuned']}  ({answers['checkpoint']})")
+    return 0
+
+
+def _eval(args) -> int:
+    import json
+
+    from studio.core.run.evaluation import comparison_rows
+    from studio.train.evaluation.compare import evaluate_run
+
+    result = evaluate_run(args.run_dir, tuple(args.data or ()), args.max_new_tokens)
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+        return 0
+    tuned = result["summary"]["tuned"]
+    print(f"{tuned['rows']} held-out rows, {tuned['tokens']} completion tokens; checkpoint {result['checkpoint']}")
+    print(f"{'':26}{'base':>12}{'fine-tuned':>12}")
+    for label, base, tuned_value in comparison_rows(result["summary"]):
+        print(f"{label:26}{base:>12}{tuned_value:>12}")
+    worst = [row for row in result["rows"][:3] if row["tuned"].get("f1", 1.0) < 1.0]
+    for row in worst:
+        print(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned'].get('answer', '')[:60]!r}")
+    print(f"every row: {args.run_dir / 'evaluation.json'}")
     return 0
 
 

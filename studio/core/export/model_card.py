@@ -1,7 +1,7 @@
 """The model card (README.md) of an export: what it is, how it was made and checked, how to load it.
 
 Pure text from the run's config, its events (``run_started`` for the data
-counts, ``step``/``eval`` for the losses, ``estimate``/``memory_measured`` for
+counts, ``step``/``eval`` for the losses, ``evaluation`` for base vs fine-tuned, ``estimate``/``memory_measured`` for
 memory) and the export's record. The YAML metadata block at the top is the Hub's
 model card metadata: ``base_model`` and ``datasets`` only when they are Hub ids.
 """
@@ -16,6 +16,7 @@ import yaml
 from studio.core.config import RunConfig
 from studio.core.data.hub import hub_dataset_id
 from studio.core.methods import RANK
+from studio.core.run.evaluation import comparison_rows
 from studio.core.sizes import format_bytes
 
 CARD_FILE = "README.md"
@@ -69,6 +70,7 @@ def model_card(config: RunConfig, events: list[dict[str, Any]], record: dict[str
         _training(config, events),
         _data(config, events),
         _results(events),
+        _evaluation(events),
         _gguf_verification(record) if record["kind"] == "gguf" else _verification(record),
         _memory(events),
         _chat(record),
@@ -154,6 +156,18 @@ def _results(events: list[dict[str, Any]]) -> str:
         rows.append(("held-out exact match", f"{accuracy['heldout_exact_match_before']:.0%} before, "
                                              f"{accuracy['heldout_exact_match']:.0%} after"))
     return "## Results\n\n" + _table(rows, ("", ""))
+
+
+def _evaluation(events: list[dict[str, Any]]) -> str:
+    """The newest `studio eval`: base and fine-tuned side by side on the held-out rows."""
+    found = _last(events, "evaluation")
+    if not found:
+        return ""
+    lines = ["| measure | base | fine-tuned |", "|---|---|---|"]
+    lines += [f"| {label} | {base} | {tuned} |" for label, base, tuned in comparison_rows(found)]
+    where = ", ".join(f"`{Path(name).name}`" for name in found["data"])
+    return (f"## Evaluation\n\nOn {found['tuned']['rows']} held-out rows ({where}), checkpoint "
+            f"`{found['checkpoint']}`:\n\n" + "\n".join(lines))
 
 
 def _verification(record: dict[str, Any]) -> str:

@@ -1,0 +1,87 @@
+"""`studio eval`: the base and the fine-tuned model side by side on held-out rows, and where the result goes."""
+
+import pytest
+
+from conftest import first_lines
+from studio.cli import main
+from studio.core.errors import ProblemsError, StudioError
+from studio.core.export.model_card import model_card
+from studio.core.presets import DEMO_HELDOUT, demo_config
+from studio.core.run.evaluation import answer_scores, read_evaluation
+from studio.core.run.events import read_events
+from studio.train.data.prepare import encode, prepare_data, render_segments
+from studio.train.evaluation.compare import evaluate_run, held_out_examples
+from studio.train.model.build import load_tokenizer
+from studio.train.worker import run
+
+
+def test_answers_are_scored_on_words_not_on_case_or_punctuation():
+    assert answer_scores("A kind of fruit.", "a kind of fruit") == {"exact_match": 1.0, "contains": 1.0, "f1": 1.0}
+    assert answer_scores("it is a kind of fruit , sweet", "a kind of fruit")["contains"] == 1.0
+    partial = answer_scores("a kind of color", "a kind of fruit")
+    assert partial["exact_match"] == partial["contains"] == 0.0 and partial["f1"] == pytest.approx(0.75)
+    assert answer_scores("", "a kind of fruit")["f1"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The demo task trained briefly, with 16 held-out questions it never saw."""
+    held_out = first_lines(DEMO_HELDOUT, 16, tmp_path_factory.mktemp("data") / "held_out.jsonl")
+    config = demo_config().replace(data={"eval_files": (str(held_out),)}, training={"max_steps": 40},
+                                   schedule={"save_every": 0})
+    code, run_dir = run(config, tmp_path_factory.mktemp("demo") / "run", watch_stdin=False)
+    assert code == 0
+    return config, run_dir
+
+
+@pytest.mark.slow
+def test_the_tuned_model_beats_its_base_on_the_held_out_questions(demo_run, capsys):
+    config, run_dir = demo_run
+    assert main(["eval", str(run_dir.path)]) == 0
+    printed = capsys.readouterr().out
+    assert "exact match" in printed and "fine-tuned" in printed
+    result = read_evaluation(run_dir.path)
+    base, tuned = result["summary"]["base"], result["summary"]["tuned"]
+    assert tuned["rows"] == base["rows"] == 16 and tuned["answered"] == 16
+    assert tuned["loss"] < base["loss"] and tuned["perplexity"] < base["perplexity"]
+    assert base["exact_match"] <= 0.25 and tuned["exact_match"] >= 0.75  # the demo's base has never been asked
+    scores = [row["tuned"]["f1"] for row in result["rows"]]
+    assert scores == sorted(scores)  # the weakest rows first, to browse
+    row = result["rows"][0]
+    assert row["location"].startswith("held_out.jsonl:") and row["reference"].startswith("a kind of")
+    assert {"answer", "loss_sum"} <= set(row["base"]) and row["base"]["answer"] != row["tuned"]["answer"]
+    # the summary goes to the run's events, and from there into an export's model card
+    events = read_events(run_dir.events)
+    assert [e for e in events if e["type"] == "evaluation"][-1]["tuned"] == tuned
+    card = model_card(config, events, {"kind": "adapter"})
+    assert "## Evaluation" in card and f"| exact match | {base['exact_match']:.1%} | {tuned['exact_match']:.1%} |" in card
+
+
+@pytest.mark.slow
+def test_other_files_can_be_named_and_their_bad_rows_are_named_by_line(demo_run, tmp_path):
+    config, run_dir = demo_run
+    bad = tmp_path / "mine.jsonl"
+    bad.write_text('{"instruction": "What kind of thing is a fig?", "output": "a kind of fruit"}\n{"instruction": \n')
+    before = read_evaluation(run_dir.path)
+    with pytest.raises(ProblemsError, match=r"mine\.jsonl:2"):
+        evaluate_run(run_dir.path, [str(bad)])
+    assert read_evaluation(run_dir.path) == before  # an earlier result is kept
+    good = first_lines(bad, 1, tmp_path / "good.jsonl")
+    result = evaluate_run(run_dir.path, [str(good)], max_new_tokens=8)
+    assert result["data"] == [str(good)] and result["rows"][0]["location"] == "good.jsonl:1"
+
+
+def test_a_run_without_held_out_rows_says_where_to_get_them():
+    with pytest.raises(StudioError, match="no held-out data") as caught:
+        held_out_examples(demo_config())
+    assert "--data" in caught.value.hint and "data.eval_fraction" in caught.value.hint
+
+
+def test_the_rows_held_out_by_a_fraction_are_the_ones_training_left_out(small_data):
+    config = demo_config().replace(data={"train_files": (str(small_data),), "eval_fraction": 0.25})
+    rows, source = held_out_examples(config)
+    assert len(rows) == 8 and "held out" in source[0]
+    tokenizer = load_tokenizer(config)
+    ours = [encode(render_segments(row, tokenizer, "auto"), tokenizer, config.data.max_length)["input_ids"]
+            for row in rows]
+    assert ours == list(prepare_data(config, tokenizer).eval["input_ids"])
