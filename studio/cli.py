@@ -196,22 +196,11 @@ def _generate(args) -> int:
 def _eval(args) -> int:
     import json
 
-    from studio.core.run.evaluation import comparison_rows
+    from studio.core.run.evaluation import comparison_lines
     from studio.train.evaluation.compare import evaluate_run
 
     result = evaluate_run(args.run_dir, tuple(args.data or ()), args.max_new_tokens)
-    if args.json:
-        print(json.dumps(result, ensure_ascii=False))
-        return 0
-    tuned = result["summary"]["tuned"]
-    print(f"{tuned['rows']} held-out rows, {tuned['tokens']} completion tokens; checkpoint {result['checkpoint']}")
-    print(f"{'':26}{'base':>12}{'fine-tuned':>12}")
-    for label, base, tuned_value in comparison_rows(result["summary"]):
-        print(f"{label:26}{base:>12}{tuned_value:>12}")
-    worst = [row for row in result["rows"][:3] if row["tuned"].get("f1", 1.0) < 1.0]
-    for row in worst:
-        print(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned'].get('answer', '')[:60]!r}")
-    print(f"every row: {args.run_dir / 'evaluation.json'}")
+    print(json.dumps(result, ensure_ascii=False) if args.json else "\n".join(comparison_lines(result, args.run_dir)))
     return 0
 
 

@@ -146,15 +146,11 @@ def _data(config: RunConfig, events: list[dict[str, Any]]) -> str:
 def _results(events: list[dict[str, Any]]) -> str:
     step = _last(events, "step")
     evaluation = _last(events, "eval", "eval_loss")
-    accuracy = _last(events, "eval", "heldout_exact_match")  # what `studio demo` measures
     rows = [("steps trained", step["step"] if step else 0)]
     if step:
         rows.append(("final train loss", f"{step['loss']:.4f}"))
     if evaluation:
         rows.append(("final eval loss", f"{evaluation['eval_loss']:.4f} (step {evaluation['step']})"))
-    if accuracy:
-        rows.append(("held-out exact match", f"{accuracy['heldout_exact_match_before']:.0%} before, "
-                                             f"{accuracy['heldout_exact_match']:.0%} after"))
     return "## Results\n\n" + _table(rows, ("", ""))
 
 

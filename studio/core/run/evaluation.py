@@ -78,3 +78,15 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[tuple[str, str
         measures += [("exact match", "exact_match", percent), ("contains the reference", "contains", percent),
                      ("token F1", "f1", percent)]
     return [(label, shown(summaries["base"][key]), shown(summaries["tuned"][key])) for label, key, shown in measures]
+
+
+def comparison_lines(result: dict[str, Any], run_dir: Path) -> list[str]:
+    """What `studio eval` prints: the rows and tokens, the two models side by side, the weakest answers."""
+    tuned = result["summary"]["tuned"]
+    lines = [f"{tuned['rows']} held-out rows, {tuned['tokens']} completion tokens; checkpoint {result['checkpoint']}",
+             f"{'':26}{'base':>12}{'fine-tuned':>12}"]
+    lines += [f"{label:26}{base:>12}{tuned_value:>12}" for label, base, tuned_value in comparison_rows(result["summary"])]
+    for row in [row for row in result["rows"][:3] if row["tuned"].get("f1", 1.0) < 1.0]:
+        lines.append(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned']['answer'][:60]!r}")
+    lines.append(f"every row: {Path(run_dir) / EVALUATION_FILE}")
+    return lines
