@@ -8,8 +8,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QTabWidget, QToolBar,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QTabWidget,
+                               QToolBar, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig, differences
 from studio.core.errors import Problem
@@ -37,7 +37,7 @@ from studio.gui.state.memory import has_gpu_calibration
 from studio.gui.state.run_history import live_runs
 from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.widgets.charts import WAITING, ChartsPanel
-from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, problems_html
+from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, WheelNeedsFocus, problems_html
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
@@ -46,6 +46,7 @@ CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
 class MainWindow(QMainWindow):
     def __init__(self, runs_root: Path | None = None, attach_live_runs: bool = True):
         super().__init__()
+        WheelNeedsFocus.install(QApplication.instance())  # before any control is shown (polished)
         self.garbage_collector = GuiThreadGarbageCollector(self)
         self.setWindowTitle("Finetune Studio")
         if ICON.is_file():

@@ -7,8 +7,9 @@ from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import (QApplication, QComboBox, QFrame, QGroupBox, QHBoxLayout, QLabel, QPushButton,
-                               QScrollArea, QSizePolicy, QStyleFactory, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractSlider, QAbstractSpinBox, QApplication, QComboBox, QFrame, QGroupBox,
+                               QHBoxLayout, QLabel, QPushButton, QScrollArea, QScrollBar, QSizePolicy, QStyleFactory,
+                               QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
 from studio.core.errors import Problem
@@ -40,6 +41,34 @@ def apply_app_style(app: QApplication) -> None:
     palette.setColor(QPalette.ColorRole.Highlight, QColor(ACCENT))
     app.setPalette(palette)
     app.setStyleSheet(STYLE_SHEET)
+
+
+class WheelNeedsFocus(QObject):
+    """The wheel over a spin box, drop-down or slider scrolls the page unless the control has focus (a click or
+    Tab gave it): scrolling a tab must not change each setting that passes under the cursor (issue 25).
+
+    An application-wide event filter, so that it covers every such control, in dialogs and ones made later too.
+    """
+
+    @classmethod
+    def install(cls, app: QApplication) -> None:
+        if app.findChild(cls) is None:
+            app.installEventFilter(cls(app))
+
+    @staticmethod
+    def is_value_control(widget) -> bool:
+        return isinstance(widget, (QAbstractSpinBox, QComboBox, QAbstractSlider)) and not isinstance(widget, QScrollBar)
+
+    def eventFilter(self, watched, event) -> bool:
+        kind = event.type()
+        if kind not in (QEvent.Type.Wheel, QEvent.Type.Polish) or not self.is_value_control(watched):
+            return False
+        if kind == QEvent.Type.Polish and watched.focusPolicy() == Qt.FocusPolicy.WheelFocus:
+            watched.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # else the wheel itself would give it focus
+        if kind == QEvent.Type.Wheel and not watched.hasFocus():
+            event.ignore()  # an ignored wheel event goes on to the parents: the scroll area around scrolls
+            return True
+        return False
 
 
 def explanation(text: str, role: str = "explain") -> QLabel:
