@@ -1,6 +1,7 @@
 """`studio eval`: the base and the fine-tuned model side by side on held-out rows, and where the result goes."""
 
 import pytest
+import torch
 
 from conftest import first_lines
 from studio.cli import main
@@ -9,9 +10,11 @@ from studio.core.export.model_card import model_card
 from studio.core.presets import DEMO_HELDOUT, demo_config
 from studio.core.run.evaluation import answer_scores, read_evaluation
 from studio.core.run.events import read_events
+from studio.core.validation import validate
 from studio.train.data.prepare import encode, prepare_data, render_segments
 from studio.train.evaluation.compare import evaluate_run, held_out_examples
-from studio.train.model.build import load_tokenizer
+from studio.train.evaluation.samples import Sampler
+from studio.train.model.build import load_base_model, load_tokenizer
 from studio.train.worker import run
 
 
@@ -28,7 +31,7 @@ def demo_run(tmp_path_factory):
     """The demo task trained briefly, with 16 held-out questions it never saw."""
     held_out = first_lines(DEMO_HELDOUT, 16, tmp_path_factory.mktemp("data") / "held_out.jsonl")
     config = demo_config().replace(data={"eval_files": (str(held_out),)}, training={"max_steps": 40},
-                                   schedule={"save_every": 0})
+                                   schedule={"save_every": 0, "sample_every": 15})
     code, run_dir = run(config, tmp_path_factory.mktemp("demo") / "run", watch_stdin=False)
     assert code == 0
     return config, run_dir
@@ -69,6 +72,35 @@ def test_other_files_can_be_named_and_their_bad_rows_are_named_by_line(demo_run,
     good = first_lines(bad, 1, tmp_path / "good.jsonl")
     result = evaluate_run(run_dir.path, [str(good)], max_new_tokens=8)
     assert result["data"] == [str(good)] and result["rows"][0]["location"] == "good.jsonl:1"
+
+
+@pytest.mark.slow
+def test_while_training_the_sample_answers_change_from_the_base_s_to_the_reference(demo_run):
+    _, run_dir = demo_run
+    samples = [e for e in read_events(run_dir.events) if e["type"] == "samples"]
+    assert [e["step"] for e in samples] == [0, 15, 30, 40]  # the base, every 15 steps, the end
+    first, last = samples[0]["samples"], samples[-1]["samples"]
+    assert len(first) == 3 and [s["prompt"] for s in first] == [s["prompt"] for s in last]
+    assert all(s["reference"].startswith("a kind of") and s["location"].startswith("held_out.jsonl:") for s in last)
+    assert sum(s["answer"] == s["reference"] for s in first) == 0  # the base was never asked
+    assert sum(s["answer"] == s["reference"] for s in last) >= 2
+
+
+def test_samples_need_prompts_and_the_whole_model_in_one_process():
+    config = demo_config().replace(schedule={"sample_every": 10})
+    assert [p.where for p in validate(config)] == ["schedule.sample_every"]
+    assert validate(config.replace(data={"sample_prompts": ("What kind of thing is a fig?",)})) == []
+    sharded = config.replace(data={"eval_fraction": 0.1}, distributed={"num_processes": 2, "sharding": "zero3"})
+    assert "shards its weights" in validate(sharded)[0].message
+
+
+def test_the_user_s_own_sample_prompts_are_asked_as_the_rows_ask():
+    config = demo_config().replace(data={"sample_prompts": ("What kind of thing is a fig?", "What is a teal?")},
+                                   schedule={"sample_every": 10})
+    tokenizer = load_tokenizer(config)
+    found = Sampler(config, tokenizer).samples(load_base_model(config, torch.device("cpu")))
+    assert [s["prompt"] for s in found["samples"]] == list(config.data.sample_prompts)
+    assert all(s["reference"] is None and s["answer"] for s in found["samples"]) and found["seconds"] >= 0
 
 
 def test_a_run_without_held_out_rows_says_where_to_get_them():

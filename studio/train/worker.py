@@ -54,6 +54,7 @@ from studio.train.distributed.engine import leave_process_group, make_engine, pr
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.distributed.rankwatch import is_lost_contact
+from studio.train.evaluation.samples import Sampler
 from studio.train.measure.memtrack import tracker_for
 from studio.train.measure.metrics import describe_devices, device_readings, library_versions, memory_snapshot
 from studio.train.measure.oom import (consistent_after, oom_report, overflowed_part, release_memory,
@@ -137,6 +138,8 @@ class Worker:
         self._start_engine()
         self._restore(resume_from)
         self._announce(data, resume_from)
+        sampling = self.config.schedule.sample_every and self.engine.is_main
+        self.sampler = Sampler(self.config, self.tokenizer) if sampling else None
 
     def _check_cpu_ram(self) -> None:
         """Refuse, before anything loads, a run whose CPU RAM (offloaded activations, weights kept there, ZeRO's
@@ -269,6 +272,8 @@ class Worker:
         """Run to the end or to a stop request; returns the final status."""
         schedule = self.config.schedule
         first_step = self.step
+        if self.step == 0:
+            self._sample()  # the base model's answers
         while self.step < self.total_steps:
             if self.step == first_step + MEASURED_STEP:
                 metrics = self._measured_optimizer_step()
@@ -284,8 +289,12 @@ class Worker:
                 self.evaluate()
             if schedule.save_every and self.step % schedule.save_every == 0 and self.step < self.total_steps:
                 self.save()
+            if schedule.sample_every and self.step % schedule.sample_every == 0:
+                self._sample()
         if self.eval_rows is not None and not (schedule.eval_every and self.step % schedule.eval_every == 0):
             self.evaluate()
+        if schedule.sample_every and self.step % schedule.sample_every:
+            self._sample()
         self.save()
         return "completed"
 
@@ -390,6 +399,13 @@ class Worker:
         eval_loss = total_loss / max(total_tokens, 1)
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens)
         return eval_loss
+
+    def _sample(self) -> None:
+        """The sample prompts answered with the weights as they are now, as a samples event (by the first process
+        alone: the others wait for it at the next step)."""
+        if self.sampler is not None:
+            with self.engine.autocast():
+                self.events.emit("samples", step=self.step, **self.sampler.samples(self.raw_model))
 
     def save(self) -> Path:
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.engine, self.raw_model,

@@ -37,7 +37,7 @@ def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int =
     """Evaluate the run's newest checkpoint against its base; write RUN/evaluation.json and an event."""
     config, tokenizer, model, checkpoint = load_run_model(run_dir)
     examples, source = held_out_examples(config, files)
-    rows = [_row_text(example) for example in examples]
+    rows = [row_text(example) for example in examples]
     encoded = [encode(render_segments(e, tokenizer, config.data.template), tokenizer, config.data.max_length)
                for e in examples]
     for row, tokens in zip(rows, encoded):
@@ -72,7 +72,7 @@ def held_out_examples(config: RunConfig, files: Sequence[str] = ()) -> tuple[lis
                       "or data.eval_fraction", kind="usage")
 
 
-def _row_text(example: Example) -> dict[str, Any]:
+def row_text(example: Example) -> dict[str, Any]:
     """Where the row is and what it asks and answers, to show beside the scores."""
     if example.kind == "text":
         return {"location": example.location, "prompt": example.text[:200], "reference": None}

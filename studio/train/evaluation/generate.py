@@ -25,7 +25,7 @@ from studio.train.model.build import build_model, load_base_model, load_tokenize
 from studio.train.quiet import quiet_progress_bars
 
 
-def _prompt_example(config: RunConfig, prompt: str) -> Example:
+def prompt_example(config: RunConfig, prompt: str) -> Example:
     """The prompt as the run's rows put it: a completion's prompt, or a user's message (chat, instruction)."""
     if _row_format(config) in ("prompt_completion", "text"):
         return Example(kind="prompt_completion", prompt=prompt, completion="")
@@ -42,7 +42,7 @@ def _row_format(config: RunConfig) -> str:
 def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[str, str]:
     """{"base": answer, "tuned": answer, "checkpoint": name} for one prompt."""
     config, tokenizer, model, checkpoint = load_run_model(run_dir)
-    ids, _ = encode_prompt(_prompt_example(config, prompt), tokenizer, config.data.template)
+    ids, _ = encode_prompt(prompt_example(config, prompt), tokenizer, config.data.template)
     tuned = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
     with base_model(model, config) as base_of_run:
         base = generate_answers(base_of_run, tokenizer, [ids], max_new_tokens)[0]
