@@ -7,13 +7,13 @@ from conftest import first_lines
 from studio.cli import main
 from studio.core.errors import ProblemsError, StudioError
 from studio.core.export.model_card import model_card
-from studio.core.presets import DEMO_HELDOUT, demo_config
+from studio.core.presets import DEMO_HELDOUT, DEMO_TRAIN, demo_config, train_files_changes
 from studio.core.run.evaluation import answer_scores, read_evaluation
 from studio.core.run.events import read_events
 from studio.core.validation import validate
 from studio.train.data.prepare import encode, prepare_data, render_segments
 from studio.train.evaluation.compare import evaluate_run, held_out_examples
-from studio.train.evaluation.samples import Sampler
+from studio.train.evaluation.samples import Sampler, why_no_samples
 from studio.train.model.build import load_base_model, load_tokenizer
 from studio.train.worker import run
 
@@ -86,12 +86,13 @@ def test_while_training_the_sample_answers_change_from_the_base_s_to_the_referen
     assert sum(s["answer"] == s["reference"] for s in last) >= 2
 
 
-def test_samples_need_prompts_and_the_whole_model_in_one_process():
-    config = demo_config().replace(schedule={"sample_every": 10})
-    assert [p.where for p in validate(config)] == ["schedule.sample_every"]
-    assert validate(config.replace(data={"sample_prompts": ("What kind of thing is a fig?",)})) == []
-    sharded = config.replace(data={"eval_fraction": 0.1}, distributed={"num_processes": 2, "sharding": "zero3"})
-    assert "shards its weights" in validate(sharded)[0].message
+def test_a_run_without_prompts_or_with_sharded_weights_trains_and_says_why_it_has_no_samples():
+    config = demo_config().replace(data={"eval_files": ()}, schedule={"sample_every": 10})
+    assert validate(config) == []  # it can finish: samples are not worth refusing a run for
+    assert "no sample prompts and no held-out rows" in why_no_samples(config)[0]
+    assert why_no_samples(config.replace(data={"sample_prompts": ("What kind of thing is a fig?",)})) is None
+    sharded = demo_config().replace(distributed={"num_processes": 2, "sharding": "zero3"})
+    assert "shards the weights" in why_no_samples(sharded)[0] and "studio eval" in why_no_samples(sharded)[1]
 
 
 def test_the_user_s_own_sample_prompts_are_asked_as_the_rows_ask():
@@ -105,15 +106,25 @@ def test_the_user_s_own_sample_prompts_are_asked_as_the_rows_ask():
 
 def test_a_run_without_held_out_rows_says_where_to_get_them():
     with pytest.raises(StudioError, match="no held-out data") as caught:
-        held_out_examples(demo_config())
+        held_out_examples(demo_config().replace(data={"eval_files": ()}))
     assert "--data" in caught.value.hint and "data.eval_fraction" in caught.value.hint
 
 
 def test_the_rows_held_out_by_a_fraction_are_the_ones_training_left_out(small_data):
-    config = demo_config().replace(data={"train_files": (str(small_data),), "eval_fraction": 0.25})
+    config = demo_config().replace(data={"train_files": (str(small_data),), "eval_files": (), "eval_fraction": 0.25})
     rows, source = held_out_examples(config)
     assert len(rows) == 8 and "held out" in source[0]
     tokenizer = load_tokenizer(config)
     ours = [encode(render_segments(row, tokenizer, "auto"), tokenizer, config.data.max_length)["input_ids"]
             for row in rows]
     assert ours == list(prepare_data(config, tokenizer).eval["input_ids"])
+
+
+def test_the_demo_s_held_out_questions_go_with_its_data(small_data):
+    demo = demo_config()
+    assert demo.data.eval_files == (str(DEMO_HELDOUT),) and validate(demo) == []
+    own = demo.replace(data=train_files_changes(demo, (str(small_data),)))
+    assert own.data.eval_files == () and own.data.train_files == (str(small_data),)
+    assert own.replace(data=train_files_changes(own, (str(DEMO_TRAIN),))).data.eval_files == (str(DEMO_HELDOUT),)
+    mine = own.replace(data={"eval_fraction": 0.1})
+    assert train_files_changes(mine, (str(DEMO_TRAIN),)) == {"train_files": (str(DEMO_TRAIN),)}  # the user's choice

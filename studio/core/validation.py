@@ -213,22 +213,7 @@ def _check_schedule(config: RunConfig) -> list[Problem]:
         if getattr(s, name) < 0:
             problems.append(Problem(f"schedule.{name}", "must be 0 or more"))
     problems += _positive(s.keep_checkpoints, "schedule.keep_checkpoints", "number of checkpoints to keep")
-    return problems + _sample_problems(config)
-
-
-def _sample_problems(config: RunConfig) -> list[Problem]:
-    """Samples while training need prompts, and the whole model in the first process to answer them."""
-    data, sharding = config.data, config.distributed.sharding
-    if not config.schedule.sample_every:
-        return []
-    if not (data.sample_prompts or data.eval_files or data.eval_fraction):
-        return [Problem("schedule.sample_every", "samples need prompts: there are no sample prompts and no held-out "
-                        "rows", "list data.sample_prompts, or give data.eval_files or data.eval_fraction")]
-    if config.distributed.num_processes > 1 and sharding in ("zero3", "fsdp"):
-        return [Problem("schedule.sample_every", f"samples while training need the whole model in one process, "
-                        f"and {sharding} shards its weights", "set schedule.sample_every to 0, or sharding none, "
-                        "zero1 or zero2; evaluate after training with `studio eval`")]
-    return []
+    return problems
 
 
 def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from studio.core.presets import DEMO_HELDOUT, demo_config
+from studio.core.presets import demo_config
 from studio.core.run.commands import EXIT_OK
 from studio.core.run.evaluation import comparison_lines
 from studio.train.evaluation.compare import evaluate_run
@@ -29,7 +29,7 @@ def run_demo(run_dir: Path | None = None) -> int:
     if code != EXIT_OK or rd.latest_checkpoint() is None:
         print(f"training did not finish; see {rd.log}")
         return code or 1
-    print("\n".join(comparison_lines(evaluate_run(rd.path, (str(DEMO_HELDOUT),)), rd.path)))
+    print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions
     export_run(rd.path, "adapter")  # logs where it went and how it verified
     print(f"run directory: {rd.path}")
     return 0

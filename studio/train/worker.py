@@ -54,7 +54,7 @@ from studio.train.distributed.engine import leave_process_group, make_engine, pr
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.distributed.rankwatch import is_lost_contact
-from studio.train.evaluation.samples import Sampler
+from studio.train.evaluation.samples import Sampler, why_no_samples
 from studio.train.measure.memtrack import tracker_for
 from studio.train.measure.metrics import describe_devices, device_readings, library_versions, memory_snapshot
 from studio.train.measure.oom import (consistent_after, oom_report, overflowed_part, release_memory,
@@ -138,8 +138,7 @@ class Worker:
         self._start_engine()
         self._restore(resume_from)
         self._announce(data, resume_from)
-        sampling = self.config.schedule.sample_every and self.engine.is_main
-        self.sampler = Sampler(self.config, self.tokenizer) if sampling else None
+        self.sampler = self._sampler()
 
     def _check_cpu_ram(self) -> None:
         """Refuse, before anything loads, a run whose CPU RAM (offloaded activations, weights kept there, ZeRO's
@@ -399,6 +398,17 @@ class Worker:
         eval_loss = total_loss / max(total_tokens, 1)
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens)
         return eval_loss
+
+    def _sampler(self) -> Sampler | None:
+        """What answers the sample prompts (in the first process), or None: no samples asked for, or a warning
+        says why there are none."""
+        if not (self.config.schedule.sample_every and self.engine.is_main):
+            return None
+        refusal = why_no_samples(self.config)
+        if refusal is not None:
+            self.events.emit("warning", message=refusal[0], hint=refusal[1])
+            return None
+        return Sampler(self.config, self.tokenizer)
 
     def _sample(self) -> None:
         """The sample prompts answered with the weights as they are now, as a samples event (by the first process

@@ -12,7 +12,7 @@ from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES, beyond_max_length_problems, beyond_max_length_warning
 from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
-from studio.core.presets import DEMO_TRAIN
+from studio.core.presets import DEMO_TRAIN, train_files_changes
 from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview, tokenizer_of
 from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
@@ -114,7 +114,7 @@ class DataPanel(VerticalScroll):
 
     # ------------------------------------------------------------ choosing files
     def set_files(self, paths: list[str]) -> None:
-        self.store.update(data={"train_files": tuple(paths)})
+        self.store.update(data=train_files_changes(self.store.config, tuple(paths)))
 
     def _add_files(self) -> None:
         chosen = self.choose_files_dialog()

@@ -22,6 +22,18 @@ SAMPLE_NEW_TOKENS = 64
 SAMPLED_HELD_OUT_ROWS = 3
 
 
+def why_no_samples(config: RunConfig) -> tuple[str, str] | None:
+    """(message, hint) when a run that asks for samples cannot have them; None when it can."""
+    sharding = config.distributed.sharding
+    if config.distributed.num_processes > 1 and sharding in ("zero3", "fsdp"):
+        return (f"no samples while training: {sharding} shards the weights across the processes, and one process "
+                "answers the prompts", "evaluate after training with `studio eval RUN`")
+    if not (config.data.sample_prompts or config.data.eval_files or config.data.eval_fraction):
+        return ("no samples while training: there are no sample prompts and no held-out rows to take them from",
+                "list data.sample_prompts, or hold out rows (data.eval_files or data.eval_fraction)")
+    return None
+
+
 def sample_examples(config: RunConfig) -> list[Example]:
     """The user's sample prompts, else the first held-out rows that ask something (text rows do not)."""
     if config.data.sample_prompts:
