@@ -74,6 +74,14 @@ def _add_eval(commands) -> None:
     p.set_defaults(handler=_eval)
 
 
+def _add_track(commands) -> None:
+    p = commands.add_parser("track", help="write a run's TensorBoard files again from its events",
+                            description="Write RUN_DIR/tensorboard from RUN_DIR/events.jsonl, replacing what is there: "
+                            "for a run trained without schedule.tensorboard, or whose files were deleted.")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(handler=_track)
+
+
 def _add_config(commands) -> None:
     from studio.core.config import reference_markdown
 
@@ -116,7 +124,7 @@ def _add_doctor(commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_generate, _add_eval, add_estimate, add_fit, _add_config, _add_bundle,
+    for add in (_add_train, _add_demo, _add_export, _add_generate, _add_eval, _add_track, add_estimate, add_fit, _add_config, _add_bundle,
                 _add_doctor):
         add(commands)
     return parser
@@ -201,6 +209,17 @@ def _eval(args) -> int:
 
     result = evaluate_run(args.run_dir, tuple(args.data or ()), args.max_new_tokens)
     print(json.dumps(result, ensure_ascii=False) if args.json else "\n".join(comparison_lines(result, args.run_dir)))
+    return 0
+
+
+def _track(args) -> int:
+    from studio.core.run.directory import RunDir
+    from studio.train.tracking.tensorboard import replay
+
+    if not RunDir(args.run_dir).events.is_file():
+        raise StudioError(f"{args.run_dir} has no events.jsonl", "pick a run directory (it holds config.yaml and "
+                          "events.jsonl)", kind="usage")
+    print(f"wrote {replay(args.run_dir)}: tensorboard --logdir \"{Path(args.run_dir) / 'tensorboard'}\"")
     return 0
 
 

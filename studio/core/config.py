@@ -244,6 +244,9 @@ class ScheduleConfig:
     sample_every: int = _field(0, "Answer the sample prompts (data.sample_prompts) greedily with the current weights "
                                "before the first step, every this many steps and after the last; 0: no samples.")
     save_every: int = _field(0, "Save a checkpoint every this many steps; 0: only at the end and on stop.")
+    tensorboard: bool = _field(True, "Also write the run's figures (losses, learning rate, throughput, memory, "
+                               "samples, evaluations) as TensorBoard files in RUN/tensorboard: "
+                               "tensorboard --logdir RUN/tensorboard.")
     keep_checkpoints: int = _field(2, "Keep the newest this many complete checkpoints.")
 
 

@@ -67,6 +67,7 @@ from studio.train.objectives import objective_for
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
+from studio.train.tracking.tensorboard import tracked_events
 
 log = logging.getLogger("studio.train")
 
@@ -513,7 +514,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         log.info("removed torn checkpoint folders left by an interrupted save: %s", ", ".join(torn))
     if needs_launcher(config.distributed.num_processes):
         return launch(rd, config.distributed.num_processes, resume, watch_stdin), rd
-    events = EventWriter(rd.events) if not rank else SilentEvents()
+    events = tracked_events(rd, config) if not rank else SilentEvents()
     reporter = FailureReporter(events, rd, rank, int(os.environ.get("WORLD_SIZE", "1")))  # ranks: watches the others
     control = StopController(rd, watch_stdin=watch_stdin and rank is None)
     log.info("run directory %s", rd.path)

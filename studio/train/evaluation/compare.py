@@ -17,17 +17,17 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from studio.core.config import RunConfig
+from studio.core.config import RunConfig, load_config
 from studio.core.data.dataset import inspect_files, iter_examples
 from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
 from studio.core.run.evaluation import EVALUATION_FILE, answer_scores, summary, worst_first
-from studio.core.run.events import EventWriter
 from studio.train.data.prepare import IGNORE_INDEX, collate, encode, encode_prompt, held_out_rows, render_segments
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import base_model, load_run_model
 from studio.train.objectives.next_token import token_loss_sum
+from studio.train.tracking.tensorboard import tracked_events
 
 ANSWER_BATCH = 8
 SPARE_NEW_TOKENS = 16  # generated beyond the longest reference of a batch, so a longer answer shows as longer
@@ -155,7 +155,7 @@ def _record(rd: RunDir, result: dict[str, Any]) -> None:
     staging = path.with_suffix(".json.partial")
     staging.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     staging.replace(path)
-    events = EventWriter(rd.events)
+    events = tracked_events(rd, load_config(rd.config))
     try:
         events.emit("evaluation", checkpoint=result["checkpoint"], data=result["data"], **result["summary"])
     finally:
