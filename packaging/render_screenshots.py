@@ -1,4 +1,4 @@
-"""Render the app's main states to docs/screenshots/*.png at 1280x800, with real runs of the demo model.
+"""Render the app's main states to docs/screenshots/*.png at 1280x720, with real runs of the demo model.
 
 It trains (two short runs), exports and generates for real, so it takes a few
 minutes on a CPU. Settings and runs go to a temporary folder: your own are not
@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZE = (1280, 800)
+SIZE = (1280, 720)  # a small laptop screen's window: what fits there fits everywhere
 SIMULATED_GPU_ENV = "STUDIO_SIMULATE_GPU_MEMORY"  # studio.train.measure.oom's (importing it here would load torch)
 
 
