@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gui_states import (FRAME_HEIGHT, FRAME_WIDTH, LONG_NOTES_SETUP, STATES, TWO_GPU_STATES, choose_8b_model,
+from gui_states import (FRAME_HEIGHT, FRAME_WIDTH, STATES, TWO_GPU_STATES, choose_8b_model,
                         eight_b_fit_with_problems, layout_problems, repeated_texts, shown_text)
 from PySide6.QtCore import QPoint, QRect, QSize
 from PySide6.QtWidgets import (QAbstractButton, QAbstractSpinBox, QApplication, QComboBox, QLineEdit, QSlider,
