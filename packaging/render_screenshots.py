@@ -74,7 +74,9 @@ def training_states(app, window, shot) -> tuple[Path, Path]:
     from studio.core.presets import demo_config
     from studio.gui.state.job_state import State
 
-    window.estimate_panel.picker.combo.setCurrentIndex(window.estimate_panel.picker.combo.findText("GeForce RTX 4090 (24 GiB)"))
+    combo = window.estimate_panel.picker.combo  # by the card's name: its title says its MiB and the display's share
+    combo.setCurrentIndex(next(i for i in range(combo.count())
+                               if getattr(combo.itemData(i), "name", "") == "GeForce RTX 4090"))
     window.store.set(demo_config().replace(training={"max_steps": 80, "micro_batch_size": 8},
                                            data={"eval_fraction": 0.05}, schedule={"log_every": 1, "eval_every": 20}))
     window.setup_tabs.setCurrentWidget(window.model_panel)
