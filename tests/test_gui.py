@@ -397,7 +397,8 @@ def test_the_demo_detects_its_format_so_other_files_get_their_fields_named(windo
     assert "scores.csv:2: cannot tell the row format from its fields (foo, bar)" in data.banner.text.text()
     data.format.combo.setCurrentIndex(1)  # a format chosen by hand: the fields are still named, with what it needs
     qtbot.waitUntil(lambda: not data.task.busy, timeout=10000)
-    assert "(foo, bar): data.format is instruction, whose rows need instruction and output" in data.banner.text.text()
+    # the setting by its label in the window, not its config key
+    assert "(foo, bar): “Format” is instruction, whose rows need instruction and output" in data.banner.text.text()
 
 
 def test_data_format_override_and_other_files(window, qtbot, tmp_path):
