@@ -401,8 +401,9 @@ class MainWindow(QMainWindow):
             self.apply_fix_button.setToolTip(f"Change the setup on the left: {fix['description']}")
         if job.state in (State.FAILED, State.CRASHED) and job.error is not None:
             title = "Training failed" if job.state is State.FAILED else "The training worker crashed"
-            hint = f"<br><b>What to do:</b> {html.escape(job.error.hint)}" if job.error.hint else ""
-            self.run_banner.show_message(f"<b>{title}:</b> {html.escape(job.error.message)}{hint}", error=True)
+            words = self.store.words  # the worker's message names settings by config keys: here, by their labels
+            hint = f"<br><b>What to do:</b> {html.escape(words(job.error.hint))}" if job.error.hint else ""
+            self.run_banner.show_message(f"<b>{title}:</b> {html.escape(words(job.error.message))}{hint}", error=True)
         elif job.state is State.FINISHED:
             messages = {"completed": f"Completed {job.step} steps. Export it or try it in the tabs on the right.",
                         "stopped": f"Stopped and saved at step {job.step}. Resume continues from there.",
