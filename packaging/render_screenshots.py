@@ -1,4 +1,4 @@
-"""Render the app's main states to docs/screenshots/*.png at 1280x800, with real runs of the demo model.
+"""Render the app's main states to docs/screenshots/*.png at 1280x720, with real runs of the demo model.
 
 It trains (two short runs), exports and generates for real, so it takes a few
 minutes on a CPU. Settings and runs go to a temporary folder: your own are not
@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZE = (1280, 800)
+SIZE = (1280, 720)  # a small laptop screen's window: what fits there fits everywhere
 SIMULATED_GPU_ENV = "STUDIO_SIMULATE_GPU_MEMORY"  # studio.train.measure.oom's (importing it here would load torch)
 
 
@@ -74,7 +74,9 @@ def training_states(app, window, shot) -> tuple[Path, Path]:
     from studio.core.presets import demo_config
     from studio.gui.state.job_state import State
 
-    window.estimate_panel.picker.combo.setCurrentIndex(window.estimate_panel.picker.combo.findText("GeForce RTX 4090 (24 GiB)"))
+    combo = window.estimate_panel.picker.combo  # by the card's name: its title says its MiB and the display's share
+    combo.setCurrentIndex(next(i for i in range(combo.count())
+                               if getattr(combo.itemData(i), "name", "") == "GeForce RTX 4090"))
     window.store.set(demo_config().replace(training={"max_steps": 80, "micro_batch_size": 8},
                                            data={"eval_fraction": 0.05}, schedule={"log_every": 1, "eval_every": 20}))
     window.setup_tabs.setCurrentWidget(window.model_panel)

@@ -5,18 +5,25 @@ window fits a screen with no label cut off. Used by test_gui_layout.py; each sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QPoint, QRect
+from PySide6.QtCore import QPoint, QRect, Qt
+from PySide6 import QtGui
+from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QAbstractScrollArea, QLabel, QWidget
 
+from studio.core.config import RunConfig
 from studio.core.presets import DEMO_MODEL
 from studio.gui.state.job_state import State
+from test_estimate import LLAMA_31_8B
 from test_gui import OOM_WORKER
+from test_hub_config import cache_model
 
 # What a window manager takes from a screen around the window: a title bar and a panel or taskbar.
 FRAME_WIDTH, FRAME_HEIGHT = 16, 80
@@ -71,6 +78,63 @@ def layout_problems(window: QWidget, width: int, height: int) -> list[str]:
             problem = _label_problem(window, label)
             if problem:
                 problems.append(problem)
+    return problems + text_problems(window)
+
+
+# ---------------------------------------------------------------- the words
+
+
+def shown_text(label: QLabel) -> str:
+    """What a label shows: its text as it is, or as rendered when Qt takes it for rich text (entities decoded)."""
+    text, form = label.text(), label.textFormat()
+    if form == Qt.TextFormat.PlainText or (form == Qt.TextFormat.AutoText and not QtGui.Qt.mightBeRichText(text)):
+        return text
+    document = QTextDocument()
+    document.setHtml(text)
+    return document.toPlainText()
+
+
+def visible_texts(window: QWidget) -> list[tuple[QLabel, str]]:
+    return [(label, shown_text(label)) for label in window.findChildren(QLabel) if label.isVisible() and label.text()]
+
+
+# An HTML entity left in plain text ("the model&#x27;s"): escaped text in a label that shows it as it is
+_ENTITY = re.compile(r"&(#x?[0-9a-fA-F]+|[a-z]+);")
+# Every config key (``training.output_layer_on_cpu``): the window names a setting by the label of its control
+CONFIG_KEYS = {f"{section}.{field.name}" for section, value in vars(RunConfig()).items()
+               if dataclasses.is_dataclass(value) for field in dataclasses.fields(value)}
+_CONFIG_KEY = re.compile(r"\b[a-z]+\.[a-z_]+\b")
+
+
+def text_problems(window: QWidget) -> list[str]:
+    """Words on screen that are not the window's: HTML entities shown raw, config keys instead of labels."""
+    problems = []
+    for label, text in visible_texts(window):
+        name = f"label {text[:60]!r}"
+        entity = _ENTITY.search(text)
+        if entity:
+            problems.append(f"{name} shows the entity {entity.group()!r} (escaped text in a plain-text label)")
+        keys = sorted({key for key in _CONFIG_KEY.findall(text) if key in CONFIG_KEYS})
+        if keys:
+            problems.append(f"{name} names {', '.join(keys)}: the window calls settings by their labels")
+    return problems
+
+
+def _sentences(text: str) -> set[str]:
+    """A text's sentences and list items (those longer than a few words), normalized for comparing."""
+    parts = re.split(r"(?<=[.!?])\s+|\n|\u2029", text)
+    return {" ".join(part.split()).strip(" .;:⚠").lower() for part in parts if len(part.split()) >= 5}
+
+
+def repeated_texts(window: QWidget) -> list[str]:
+    """Sentences that two visible labels both show (the window says each thing once)."""
+    seen: dict[str, QLabel] = {}
+    problems = []
+    for label, text in visible_texts(window):
+        for sentence in _sentences(text):
+            first = seen.setdefault(sentence, label)
+            if first is not label:
+                problems.append(f"{sentence[:80]!r} is shown twice ({first.text()[:40]!r}, {label.text()[:40]!r})")
     return problems
 
 
@@ -210,6 +274,51 @@ def fit_to_gpu(window, qtbot, tmp_path):
     window.estimate_panel.fit_button.click()
 
 
+EIGHT_B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def choose_8b_model(window, tmp_path: Path) -> None:
+    """Llama-3.1-8B's config.json alone in an offline Hugging Face cache: its estimate, no weights, no network."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_HUB_CACHE"] = str(tmp_path / "hub")
+    cache_model(tmp_path / "hub", EIGHT_B, {**LLAMA_31_8B, "architectures": ["LlamaForCausalLM"]})
+    window.model_panel.use_model(EIGHT_B)
+
+
+def eight_b_fit_with_problems(window, qtbot, tmp_path):
+    """The user trial: an 8B model chosen, a file with bad rows, Fit pressed: Start is off for problems in three
+    places (the model's weights are not here, the data's rows, 4-bit base weights without an NVIDIA GPU)."""
+    choose_8b_model(window, tmp_path)
+    bad = tmp_path / "mixed.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\n{"messages": [{"role": "user"}]}\n')
+    window.data_panel.set_files([str(bad)])
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy and bool(window.data_panel.problems), timeout=10000)
+    window.setup_tabs.setCurrentWidget(window.techniques_panel)
+    window.estimate_panel.fit_button.click()
+
+
+LONG_NOTES_SETUP = {"method": "qlora", "training": {
+    "gradient_checkpointing": True, "activation_offload": True, "tiled_mlp": True, "output_layer_on_cpu": True,
+    "embedding_on_cpu": True, "optimizer": "adamw_8bit"}, "data": {"max_length": 8192}}
+
+
+def long_estimate_notes(window, qtbot, tmp_path):
+    """Many savers on for an 8B model (QLoRA, activation offload, tiled MLP, output layer and embedding in CPU RAM,
+    8-bit AdamW) at long rows: the estimate has much to say under the tabs."""
+    choose_8b_model(window, tmp_path)
+    window.setup_tabs.setCurrentWidget(window.techniques_panel)
+    window.store.update(**LONG_NOTES_SETUP)
+
+
+def minimum_size(window, qtbot, tmp_path):
+    """The window made as small as it goes (a 1280x720 screen leaves room for it): nothing cut off there either."""
+    window.setup_tabs.setCurrentWidget(window.techniques_panel)
+    window.resize(window.minimumSizeHint().expandedTo(window.minimumSize()))
+
+
+minimum_size.keeps_size = True  # checked at its own size, not resized to each screen
+
+
 def simulated(window, qtbot, tmp_path):
     panel = window.estimate_panel
     result = json.dumps({"simulated": {"peak_bytes": 240_000_000, "peak_phase": "backward"}})
@@ -343,7 +452,8 @@ def try_it(window, qtbot, tmp_path):
 
 STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
           hub_id_offline, folder_without_weights, remote_code_on, data_problems, rows_beyond_max_length,
-          unknown_columns, does_not_fit, fit_to_gpu, simulated, simulation_dropped, unreadable_last_choices,
+          unknown_columns, does_not_fit, fit_to_gpu, eight_b_fit_with_problems, long_estimate_notes, minimum_size,
+          simulated, simulation_dropped, unreadable_last_choices,
           loading_model, training, training_two_gpus, completed, run_failed, history_compare, history_empty,
           export_verified, gguf_published, gguf_refused, try_it)
-TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus)
+TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus, long_estimate_notes)

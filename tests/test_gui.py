@@ -305,7 +305,9 @@ def test_what_config_check_finds_disables_start_with_the_reason(window, monkeypa
     (broken / "config.json").write_text((DEMO_MODEL / "config.json").read_text())
     window.model_panel.use_model(str(broken))
     assert not window.start_action.isEnabled() and window.start_reason_action.isVisible()
-    assert "model cannot be loaded" in window.start_reason.text() and "no weights" in window.problems.text()
+    assert "model cannot be loaded" in window.start_reason.text()
+    # listed once, in the model's tab: not again under the tabs
+    assert "no weights" in window.model_panel.banner.text.text() and not window.problems.isVisibleTo(window)
     assert "no weights" in run_config_check(window, tmp_path)
     for name in ("model.safetensors", "tokenizer.json"):  # the user copies the missing files in, picks it again
         shutil.copy(DEMO_MODEL / name, broken / name)
@@ -314,7 +316,7 @@ def test_what_config_check_finds_disables_start_with_the_reason(window, monkeypa
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     window.model_panel.use_model("someone/not-downloaded")
-    assert not window.start_action.isEnabled() and "HF_HUB_OFFLINE" in window.problems.text()
+    assert not window.start_action.isEnabled() and "HF_HUB_OFFLINE" in window.model_panel.banner.text.text()
     assert "not in the Hugging Face cache" in run_config_check(window, tmp_path)
     window.model_panel.demo_button.click()
     assert window.start_action.isEnabled() and not window.start_reason_action.isVisible() and not window.problems.isVisible()
@@ -395,7 +397,8 @@ def test_the_demo_detects_its_format_so_other_files_get_their_fields_named(windo
     assert "scores.csv:2: cannot tell the row format from its fields (foo, bar)" in data.banner.text.text()
     data.format.combo.setCurrentIndex(1)  # a format chosen by hand: the fields are still named, with what it needs
     qtbot.waitUntil(lambda: not data.task.busy, timeout=10000)
-    assert "(foo, bar): data.format is instruction, whose rows need instruction and output" in data.banner.text.text()
+    # the setting by its label in the window, not its config key
+    assert "(foo, bar): “Format” is instruction, whose rows need instruction and output" in data.banner.text.text()
 
 
 def test_data_format_override_and_other_files(window, qtbot, tmp_path):
@@ -842,7 +845,9 @@ def test_a_4bit_base_keeps_start_off_on_a_machine_without_an_nvidia_gpu(window):
     window.estimate_panel.detected = []  # this machine, as NVML sees it
     window.store.update(method="qlora")
     assert not window.start_action.isEnabled()
-    assert "4-bit base weights need an NVIDIA GPU" in window.start_reason.text()
+    assert "listed under the tabs" in window.start_reason.text()
+    assert "4-bit base weights need an NVIDIA GPU" in window.problems.text()
+    assert "quantization.load_in" not in window.problems.text()  # named by its label: “Base weights”
     window.estimate_panel.detected = [object()]  # a machine with one
     window.store.update(training={"seed": 7})
     assert window.start_action.isEnabled()

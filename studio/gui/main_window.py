@@ -6,8 +6,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtCore import QPoint, QRect, QSettings, QSize, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QTabWidget,
                                QToolBar, QVBoxLayout, QWidget)
 
@@ -42,6 +42,26 @@ from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, Wheel
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"
 CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
+PREFERRED_SIZE = QSize(1280, 800)  # the first window's size where the screen has room for it
+FRAME_ALLOWANCE = QSize(16, 40)  # what a window manager's frame and title bar add around the window (a guess:
+# before the first show it is not known)
+START_REASON_WIDTH = 420  # the Start-off reason in the toolbar: one line, elided beyond this
+
+
+def available_geometry(window: QWidget) -> QRect:
+    """The room on the screen the window opens on, less panels and taskbars (tests give another screen)."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    return screen.availableGeometry()
+
+
+def first_geometry(available: QRect) -> QRect:
+    """Where the first window goes (no saved geometry): the preferred size, shrunk to what the screen leaves with
+    the frame around it, centred. Its corner is the frame's (as ``move`` takes it), its size the window's own (as
+    ``resize`` takes it)."""
+    room = available.size() - FRAME_ALLOWANCE
+    size = PREFERRED_SIZE.boundedTo(room)
+    corner = available.topLeft() + QPoint((room.width() - size.width()) // 2, (room.height() - size.height()) // 2)
+    return QRect(corner, size)
 
 
 class MainWindow(QMainWindow):
@@ -99,9 +119,9 @@ class MainWindow(QMainWindow):
             return
         path = app_settings.choices_path()
         problems = getattr(error, "problems", None) or [Problem(str(path), error.message, error.hint)]
-        self.notice.show_message(problems_html(
+        self.notice.show_message(self.store.words(problems_html(
             "Your last choices could not be read", problems,
-            f"The file was kept as {path.name}.broken; the window opens with the demo preset."), error=True)
+            f"The file was kept as {path.name}.broken; the window opens with the demo preset.")), error=True)
         self.notice.add_button("Dismiss", self.notice.hide)
 
     def _build_actions(self) -> None:
@@ -113,8 +133,10 @@ class MainWindow(QMainWindow):
         self.start_action = self._action(toolbar, "▶  Start", self.start_run, "Ctrl+Return")
         self.stop_action = self._action(toolbar, "■  Stop and save", self.controller.stop)
         self.cancel_action = self._action(toolbar, "✕  Cancel", self.controller.cancel)
-        self.start_reason = QLabel()  # why Start is off, next to it; the problems are listed under the setup
+        self.start_reason = QLabel()  # why Start is off, next to it, in a line; the problems are listed elsewhere
         self.start_reason.setProperty("role", "reason")
+        self.start_reason.setTextFormat(Qt.TextFormat.PlainText)
+        self.start_reason.setMaximumWidth(START_REASON_WIDTH)
         self.start_reason.setContentsMargins(4, 0, 8, 0)
         self.start_reason_action = toolbar.addWidget(self.start_reason)  # a toolbar shows it through its action
         self.resume_action = self._action(toolbar, "↻  Resume", lambda: self.resume_run())
@@ -149,6 +171,7 @@ class MainWindow(QMainWindow):
         self.setup_tabs.addTab(self.scale_panel, "4  Scale out")
         self.setup_tabs.setMinimumHeight(240)  # a long estimate scrolls rather than squeeze the setup away
         self.problems.setWordWrap(True)
+        self.problems.setTextFormat(Qt.TextFormat.RichText)  # escaped text: an apostrophe is &#x27; until rendered
         self.problems.setProperty("role", "reason")
         left = QWidget()
         left_layout = QVBoxLayout(left)
@@ -160,16 +183,25 @@ class MainWindow(QMainWindow):
         left_layout.addWidget(self.self_test_offer)
         self.self_test_offer.add_button("Run the GPU self-test", self._accept_self_test_offer)
         self.self_test_offer.add_button("Not now", self.self_test_offer.hide)
-        left_layout.addWidget(self.setup_tabs, 1)
         under_tabs = QWidget()  # scrolls on a short screen when the estimate has much to say
         under_layout = QVBoxLayout(under_tabs)
         under_layout.setContentsMargins(0, 0, 0, 0)
         under_layout.addWidget(self.problems)
         under_layout.addWidget(self.estimate_panel)
+        under_layout.addStretch(1)
         self.under_tabs = VerticalScroll(under_tabs)
-        # No taller than its text: the room left over goes to the tabs.
-        self.under_tabs.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
-        left_layout.addWidget(self.under_tabs)
+        self.under_tabs.setMinimumHeight(120)
+        # Its scroll bar always there: one that came and went with the text's length would move the buttons sideways
+        self.under_tabs.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOn)
+        # The tabs and the estimate share the column in a splitter: its sizes change when the window is resized or
+        # the handle dragged, never as the estimate's text grows or shrinks (the controls stay under the pointer).
+        self.setup_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.setup_splitter.setChildrenCollapsible(False)
+        self.setup_splitter.addWidget(self.setup_tabs)
+        self.setup_splitter.addWidget(self.under_tabs)
+        self.setup_splitter.setStretchFactor(0, 1)
+        self.setup_splitter.setStretchFactor(1, 0)
+        left_layout.addWidget(self.setup_splitter, 1)
 
         self.run_tabs = QTabWidget()
         self.run_tabs.addTab(self.charts, "Training")
@@ -303,8 +335,9 @@ class MainWindow(QMainWindow):
         problems = self.start_blockers()
         self.start_action.setEnabled(not active and not problems)
         self.start_action.setToolTip("A run is in progress" if active else
-                                     ("Fix first: " + "; ".join(map(str, problems)) if problems else "Start training"))
-        self.start_reason.setText("" if active or not problems else self._start_reason(problems))
+                                     ("Fix first: " + "; ".join(self.store.words(str(p)) for p in problems)
+                                      if problems else "Start training"))
+        self._show_start_reason("" if active or not problems else self._start_reason(problems))
         self.start_reason_action.setVisible(not active and bool(problems))
         self.stop_action.setEnabled(active)
         self.stop_action.setText("■  Stop now (abort)" if job.state is State.STOPPING else "■  Stop and save")
@@ -326,14 +359,36 @@ class MainWindow(QMainWindow):
             self.export_panel.set_run(run_dir)
             self.try_panel.set_run(run_dir)
 
+    def listed_problems(self) -> list[Problem]:
+        """The problems listed under the tabs: the setup's and this machine's. The model's are listed in 1 Model and
+        the data's in 2 Data, where they are fixed; the window says each once."""
+        config = self.store.config
+        problems = self.store.problems() + machine_problems(config, nvidia_gpu=bool(self.estimate_panel.detected))
+        shown = {str(p) for p in self.model_panel.problems + self.data_panel.problems}
+        return [p for p in problems if str(p) not in shown]
+
     def _start_reason(self, problems: list[Problem]) -> str:
-        if self.model_panel.problems:
+        """A short pointer to where the problems are listed: one line, never their text."""
+        listed = len(self.listed_problems())
+        where = {"1 Model": len(self.model_panel.problems), "2 Data": len(self.data_panel.problems),
+                 "under the tabs": listed}
+        where = {place: count for place, count in where.items() if count}
+        if list(where) == ["1 Model"]:
             return "⚠ Cannot start: the model cannot be loaded (see 1 Model)"
-        if self.data_panel.problems:
+        if list(where) == ["2 Data"]:
             return "⚠ Cannot start: the data has problems (see 2 Data)"
-        if not self.store.problems():  # then it is this machine
-            return "⚠ Cannot start here: " + problems[0].message.split(":")[0]
-        return f"⚠ Cannot start: {len(problems)} problem{'s' if len(problems) > 1 else ''}, listed on the left"
+        count = sum(where.values()) or len(problems)
+        places = list(where) or ["under the tabs"]
+        places = ", ".join(places[:-1]) + " and " + places[-1] if len(places) > 1 else places[0]
+        places = places if places.startswith("under") else "in " + places
+        return f"⚠ Cannot start: {count} problem{'s' if count > 1 else ''}, listed {places}"
+
+    def _show_start_reason(self, text: str) -> None:
+        """The reason in one line: elided to the room it has beside Start, whole in its tooltip."""
+        metrics = self.start_reason.fontMetrics()
+        room = START_REASON_WIDTH - self.start_reason.contentsMargins().left() - self.start_reason.contentsMargins().right()
+        self.start_reason.setText(metrics.elidedText(text, Qt.TextElideMode.ElideRight, room))
+        self.start_reason.setToolTip(text)
 
     def _waiting_text(self) -> str:
         job = self.controller.job
@@ -352,8 +407,9 @@ class MainWindow(QMainWindow):
             self.apply_fix_button.setToolTip(f"Change the setup on the left: {fix['description']}")
         if job.state in (State.FAILED, State.CRASHED) and job.error is not None:
             title = "Training failed" if job.state is State.FAILED else "The training worker crashed"
-            hint = f"<br><b>What to do:</b> {html.escape(job.error.hint)}" if job.error.hint else ""
-            self.run_banner.show_message(f"<b>{title}:</b> {html.escape(job.error.message)}{hint}", error=True)
+            words = self.store.words  # the worker's message names settings by config keys: here, by their labels
+            hint = f"<br><b>What to do:</b> {html.escape(words(job.error.hint))}" if job.error.hint else ""
+            self.run_banner.show_message(f"<b>{title}:</b> {html.escape(words(job.error.message))}{hint}", error=True)
         elif job.state is State.FINISHED:
             messages = {"completed": f"Completed {job.step} steps. Export it or try it in the tabs on the right.",
                         "stopped": f"Stopped and saved at step {job.step}. Resume continues from there.",
@@ -374,10 +430,15 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ config
     def _on_config_changed(self, *_args) -> None:
-        problems = self.start_blockers()
-        self.problems.setText("" if not problems else "⚠ Fix before starting: " +
-                              "; ".join(html.escape(str(p)) for p in problems[:4]))
-        self.problems.setVisible(bool(problems))
+        listed = self.listed_problems()
+        words = [html.escape(self.store.words(str(p)), quote=False) for p in listed]
+        if len(words) > 1:
+            items = "".join(f"<li>{line}</li>" for line in words)
+            text = f"⚠ Fix before starting:<ul style='margin:0; margin-left:-24px'>{items}</ul>"
+        else:
+            text = "".join(f"⚠ Fix before starting: {line}" for line in words)
+        self.problems.setText(text)
+        self.problems.setVisible(bool(listed))
         self._on_run_changed()
 
     # ------------------------------------------------------------ window state
@@ -388,10 +449,17 @@ class MainWindow(QMainWindow):
         state = self._window_state()
         if state.value("geometry") is not None:
             self.restoreGeometry(state.value("geometry"))
-        else:
-            self.resize(1280, 800)
+        else:  # the first start: as large as the screen leaves room for, up to 1280x800
+            first = first_geometry(available_geometry(self))
+            self.resize(first.size())
+            self.move(first.topLeft())
+        column = max(self.height() - 100, 400)  # the setup column, less the menu, toolbar and status bar
+        estimate = min(300, int(column * 0.45))
+        self.setup_splitter.setSizes([column - estimate, estimate])
         if state.value("splitter") is not None:
             self.splitter.restoreState(state.value("splitter"))
+        if state.value("setup_splitter") is not None:
+            self.setup_splitter.restoreState(state.value("setup_splitter"))
         self.setup_tabs.setCurrentIndex(self.settings.left_tab)
         self.run_tabs.setCurrentIndex(self.settings.right_tab)
 
@@ -399,6 +467,7 @@ class MainWindow(QMainWindow):
         state = self._window_state()
         state.setValue("geometry", self.saveGeometry())
         state.setValue("splitter", self.splitter.saveState())
+        state.setValue("setup_splitter", self.setup_splitter.saveState())
         state.sync()
         self.settings.left_tab = self.setup_tabs.currentIndex()
         self.settings.right_tab = self.run_tabs.currentIndex()

@@ -100,6 +100,7 @@ class DataPanel(VerticalScroll):
         legend = QLabel(f"Preview as the model sees it: <span style='background:{TRAINED_BG}'>&nbsp;learned (in the "
                         f"loss)&nbsp;</span> <span style='background:{MASKED_BG}; color:{MUTED}'>&nbsp;context only "
                         "(masked)&nbsp;</span>")
+        legend.setWordWrap(True)  # a narrow column wraps it
         preview_layout.addWidget(legend)
         preview_layout.addWidget(self.examples, 1)
         histogram = QWidget()
@@ -195,7 +196,7 @@ class DataPanel(VerticalScroll):
         self.preview = None
         self._set_problems(getattr(error, "problems", None) or [_problem_of(error)])
         self.lengths_changed.emit(None, False)
-        self.banner.show_message(_readable(error), error=True)
+        self.banner.show_message(self.store.words(_readable(error)), error=True)  # settings by their labels
         self.summary.setText("")
         self.examples.setHtml(f"<p style='color:{MUTED}'>No preview: fix the data problem above.</p>")
         self.histogram.show_message("No lengths to show.")
@@ -238,7 +239,8 @@ class DataPanel(VerticalScroll):
         self._set_problems(beyond_max_length_problems(beyond, max_length, setting) if beyond and every_row and
                            len(beyond) == preview.sampled else [])
         if self.problems:
-            self.banner.show_message(problems_html("The data has problems", self.problems), error=True)
+            self.banner.show_message(self.store.words(problems_html("The data has problems", self.problems)),
+                                     error=True)
         elif beyond:
             checked = f"{preview.rows:,} training rows" if every_row else f"the first {preview.sampled:,} rows"
             message, hint = beyond_max_length_warning(beyond, checked, max_length, "the run trains on the others",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar,
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGroupBox, QHBoxLayout, QLabel, QProgressBar,
                                QPushButton, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig, save_config
@@ -31,7 +31,6 @@ PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
 }
 VERDICT_COLORS = {"fits": GOOD, "tight": WARN, "does not fit": BAD}
 CUSTOM = "custom"
-LEGEND_COLUMNS = 3  # the widest labels ("optimizer state 12.30 GiB") side by side in the setup column
 
 
 class StackedBar(QWidget):
@@ -203,10 +202,10 @@ class EstimatePanel(QGroupBox):
         self.verdict.setTextFormat(Qt.TextFormat.RichText)
         self.verdict.setWordWrap(True)  # "No estimate: ..." says why in a sentence
         self.phase = explanation("")
-        self.legend_labels: list[QLabel] = []
-        self.legend = QGridLayout()
-        self.legend.setHorizontalSpacing(10)
-        self.legend.setVerticalSpacing(0)
+        # The parts in one wrapping line: as many side by side as the column has room for (a narrow window too)
+        self.legend = explanation("")
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend_labels: list[QLabel] = [self.legend]
         self.machine_note = explanation("" if self.detected else
                                         "No NVIDIA GPU here (training uses the CPU): the estimate is for the card you pick.")
         self.machine_note.setVisible(not self.detected)
@@ -241,16 +240,17 @@ class EstimatePanel(QGroupBox):
         layout = QVBoxLayout(self)
         layout.setSpacing(3)
         layout.setContentsMargins(8, 4, 8, 6)
+        # What can change length as the setup changes (the bars, the legend, the notes) is below the controls: they
+        # stay where they are under the pointer.
         layout.addWidget(self.picker)
         layout.addWidget(self.machine_note)
-        layout.addLayout(self.bar_area)
-        layout.addLayout(self.legend)
         verdict_row = QHBoxLayout()
         verdict_row.addWidget(self.verdict, 1)
-        verdict_row.addWidget(self.progress)
-        verdict_row.addWidget(self.fit_button)
-        verdict_row.addWidget(self.simulate_button)
+        for widget in (self.progress, self.fit_button, self.simulate_button):  # not moved by a verdict that wraps
+            verdict_row.addWidget(widget, 0, Qt.AlignmentFlag.AlignTop)
         layout.addLayout(verdict_row)
+        layout.addLayout(self.bar_area)
+        layout.addWidget(self.legend)
         layout.addWidget(self.phase)
         layout.addWidget(self.data_peak)
         layout.addWidget(self.result)
@@ -349,20 +349,12 @@ class EstimatePanel(QGroupBox):
                 bar.set_parts(bars[index][1], self.picker.capacity_bytes)
 
     def _set_legend(self, parts: dict[str, int]) -> None:
-        """One label per non-zero part; labels are reused (recreating them on every keystroke flickers)."""
+        """One entry per non-zero part, each kept on one line, the entries wrapping as the column's width allows."""
         shown = [(name, value) for name, value in parts.items() if value > 0]
-        while len(self.legend_labels) < len(shown):
-            label = QLabel()
-            label.setProperty("role", "explain")
-            index = len(self.legend_labels)
-            self.legend.addWidget(label, index // LEGEND_COLUMNS, index % LEGEND_COLUMNS)
-            self.legend_labels.append(label)
-        for index, label in enumerate(self.legend_labels):
-            label.setVisible(index < len(shown))
-            if index < len(shown):
-                name, value = shown[index]
-                label.setText(f"<span style='color:{PART_COLORS[name]}'>■</span> {PART_LABELS[name]} "
-                              f"{format_bytes(value)}")
+        entries = [f"<span style='color:{PART_COLORS[name]}'>■</span>&nbsp;"
+                   + f"{PART_LABELS[name]} {format_bytes(value)}".replace(" ", "&nbsp;") for name, value in shown]
+        self.legend.setText(" &nbsp; ".join(entries))
+        self.legend.setVisible(bool(shown))
 
     # ------------------------------------------------------------ fit
     def fit_to_gpu(self) -> None:

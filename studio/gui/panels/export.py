@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
+from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
                                QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton, QVBoxLayout, QWidget)
 
 from studio.core.config import load_config
@@ -64,9 +64,13 @@ class ExportPanel(QWidget):
         self.gguf_verdicts: dict[Path, str] = {}  # run folder -> "" (llama.cpp can convert it) or why not, in words
         self.run_label = QLabel("No run chosen: finish a run, or choose one in History and press Export.")
         self.run_label.setWordWrap(True)
-        self.adapter = QRadioButton("Adapter: small, PEFT loads it on the base model")
-        self.merged = QRadioButton("Merged model: the adapter built in, for transformers alone")
-        self.gguf = QRadioButton("GGUF: for llama.cpp, Ollama and LM Studio, each file with an Ollama Modelfile")
+        self.adapter = QRadioButton("Adapter")
+        self.merged = QRadioButton("Merged model")
+        self.gguf = QRadioButton("GGUF")
+        # What each is for beside it, wrapping: a narrow window keeps it whole
+        self.kind_notes = {self.adapter: "small, PEFT loads it on the base model",
+                           self.merged: "the adapter built in, for transformers alone",
+                           self.gguf: "for llama.cpp, Ollama and LM Studio, each file with an Ollama Modelfile"}
         self.kind_group = QButtonGroup(self)
         for button in (self.adapter, self.merged, self.gguf):
             self.kind_group.addButton(button)
@@ -118,11 +122,13 @@ class ExportPanel(QWidget):
         group = QGroupBox("Export")
         form = QFormLayout(group)
         form.addRow("Run:", self.run_label)
-        kinds = QVBoxLayout()
-        kinds.addWidget(self.adapter)
-        kinds.addWidget(self.merged)
-        kinds.addWidget(self.gguf)
-        kinds.addWidget(self.kind_reason)
+        kinds = QGridLayout()
+        kinds.setVerticalSpacing(2)
+        for row, (button, note) in enumerate(self.kind_notes.items()):
+            kinds.addWidget(button, row, 0, Qt.AlignmentFlag.AlignTop)
+            kinds.addWidget(explanation(note), row, 1)
+        kinds.setColumnStretch(1, 1)
+        kinds.addWidget(self.kind_reason, len(self.kind_notes), 0, 1, 2)
         form.addRow("What:", kinds)
         form.addRow("Dtype:", self.dtype)
         quants = QHBoxLayout()

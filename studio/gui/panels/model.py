@@ -143,7 +143,8 @@ class ModelPanel(VerticalScroll):
             self.summary = None
             self._show_facts(None)
             if not problems:
-                self.banner.show_message(f"<b>{html.escape(exc.message)}</b><br>{html.escape(exc.hint)}", error=True)
+                self.banner.show_message(self.store.words(f"<b>{html.escape(exc.message)}</b><br>"
+                                                          f"{html.escape(exc.hint)}"), error=True)
         else:
             self.banner.hide()
             self._show_facts(self.summary)
@@ -152,7 +153,7 @@ class ModelPanel(VerticalScroll):
                 self._fill_recent()
         if problems:
             what = "This model folder" if is_local_model(name) else "This model"
-            self.banner.show_message(problems_html(f"{what} cannot be loaded", problems), error=True)
+            self.banner.show_message(self.store.words(problems_html(f"{what} cannot be loaded", problems)), error=True)
             if any(p.where.endswith(WEIGHT_SUFFIXES) or p.message.startswith("no weights") for p in problems):
                 self.facts["Weights"].setText(f"<span style='color:{BAD}'>damaged or missing</span>: see the problem above")
         self.summary_changed.emit(self.summary)
@@ -161,7 +162,7 @@ class ModelPanel(VerticalScroll):
         model = config.model
         if model.trust_remote_code:
             message, hint = remote_code_warning(model.name_or_path, model.revision)
-            self.remote_code_warning.setText(f"⚠ {message}. To do: {hint}.")
+            self.remote_code_warning.setText(self.store.words(f"⚠ {message}. To do: {hint}."))
         self.remote_code_warning.setVisible(model.trust_remote_code)
 
     def _show_facts(self, s: ModelSummary | None) -> None:

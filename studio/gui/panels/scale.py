@@ -125,6 +125,16 @@ class ScalePanel(SettingsColumn):
         bundle_reason = "a layer split runs on one machine" if config.distributed.layer_split else ""
         self.bundle_button.setEnabled(not bundle_reason)
         self.bundle_button.setToolTip(bundle_reason.capitalize() or self.bundle_button.toolTip())
+        self._say_once(self.offload_optimizer, self.offload_params)
+
+    @staticmethod
+    def _say_once(above: BoundControl, below: BoundControl) -> None:
+        """The weights' offload says what the optimizer state's, right above, says already in a word (their choices
+        are the same): every sentence once in the window. Runs after the controls' own refresh."""
+        if below.explain.text() == above.explain.text():
+            below.explain.setText("As for the optimizer state, above.")
+        if below.reason.text() and below.reason.text() == above.reason.text():
+            below.show_reason("Not available now: as for the optimizer state, above.")
 
     def _open_bundle_dialog(self) -> None:
         dialog = BundleDialog(self.store.config.distributed.num_processes, self)

@@ -39,7 +39,16 @@ def change_lines(differences: dict[str, tuple[Any, Any]], labels: dict[str, str]
 _FIELD_PATH = re.compile(r"\b[a-z]+\.[a-z_]+\b")
 
 
+# Fields the window has no control for, said in words (a run's config file sets them)
+UNSHOWN_FIELDS = {"model.revision": "the model's revision (in the run's config file)"}
+
+
 def in_window_words(text: str, labels: dict[str, str]) -> str:
     """``text`` with each config field it names (``distributed.sharding``) called by its label on screen, quoted."""
     labels = {**OTHER_LABELS, **labels}
-    return _FIELD_PATH.sub(lambda m: f"“{labels[m.group()]}”" if m.group() in labels else m.group(), text)
+
+    def word(match: re.Match) -> str:
+        path = match.group()
+        return f"“{labels[path]}”" if path in labels else UNSHOWN_FIELDS.get(path, path)
+
+    return _FIELD_PATH.sub(word, text)

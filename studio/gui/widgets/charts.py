@@ -74,9 +74,10 @@ class ChartCard(QWidget):
             item = self._plot.getPlotItem()
             item.setDownsampling(auto=True, mode="peak")
             item.setClipToView(True)
-            # An opaque, framed legend: curves pass behind it, not through its labels.
-            self.legend = item.addLegend(offset=(-8, 8), labelTextSize="8pt", brush=pg().mkBrush(255, 255, 255, 245),
-                                         pen=pg().mkPen("#d0d7de"))
+            # Top left, where the newest points (on the right) never are; translucent, so that the first ones
+            # still show through it.
+            self.legend = item.addLegend(offset=(8, 8), labelTextSize="8pt", brush=pg().mkBrush(255, 255, 255, 150),
+                                         pen=pg().mkPen(208, 215, 222, 160))
             self.stack.addWidget(self._plot)
         return self._plot
 
@@ -113,7 +114,7 @@ class ChartCard(QWidget):
             anchor = (0, 0) if label_below else (0, 1)
             line = self.lines[key] = pg().InfiniteLine(
                 angle=0, pen=pg().mkPen(color, width=1, style=style), label=label,
-                labelOpts={"position": 0.08, "color": color, "anchors": [anchor, anchor]})
+                labelOpts={"position": 0.4, "color": color, "anchors": [anchor, anchor]})  # clear of the legend
             self.plot.addItem(line)
         line.setValue(value)
         line.label.setFormat(label)
