@@ -153,12 +153,13 @@ def run_config(folder: Path, args, plain: bool):
 
     return demo_config().replace(
         name="throughput", model={"name_or_path": str(folder / "model")},
-        data={"train_files": (str(folder / "train.jsonl"),), "format": "prompt_completion",
+        data={"train_files": (str(folder / "train.jsonl"),), "eval_files": (), "format": "prompt_completion",
               "max_length": args.max_length, "packing": "none" if plain else "padding_free"},
         lora={"r": 8, "alpha": 16.0, "dropout": 0.0},
         training={"precision": args.precision, "micro_batch_size": args.batch, "max_steps": args.steps,
                   "learning_rate": 1e-3, "lr_scheduler": "constant", "warmup_ratio": 0.0,
                   "chunked_loss": not plain, "seed": args.seed},
+        schedule={"sample_every": 0},
     )
 
 

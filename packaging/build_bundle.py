@@ -77,8 +77,9 @@ def demo_through(runtime: Path, home: Path) -> str:
     done = run_app(["-m", "studio", "demo", "--run-dir", str(home / "demo")], home, runtime, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"the demo through {runtime} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    after = next(line for line in done.stdout.splitlines() if "after training" in line)
-    return f"demo through the runtime: {after.strip()} ({time.monotonic() - started:.0f} s)"
+    match = next(line for line in done.stdout.splitlines() if line.startswith("exact match"))
+    return f"demo through the runtime: held-out {' '.join(match.split())} (base, fine-tuned) " \
+           f"({time.monotonic() - started:.0f} s)"
 
 
 def folder_size(folder: Path) -> int:

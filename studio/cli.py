@@ -59,6 +59,29 @@ def _add_generate(commands) -> None:
     p.set_defaults(handler=_generate)
 
 
+def _add_eval(commands) -> None:
+    p = commands.add_parser("eval", help="compare the base and the fine-tuned model on held-out rows",
+                            description="Score the run's base model and its newest checkpoint on held-out rows: loss "
+                            "and perplexity over completion tokens, and for rows with a reference answer exact match, "
+                            "contains and token F1 of greedy answers. Writes RUN_DIR/evaluation.json (every row, "
+                            "worst first) and an event the model card shows.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--data", nargs="+", metavar="FILE", help="rows to evaluate on (default: the run's eval_files, "
+                   "else the rows its eval_fraction held out)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer generated (default 256; "
+                   "each batch stops 16 tokens past its longest reference)")
+    p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
+    p.set_defaults(handler=_eval)
+
+
+def _add_track(commands) -> None:
+    p = commands.add_parser("track", help="write a run's TensorBoard files again from its events",
+                            description="Write RUN_DIR/tensorboard from RUN_DIR/events.jsonl, replacing what is there: "
+                            "for a run trained without schedule.tensorboard, or whose files were deleted.")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(handler=_track)
+
+
 def _add_config(commands) -> None:
     from studio.core.config import reference_markdown
 
@@ -101,7 +124,7 @@ def _add_doctor(commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="studio", description="Finetune Studio: fine-tune language models on your own GPU.")
     commands = parser.add_subparsers(dest="command")
-    for add in (_add_train, _add_demo, _add_export, _add_generate, add_estimate, add_fit, _add_config, _add_bundle,
+    for add in (_add_train, _add_demo, _add_export, _add_generate, _add_eval, _add_track, add_estimate, add_fit, _add_config, _add_bundle,
                 _add_doctor):
         add(commands)
     return parser
@@ -175,6 +198,28 @@ def _generate(args) -> int:
         print(json.dumps(answers))
     else:
         print(f"base:       {answers['base']}\nfine-tuned: {answers['tuned']}  ({answers['checkpoint']})")
+    return 0
+
+
+def _eval(args) -> int:
+    import json
+
+    from studio.core.run.evaluation import comparison_lines
+    from studio.train.evaluation.compare import evaluate_run
+
+    result = evaluate_run(args.run_dir, tuple(args.data or ()), args.max_new_tokens)
+    print(json.dumps(result, ensure_ascii=False) if args.json else "\n".join(comparison_lines(result, args.run_dir)))
+    return 0
+
+
+def _track(args) -> int:
+    from studio.core.run.directory import RunDir
+    from studio.train.tracking.tensorboard import replay
+
+    if not RunDir(args.run_dir).events.is_file():
+        raise StudioError(f"{args.run_dir} has no events.jsonl", "pick a run directory (it holds config.yaml and "
+                          "events.jsonl)", kind="usage")
+    print(f"wrote {replay(args.run_dir)}: tensorboard --logdir \"{Path(args.run_dir) / 'tensorboard'}\"")
     return 0
 
 

@@ -12,10 +12,10 @@ from studio.train import entry
 
 def quick_config(data_file: Path, **sections):
     base = demo_config().replace(
-        data={"train_files": (str(data_file),), "max_length": 48},
+        data={"train_files": (str(data_file),), "eval_files": (), "max_length": 48},
         training={"micro_batch_size": 8, "max_steps": 12, "learning_rate": 3e-3, "warmup_ratio": 0.0,
                   "lr_scheduler": "constant"},
-        schedule={"log_every": 1, "save_every": 0},
+        schedule={"log_every": 1, "save_every": 0, "sample_every": 0},
     )
     return base.replace(**sections)
 

@@ -10,8 +10,11 @@ from studio.train.demo import run_demo
 @pytest.mark.slow
 def test_demo_turns_a_failing_base_model_into_a_correct_one(tmp_path, capsys):
     assert run_demo(tmp_path / "demo") == 0
-    accuracy = next(e for e in read_events(RunDir(tmp_path / "demo").events) if "heldout_exact_match" in e)
-    assert accuracy["heldout_exact_match_before"] < 0.10
-    assert accuracy["heldout_exact_match"] > 0.70
-    assert (tmp_path / "demo" / "exports" / "adapter" / "adapter_model.safetensors").is_file()
-    assert "held-out exact match after training" in capsys.readouterr().out
+    evaluation = next(e for e in read_events(RunDir(tmp_path / "demo").events) if e["type"] == "evaluation")
+    assert evaluation["base"]["exact_match"] < 0.10
+    assert evaluation["tuned"]["exact_match"] > 0.70
+    adapter = tmp_path / "demo" / "exports" / "adapter"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    assert "| exact match | " in (adapter / "README.md").read_text()  # the card shows base vs tuned
+    printed = capsys.readouterr().out
+    assert "fine-tuned" in printed and "exact match" in printed

@@ -360,3 +360,22 @@ def test_throughput_has_a_smoothed_line_that_restarts_with_a_resumed_run():
     assert len(run.tokens_per_s_smoothed) == 40 and run.tokens_per_s_smoothed.y[-10:].std() < run.tokens_per_s.y[-10:].std() / 4
     run.add({"type": "run_started", "start_step": 20})
     assert len(run.tokens_per_s) == len(run.tokens_per_s_smoothed) == 20
+
+
+def test_samples_are_kept_per_prompt_and_a_resumed_run_drops_the_lost_steps():
+    from studio.gui.state.series import SampleHistory
+
+    def samples(step, *answers):
+        return {"type": "samples", "step": step, "samples": [
+            {"prompt": f"q{i}", "reference": "a kind of fruit", "location": f"held.jsonl:{i + 1}", "answer": a}
+            for i, a in enumerate(answers)]}
+
+    history = SampleHistory()
+    for event in ({"type": "run_started", "start_step": 0, "config": {"schedule": {"sample_every": 10}}},
+                  samples(0, "drink .", "kind"), samples(10, "a kind of", "a kind"), samples(20, "a kind of fruit", "x"),
+                  {"type": "run_started", "start_step": 10}, samples(20, "a kind of fruit", "a kind of fruit")):
+        history.add(event)
+    first = history.prompts[0]
+    assert history.every == 10 and first.base_answer == "drink ." and first.location == "held.jsonl:1"
+    assert first.newest_first() == [(20, "a kind of fruit"), (10, "a kind of")]  # step 20 trained again, once
+    assert history.prompts[1].newest_first()[0] == (20, "a kind of fruit")

@@ -178,3 +178,20 @@ def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs, monkeypatch)
     banner = window.run_banner.text.text()
     assert "Training failed" in banner and "out of memory in the forward pass" in banner and "What to do" in banner
     assert window.status.text().startswith("Failed") and window.apply_fix_button.isVisibleTo(window)
+
+
+def test_the_samples_tab_shows_the_base_answer_then_each_sampled_step_newest_first(qtbot, app_dirs):
+    window = open_window(qtbot)
+    set_short_run(window, steps=40, micro_batch=16)
+    window.data_panel.sample_every.spin.setValue(20)
+    window.start_action.trigger()
+    qtbot.waitUntil(lambda: window.controller.job.state is State.FINISHED, timeout=WORKER_TIMEOUT_MS)
+    window.run_tabs.setCurrentWidget(window.samples_panel)
+    panel = window.samples_panel
+    prompts = window.controller.series.samples.prompts
+    assert len(prompts) == 3 and all(p.location.startswith("categories_heldout.jsonl:") for p in prompts)
+    assert [step for step, _ in prompts[0].newest_first()] == [40, 20] and prompts[0].base_answer is not None
+    text = panel.view.toPlainText()
+    first = text[:text.index("2. ")]
+    assert first.index("reference") < first.index("step 40") < first.index("step 20") < first.index("base model")
+    assert text.count("✓") >= 4 and "3 prompts" in panel.note.text()  # the demo learns its task in 20 steps

@@ -206,10 +206,13 @@ def test_the_model_card_names_hub_ids_in_its_metadata(small_data):
     config = quick_config(small_data).replace(model={"name_or_path": "someone/base-model", "revision": "v1"},
                                               data={"train_files": ("hub:someone/tiny@default:train", str(small_data))})
     events = [{"type": "step", "step": 3, "loss": 1.25}, {"type": "eval", "step": 3, "eval_loss": 1.5},
-              {"type": "eval", "step": None, "heldout_exact_match_before": 0.0, "heldout_exact_match": 0.75}]
+              {"type": "evaluation", "checkpoint": "step-000003", "data": ["/data/held_out.jsonl"],
+               **{model: {"rows": 4, "loss": loss, "perplexity": 2.0, "answered": 4, "exact_match": match,
+                          "contains": match, "f1": match} for model, loss, match in (("base", 2.0, 0.0),
+                                                                                     ("tuned", 0.5, 0.75))}}]
     card = model_card(config, events, {"kind": "adapter", "dtype": "float32"}, "mit", load_path="me/tune")
     assert "| final train loss | 1.2500 |" in card and "| final eval loss | 1.5000 (step 3) |" in card
-    assert "| held-out exact match | 0% before, 75% after |" in card  # what studio demo records
+    assert "| exact match | 0.0% | 75.0% |" in card and "(`held_out.jsonl`), checkpoint `step-000003`" in card
     meta = front_matter(card)
     assert meta["base_model"] == "someone/base-model" and meta["datasets"] == ["someone/tiny"]
     assert meta["license"] == "mit" and meta["library_name"] == "peft"

@@ -272,5 +272,5 @@ def test_setup_offline_from_local_wheels_cancel_resume_and_train_the_demo(tmp_pa
     demo = subprocess.run(runtime_invocation(["-m", "studio", "demo", "--run-dir", str(tmp_path / "demo")], plan),
                           env=runtime_environment(dict(os.environ)), capture_output=True, text=True, timeout=600)
     assert demo.returncode == 0, demo.stderr[-3000:]
-    assert "held-out exact match after training" in demo.stdout
+    assert any(line.startswith("exact match") for line in demo.stdout.splitlines())  # base vs fine-tuned
     assert (tmp_path / "demo" / "exports" / "adapter").is_dir()

@@ -78,6 +78,10 @@ class DataConfig:
     eval_fraction: float = _field(
         0.0, "Fraction of the training rows held out for eval loss when no eval_files are given (0 to 0.5)."
     )
+    sample_prompts: tuple[str, ...] = _field(
+        (), "Prompts the model answers while it trains (schedule.sample_every), asked the way the training rows ask; "
+        "empty: the first three held-out rows, their reference answers shown beside."
+    )
     max_length: int = _field(512, "Maximum tokens per example; longer examples are truncated (and counted).")
     train_on_prompt: bool = _field(
         False, "Also compute the loss on prompt tokens. Off: loss only on the response tokens."
@@ -237,7 +241,12 @@ class ScheduleConfig:
 
     log_every: int = _field(1, "Emit a step event every this many optimizer steps.")
     eval_every: int = _field(0, "Evaluate every this many steps; 0: only at the end (if there is eval data).")
+    sample_every: int = _field(0, "Answer the sample prompts (data.sample_prompts) greedily with the current weights "
+                               "before the first step, every this many steps and after the last; 0: no samples.")
     save_every: int = _field(0, "Save a checkpoint every this many steps; 0: only at the end and on stop.")
+    tensorboard: bool = _field(True, "Also write the run's figures (losses, learning rate, throughput, memory, "
+                               "samples, evaluations) as TensorBoard files in RUN/tensorboard: "
+                               "tensorboard --logdir RUN/tensorboard.")
     keep_checkpoints: int = _field(2, "Keep the newest this many complete checkpoints.")
 
 

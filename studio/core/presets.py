@@ -12,20 +12,21 @@ DEMO_TRAIN = DEMO_DATASETS / "categories_instruction.jsonl"
 DEMO_HELDOUT = DEMO_DATASETS / "categories_heldout.jsonl"
 
 
-# The data choices the demo model keeps when it is picked for data of the user's own.
-_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "format", "template", "train_on_prompt")
+# The data choices the demo model keeps when it is picked for data of the user's own (with its held-out rows go
+# the samples of them while training).
+_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "sample_prompts", "format", "template", "train_on_prompt")
 
 
 def demo_config() -> RunConfig:
     """LoRA on the embedded tiny Llama: teaches it to answer questions about what it knows
-    (see resources/build_demo_assets.py)."""
+    (see resources/build_demo_assets.py); held-out questions show its eval loss and, every 20 steps, its answers."""
     return RunConfig(name="demo").replace(
         model={"name_or_path": str(DEMO_MODEL)},
-        data={"train_files": (str(DEMO_TRAIN),), "format": "auto", "max_length": 64},
+        data={"train_files": (str(DEMO_TRAIN),), "eval_files": (str(DEMO_HELDOUT),), "format": "auto", "max_length": 64},
         lora={"r": 8, "alpha": 16.0, "dropout": 0.0},
         training={"precision": "fp32", "micro_batch_size": 16, "gradient_accumulation_steps": 1,
                   "max_steps": 60, "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05},
-        schedule={"log_every": 1, "save_every": 20},
+        schedule={"log_every": 1, "save_every": 20, "sample_every": 20},
     )
 
 
@@ -34,4 +35,16 @@ def with_demo_model(config: RunConfig) -> RunConfig:
     bf16 or savers meant for a big model), keeping the data ``config`` names, if any."""
     if not config.data.train_files:
         return demo_config()
-    return demo_config().replace(data={name: getattr(config.data, name) for name in _USERS_DATA})
+    return demo_config().replace(data={name: getattr(config.data, name) for name in _USERS_DATA},
+                                 schedule={"sample_every": config.schedule.sample_every})
+
+
+def train_files_changes(config: RunConfig, files: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The data changes that make ``config`` train on ``files``: the demo's held-out questions go and come with
+    the demo's data (they would measure nothing on data of the user's own)."""
+    demo_held_out, changes = (str(DEMO_HELDOUT),), {"train_files": tuple(files)}
+    if config.data.eval_files == demo_held_out and changes["train_files"] != (str(DEMO_TRAIN),):
+        changes["eval_files"] = ()
+    elif changes["train_files"] == (str(DEMO_TRAIN),) and not (config.data.eval_files or config.data.eval_fraction):
+        changes["eval_files"] = demo_held_out
+    return changes

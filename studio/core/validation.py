@@ -209,7 +209,7 @@ def _check_schedule(config: RunConfig) -> list[Problem]:
     s = config.schedule
     problems: list[Problem] = []
     problems += _positive(s.log_every, "schedule.log_every", "interval in steps")
-    for name in ("eval_every", "save_every"):
+    for name in ("eval_every", "save_every", "sample_every"):
         if getattr(s, name) < 0:
             problems.append(Problem(f"schedule.{name}", "must be 0 or more"))
     problems += _positive(s.keep_checkpoints, "schedule.keep_checkpoints", "number of checkpoints to keep")

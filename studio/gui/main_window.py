@@ -23,6 +23,7 @@ from studio.gui.panels.estimate import EstimatePanel
 from studio.gui.panels.export import ExportPanel
 from studio.gui.panels.history import HistoryPanel
 from studio.gui.panels.model import ModelPanel
+from studio.gui.panels.samples import SamplesPanel
 from studio.gui.panels.scale import ScalePanel
 from studio.gui.panels.techniques import TechniquesPanel
 from studio.gui.panels.try_it import TryPanel
@@ -86,6 +87,7 @@ class MainWindow(QMainWindow):
         self.estimate_panel = EstimatePanel(self.store, self.settings.gpu_card, self.settings.gpu_custom_gib,
                                             self.settings.gpu_custom_unit)
         self.charts = ChartsPanel()
+        self.samples_panel = SamplesPanel()
         self.history = HistoryPanel(self.runs_root)
         self.export_panel = ExportPanel()
         self.try_panel = TryPanel()
@@ -203,6 +205,7 @@ class MainWindow(QMainWindow):
 
         self.run_tabs = QTabWidget()
         self.run_tabs.addTab(self.charts, "Training")
+        self.run_tabs.addTab(self.samples_panel, "Samples")
         self.run_tabs.addTab(self.history, "History")
         self.run_tabs.addTab(self.export_panel, "Export")
         self.run_tabs.addTab(self.try_panel, "Try it")
@@ -234,6 +237,8 @@ class MainWindow(QMainWindow):
         self.model_panel.summary_changed.connect(self._on_config_changed)  # its problems may have changed
         self.controller.changed.connect(self._on_run_changed)
         self.controller.run_replaced.connect(lambda series: self.charts.show_runs([series]))
+        self.controller.run_replaced.connect(self.samples_panel.show_run)
+        self.controller.changed.connect(self.samples_panel.refresh)
         self.history.resume_requested.connect(self.resume_run)
         self.history.export_requested.connect(self._export_from_history)
 

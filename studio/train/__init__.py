@@ -23,7 +23,8 @@ and the sub-packages, one concern each (their ``__init__`` names their files):
 * ``model``: loading the model and applying the method, quantization, QAT and the savers;
 * ``distributed``: the engines (one process, DDP, FSDP, ZeRO), the launcher and the ranks' failure watch;
 * ``measure``: memory measured, simulated and traced, and what an out-of-memory error says;
-* ``evaluation``: generation: side-by-side answers and exact-match accuracy;
+* ``evaluation``: asking the model: side-by-side answers, base vs tuned on held-out rows, samples while training;
+* ``tracking``: the run's events also as TensorBoard files;
 * ``export``: the Hugging Face and GGUF exports, their chat template, model card and Hub upload.
 """
 

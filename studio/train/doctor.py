@@ -93,10 +93,11 @@ def rows_file(folder: Path) -> Path:
 def base_config(model: Path, data: Path, precision: str) -> RunConfig:
     """LoRA on ``data`` in one micro-batch per step, at a constant rate that lowers the loss in every step."""
     return demo_config().replace(
-        name="self-test", model={"name_or_path": str(model)}, data={"train_files": (str(data),), "max_length": 64},
+        name="self-test", model={"name_or_path": str(model)},
+        data={"train_files": (str(data),), "eval_files": (), "max_length": 64},
         training={"precision": precision, "micro_batch_size": ROWS, "max_steps": STEPS, "learning_rate": 3e-3,
                   "lr_scheduler": "constant", "warmup_ratio": 0.0},
-        schedule={"log_every": 1, "save_every": 0})
+        schedule={"log_every": 1, "save_every": 0, "sample_every": 0})
 
 
 def half_precision() -> str:

@@ -54,6 +54,7 @@ from studio.train.distributed.engine import leave_process_group, make_engine, pr
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.distributed.rankwatch import is_lost_contact
+from studio.train.evaluation.samples import Sampler, why_no_samples
 from studio.train.measure.memtrack import tracker_for
 from studio.train.measure.metrics import describe_devices, device_readings, library_versions, memory_snapshot
 from studio.train.measure.oom import (consistent_after, oom_report, overflowed_part, release_memory,
@@ -66,6 +67,7 @@ from studio.train.objectives import objective_for
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
+from studio.train.tracking.tensorboard import tracked_events
 
 log = logging.getLogger("studio.train")
 
@@ -137,6 +139,7 @@ class Worker:
         self._start_engine()
         self._restore(resume_from)
         self._announce(data, resume_from)
+        self.sampler = self._sampler()
 
     def _check_cpu_ram(self) -> None:
         """Refuse, before anything loads, a run whose CPU RAM (offloaded activations, weights kept there, ZeRO's
@@ -269,6 +272,8 @@ class Worker:
         """Run to the end or to a stop request; returns the final status."""
         schedule = self.config.schedule
         first_step = self.step
+        if self.step == 0:
+            self._sample()  # the base model's answers
         while self.step < self.total_steps:
             if self.step == first_step + MEASURED_STEP:
                 metrics = self._measured_optimizer_step()
@@ -284,8 +289,12 @@ class Worker:
                 self.evaluate()
             if schedule.save_every and self.step % schedule.save_every == 0 and self.step < self.total_steps:
                 self.save()
+            if schedule.sample_every and self.step % schedule.sample_every == 0:
+                self._sample()
         if self.eval_rows is not None and not (schedule.eval_every and self.step % schedule.eval_every == 0):
             self.evaluate()
+        if schedule.sample_every and self.step % schedule.sample_every:
+            self._sample()
         self.save()
         return "completed"
 
@@ -391,6 +400,24 @@ class Worker:
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens)
         return eval_loss
 
+    def _sampler(self) -> Sampler | None:
+        """What answers the sample prompts (in the first process), or None: no samples asked for, or a warning
+        says why there are none."""
+        if not (self.config.schedule.sample_every and self.engine.is_main):
+            return None
+        refusal = why_no_samples(self.config)
+        if refusal is not None:
+            self.events.emit("warning", message=refusal[0], hint=refusal[1])
+            return None
+        return Sampler(self.config, self.tokenizer)
+
+    def _sample(self) -> None:
+        """The sample prompts answered with the weights as they are now, as a samples event (by the first process
+        alone: the others wait for it at the next step)."""
+        if self.sampler is not None:
+            with self.engine.autocast():
+                self.events.emit("samples", step=self.step, **self.sampler.samples(self.raw_model))
+
     def save(self) -> Path:
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.engine, self.raw_model,
                                     self.scheduler, {"total_steps": self.total_steps})
@@ -487,7 +514,7 @@ def run(config: RunConfig | None, run_dir: Path | None = None, resume: bool = Fa
         log.info("removed torn checkpoint folders left by an interrupted save: %s", ", ".join(torn))
     if needs_launcher(config.distributed.num_processes):
         return launch(rd, config.distributed.num_processes, resume, watch_stdin), rd
-    events = EventWriter(rd.events) if not rank else SilentEvents()
+    events = tracked_events(rd, config) if not rank else SilentEvents()
     reporter = FailureReporter(events, rd, rank, int(os.environ.get("WORLD_SIZE", "1")))  # ranks: watches the others
     control = StopController(rd, watch_stdin=watch_stdin and rank is None)
     log.info("run directory %s", rd.path)

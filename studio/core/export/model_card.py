@@ -1,7 +1,7 @@
 """The model card (README.md) of an export: what it is, how it was made and checked, how to load it.
 
 Pure text from the run's config, its events (``run_started`` for the data
-counts, ``step``/``eval`` for the losses, ``estimate``/``memory_measured`` for
+counts, ``step``/``eval`` for the losses, ``evaluation`` for base vs fine-tuned, ``estimate``/``memory_measured`` for
 memory) and the export's record. The YAML metadata block at the top is the Hub's
 model card metadata: ``base_model`` and ``datasets`` only when they are Hub ids.
 """
@@ -16,6 +16,7 @@ import yaml
 from studio.core.config import RunConfig
 from studio.core.data.hub import hub_dataset_id
 from studio.core.methods import RANK
+from studio.core.run.evaluation import comparison_rows
 from studio.core.sizes import format_bytes
 
 CARD_FILE = "README.md"
@@ -69,6 +70,7 @@ def model_card(config: RunConfig, events: list[dict[str, Any]], record: dict[str
         _training(config, events),
         _data(config, events),
         _results(events),
+        _evaluation(events),
         _gguf_verification(record) if record["kind"] == "gguf" else _verification(record),
         _memory(events),
         _chat(record),
@@ -144,16 +146,24 @@ def _data(config: RunConfig, events: list[dict[str, Any]]) -> str:
 def _results(events: list[dict[str, Any]]) -> str:
     step = _last(events, "step")
     evaluation = _last(events, "eval", "eval_loss")
-    accuracy = _last(events, "eval", "heldout_exact_match")  # what `studio demo` measures
     rows = [("steps trained", step["step"] if step else 0)]
     if step:
         rows.append(("final train loss", f"{step['loss']:.4f}"))
     if evaluation:
         rows.append(("final eval loss", f"{evaluation['eval_loss']:.4f} (step {evaluation['step']})"))
-    if accuracy:
-        rows.append(("held-out exact match", f"{accuracy['heldout_exact_match_before']:.0%} before, "
-                                             f"{accuracy['heldout_exact_match']:.0%} after"))
     return "## Results\n\n" + _table(rows, ("", ""))
+
+
+def _evaluation(events: list[dict[str, Any]]) -> str:
+    """The newest `studio eval`: base and fine-tuned side by side on the held-out rows."""
+    found = _last(events, "evaluation")
+    if not found:
+        return ""
+    lines = ["| measure | base | fine-tuned |", "|---|---|---|"]
+    lines += [f"| {label} | {base} | {tuned} |" for label, base, tuned in comparison_rows(found)]
+    where = ", ".join(f"`{Path(name).name}`" for name in found["data"])
+    return (f"## Evaluation\n\nOn {found['tuned']['rows']} held-out rows ({where}), checkpoint "
+            f"`{found['checkpoint']}`:\n\n" + "\n".join(lines))
 
 
 def _verification(record: dict[str, Any]) -> str:

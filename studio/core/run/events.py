@@ -1,7 +1,7 @@
 """The event protocol between the worker and everything that watches it.
 
 The worker appends one JSON object per line to ``events.jsonl`` in its run
-directory; each has a ``type`` and a ``time`` (Unix seconds). The file is the
+directory (and, through studio.train.tracking, the same figures to TensorBoard files); each has a ``type`` and a ``time`` (Unix seconds). The file is the
 truth: a viewer that starts late, or after a crash, rebuilds the whole history
 from it. Types and their main fields:
 
@@ -22,6 +22,10 @@ from it. Types and their main fields:
 - ``step``: step, epoch, loss, lr, grad_norm, tokens_per_s, samples_per_s, memory (list per device;
   with several processes, each rank's own device). Only rank 0 writes events: one writer per file
 - ``eval``: step, eval_loss
+- ``samples``: step, seconds (generating took), samples (per prompt: location, prompt, reference or null,
+  answer): the greedy answers to the sample prompts with the weights of that step (step 0: the base's)
+- ``evaluation``: checkpoint, data (the files), base and tuned (each model's summary: rows, tokens, loss,
+  perplexity, answered, exact_match, contains, f1; studio.core.run.evaluation), written by `studio eval`
 - ``checkpoint``: step, path
 - ``export``: kind (adapter | merged), path, verification (max logit difference, passed)
 - ``warning``: message
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "checkpoint", "export", "warning", "error", "finished")
+EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "evaluation", "samples", "checkpoint", "export", "warning", "error", "finished")
 
 
 def make_event(type_: str, **fields: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@
 * ``techniques``: the method and the techniques, each explained, impossible choices disabled;
 * ``estimate``: the live memory estimate: a bar per GPU, the verdict, Fit to my GPU;
 * ``scale``: several GPUs or machines: processes, sharding, offload, layer split, the cluster bundle;
+* ``samples``: the answers to the sample prompts over a run's steps, beside the base's;
 * ``history``: past runs and their charts;
 * ``export``: exporting a run (adapter, merged, GGUF) with ``studio export``;
 * ``try_it``: one prompt answered by the base and the fine-tuned model.

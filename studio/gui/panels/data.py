@@ -4,15 +4,17 @@ model sees it (the loss-masked part set apart), and a token-length histogram wit
 from __future__ import annotations
 
 import html
+from pathlib import Path
+
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget, QPushButton, QSplitter,
-                               QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget,
+                               QPushButton, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES, beyond_max_length_problems, beyond_max_length_warning
 from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
-from studio.core.presets import DEMO_TRAIN
+from studio.core.presets import DEMO_TRAIN, train_files_changes
 from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview, tokenizer_of
 from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
@@ -22,7 +24,7 @@ from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleCont
 from studio.gui.widgets.histogram import LengthHistogram
 
 # The input fields whose change needs the files read again; max_length only moves the cut line.
-_PREVIEW_KEYS = ("train_files", "format", "template", "train_on_prompt")
+_PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt")
 
 
 class DataPanel(VerticalScroll):
@@ -59,6 +61,10 @@ class DataPanel(VerticalScroll):
         self.eval_fraction = NumberControl(store, "data.eval_fraction", "Held out for eval", "A share of the rows "
                                            "kept out of training to measure eval loss (0 = none).", 0.0, 0.5,
                                            decimals=2, step=0.05, compact=True)
+        self.sample_every = NumberControl(store, "schedule.sample_every", "Sample answers every", "While training, "
+                                          "the model answers the first three held-out rows greedily every this many "
+                                          "steps (and the base before the first): the Samples tab shows them.", 0,
+                                          100_000, suffix=" steps", special_zero="off", compact=True)
         self.examples = QTextBrowser()
         self.examples.setOpenLinks(False)
         self.examples.setMinimumHeight(80)
@@ -83,7 +89,8 @@ class DataPanel(VerticalScroll):
         layout.addWidget(self.summary)
         grid = QGridLayout()
         grid.setContentsMargins(0, 0, 0, 0)
-        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.eval_fraction)):
+        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.eval_fraction,
+                                        self.sample_every)):
             grid.addWidget(widget, index // 2, index % 2)
         layout.addLayout(grid)
 
@@ -115,7 +122,7 @@ class DataPanel(VerticalScroll):
 
     # ------------------------------------------------------------ choosing files
     def set_files(self, paths: list[str]) -> None:
-        self.store.update(data={"train_files": tuple(paths)})
+        self.store.update(data=train_files_changes(self.store.config, tuple(paths)))
 
     def _add_files(self) -> None:
         chosen = self.choose_files_dialog()
@@ -142,6 +149,10 @@ class DataPanel(VerticalScroll):
     def _on_config(self, config: RunConfig) -> None:
         data = config.data
         self._show_file_list(data.train_files)
+        # held-out files replace a share held out (the two cannot be combined)
+        self.eval_fraction.setEnabled(not data.eval_files)
+        self.eval_fraction.setToolTip("Rows of the held-out file(s) measure eval loss instead" if data.eval_files
+                                      else self.eval_fraction.explain.text())
         inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + (self.tokenizer,)
         if inputs != self._preview_inputs:
             self._preview_inputs = inputs
@@ -172,7 +183,9 @@ class DataPanel(VerticalScroll):
         rows += "" if preview.complete else " (at least)"
         template = {"none": "", "tokenizer": " · the tokenizer's chat template"}.get(
             preview.template, f" · {preview.template} template")
-        self.summary.setText(f"<b>{rows}</b> · format <b>{preview.format}</b>{template}")
+        held_out = ", ".join(html.escape(Path(name).name) for name in self.store.config.data.eval_files)
+        held_out = f" · held out for eval: <b>{held_out}</b>" if held_out else ""
+        self.summary.setText(f"<b>{rows}</b> · format <b>{preview.format}</b>{template}{held_out}")
         self.format.combo.setItemText(0, f"auto (detected: {preview.format})")
         self.examples.setHtml(examples_html(preview))
         self._draw_histogram(preview)

@@ -3,7 +3,7 @@
 * ``memory``: the window's only door to the memory estimator and fit (``studio.core.memory``), and the
   simulation in a subprocess;
 * ``job_state``: one training run as the window sees it (only a ``finished`` event says completed);
-* ``series``: a run's chart data, built from its events;
+* ``series``: a run's chart data and its sample prompts' answers, built from its events;
 * ``run_history``: past and running runs on disk: what History lists and what the window re-attaches to;
 * ``console``: what subprocesses print, split into lines, and errors made readable;
 * ``data_preview``: examples rendered as the model will see them, and their token lengths;

@@ -3,7 +3,8 @@
 Buffers are preallocated and double when full, so appending a point is O(1)
 amortized and a chart redraw hands pyqtgraph views, never copies of lists.
 ``RunSeries`` turns ``step`` and ``eval`` events into the series the charts
-show; a resumed run whose ``run_started`` says it restarts at step k drops
+show, and ``samples`` events into each sample prompt's answers over the steps
+(the Samples tab); a resumed run whose ``run_started`` says it restarts at step k drops
 any points after k (the steps a crash lost are trained again).
 """
 
@@ -118,6 +119,63 @@ class MemoryTrace:
 _GPU_FIELDS = {"allocated": "allocated_bytes", "reserved": "reserved_bytes", "nvml used": "nvml_used_bytes"}
 
 
+# ---------------------------------------------------------------- the Samples tab's answers
+
+
+@dataclass
+class SamplePrompt:
+    prompt: str
+    reference: str | None
+    location: str = ""
+    answers: list[tuple[int, str]] = field(default_factory=list)  # (step, answer), oldest first
+
+    @property
+    def base_answer(self) -> str | None:
+        """The answer before the first step: the base model's."""
+        return self.answers[0][1] if self.answers and self.answers[0][0] == 0 else None
+
+    def newest_first(self) -> list[tuple[int, str]]:
+        """The answers of the trained steps, newest first (the base's is shown on its own)."""
+        return [(step, answer) for step, answer in reversed(self.answers) if step > 0]
+
+
+class SampleHistory:
+    """The prompts in the order the worker asks them; ``add`` takes events in file order."""
+
+    def __init__(self):
+        self.prompts: list[SamplePrompt] = []
+        self.version = 0
+        self.warning = ""  # why the run has no samples, when the worker said so
+        self.every = 0  # the run's schedule.sample_every (0: it takes none)
+
+    def add(self, event: dict[str, Any]) -> bool:
+        kind = event.get("type")
+        if kind == "samples":
+            self._add_samples(int(event.get("step") or 0), event.get("samples") or [])
+        elif kind == "warning" and str(event.get("message", "")).startswith("no samples while training"):
+            self.warning = f"{event['message']}; {event.get('hint', '')}".rstrip("; ")
+        elif kind == "run_started":
+            schedule = (event.get("config") or {}).get("schedule") or {}
+            self.every = int(schedule.get("sample_every", self.every) or 0)
+            self.restart_at(int(event.get("start_step") or 0))
+        else:
+            return False
+        self.version += 1
+        return True
+
+    def _add_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        for index, sample in enumerate(samples):
+            if index == len(self.prompts):
+                self.prompts.append(SamplePrompt(str(sample.get("prompt", "")), sample.get("reference"),
+                                                 str(sample.get("location") or "")))
+            self.prompts[index].answers.append((step, str(sample.get("answer", ""))))
+
+    def restart_at(self, step: int) -> None:
+        """A resumed run trains again from ``step``: its later answers were lost with the steps."""
+        for prompt in self.prompts:
+            prompt.answers = [(s, a) for s, a in prompt.answers if s <= step]
+
+
 class RunSeries:
     """Every chart series of one run; ``add`` takes events in file order."""
 
@@ -132,6 +190,7 @@ class RunSeries:
         self.estimate_bytes: int | None = None
         self.estimate_by_device: dict[str, int] = {}  # each GPU's own estimate (ZeRO's ranks, a layer split's devices)
         self.started = False  # a run_started event was seen (the model is loaded)
+        self.samples = SampleHistory()  # the Samples tab's answers, from the same events
 
     @classmethod
     def from_events(cls, events: list[dict[str, Any]], name: str = "") -> "RunSeries":
@@ -154,6 +213,7 @@ class RunSeries:
 
     def add(self, event: dict[str, Any]) -> bool:
         """Take one event; returns whether any series changed."""
+        self.samples.add(event)
         kind = event.get("type")
         if kind == "run_started":
             self.started = True

@@ -238,7 +238,7 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     template = resolve_template(data.template, tokenizer) if formats & {"instruction", "chat"} else "none"
     encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt)
 
-    held_out = set() if eval_report else _held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
+    held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
     train = _SplitBuilder(train_report.format, template)
     evaluation = _SplitBuilder((eval_report or train_report).format, template) if eval_report or held_out else None
     encoder.run(iter_examples(data.train_files, train_report.format),
@@ -318,7 +318,7 @@ class _Encoder:
             raise ProblemsError(self.problems, "data", "the data")
 
 
-def _held_out_rows(rows: int, fraction: float, seed: int) -> set[int]:
+def held_out_rows(rows: int, fraction: float, seed: int) -> set[int]:
     """Indices of a seeded random ``fraction`` of the rows (at least one), leaving at least one."""
     if fraction <= 0:
         return set()

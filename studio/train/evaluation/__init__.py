@@ -1,5 +1,7 @@
-"""Asking a model: the base and the fine-tuned one side by side, and exact-match accuracy.
+"""Asking a model: the base and the fine-tuned one side by side, and how much better the tuned one answers.
 
 * ``generate``: ``studio generate RUN_DIR --prompt TEXT``: both answer one prompt;
+* ``compare``: ``studio eval RUN_DIR``: both models' loss and scored greedy answers on held-out rows;
+* ``samples``: while training, the model's greedy answers to a few prompts every schedule.sample_every steps;
 * ``exact_match``: greedy answers to held-out prompts, and how many are exactly right (the demo's measure).
 """

@@ -7,7 +7,9 @@ fine-tune changed. Runs in its own process: the GUI starts it with QProcess.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
@@ -23,7 +25,7 @@ from studio.train.model.build import build_model, load_base_model, load_tokenize
 from studio.train.quiet import quiet_progress_bars
 
 
-def _prompt_example(config: RunConfig, prompt: str) -> Example:
+def prompt_example(config: RunConfig, prompt: str) -> Example:
     """The prompt as the run's rows put it: a completion's prompt, or a user's message (chat, instruction)."""
     if _row_format(config) in ("prompt_completion", "text"):
         return Example(kind="prompt_completion", prompt=prompt, completion="")
@@ -39,6 +41,16 @@ def _row_format(config: RunConfig) -> str:
 
 def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[str, str]:
     """{"base": answer, "tuned": answer, "checkpoint": name} for one prompt."""
+    config, tokenizer, model, checkpoint = load_run_model(run_dir)
+    ids, _ = encode_prompt(prompt_example(config, prompt), tokenizer, config.data.template)
+    tuned = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
+    with base_model(model, config) as base_of_run:
+        base = generate_answers(base_of_run, tokenizer, [ids], max_new_tokens)[0]
+    return {"base": base.strip(), "tuned": tuned.strip(), "checkpoint": checkpoint.name}
+
+
+def load_run_model(run_dir: Path) -> tuple[RunConfig, Any, torch.nn.Module, Path]:
+    """The run's config, tokenizer, and model with its newest checkpoint's weights, for inference."""
     rd = RunDir(run_dir)
     if not rd.config.is_file():
         raise StudioError(f"{rd.path} is not a run directory (no config.yaml)", "pick a run from the history", kind="usage")
@@ -50,11 +62,16 @@ def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[s
     tokenizer = load_tokenizer(config)
     model = build_model(config, torch.device("cuda" if torch.cuda.is_available() else "cpu"), for_inference=True)
     load_weights(checkpoint, model)
-    ids, _ = encode_prompt(_prompt_example(config, prompt), tokenizer, config.data.template)
-    tuned = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
+    return config, tokenizer, model.eval(), checkpoint
+
+
+@contextmanager
+def base_model(model: torch.nn.Module, config: RunConfig) -> Iterator[torch.nn.Module]:
+    """The model before fine-tuning: the adapter switched off, or for a full fine-tune the base loaded beside."""
     if config.uses_adapter:
         with model.disable_adapter():
-            base = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
+            yield model
     else:
-        base = generate_answers(load_base_model(config, model.device), tokenizer, [ids], max_new_tokens)[0]
-    return {"base": base.strip(), "tuned": tuned.strip(), "checkpoint": checkpoint.name}
+        base = load_base_model(config, model.device).eval()
+        yield base
+        del base

@@ -1,0 +1,92 @@
+"""What an evaluation of a run found, base vs tuned: the scores of one answer, the summary of many, the file.
+
+`studio eval` (studio.train.evaluation.compare) writes ``RUN/evaluation.json``: a summary per model
+("base", "tuned") and one entry per held-out row, worst first; the summary also goes to the run's events
+(type "evaluation"), so the model card and the window show it. Pure Python: the window reads it too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+EVALUATION_FILE = "evaluation.json"
+MODELS = ("base", "tuned")
+ANSWER_SCORES = ("exact_match", "contains", "f1")
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def normalized_words(text: str) -> list[str]:
+    """Lower-cased words without punctuation: "The Plum." and "the plum" answer alike."""
+    return _WORD.findall(text.lower().translate(str.maketrans("", "", string.punctuation)))
+
+
+def answer_scores(answer: str, reference: str) -> dict[str, float]:
+    """Exact match and contains on normalized words, and the token-level F1 (SQuAD's) of one answer."""
+    said, wanted = normalized_words(answer), normalized_words(reference)
+    common = sum((Counter(said) & Counter(wanted)).values())
+    f1 = 0.0 if not common else 2 * common / (len(said) + len(wanted))
+    joined, target = " ".join(said), " ".join(wanted)
+    return {"exact_match": float(said == wanted), "contains": float(bool(target) and f" {target} " in f" {joined} "),
+            "f1": float(f1) if wanted or said else 1.0}
+
+
+def summary(rows: Iterable[dict[str, Any]], model: str) -> dict[str, Any]:
+    """One model's figures over the rows: loss and perplexity over completion tokens, mean answer scores."""
+    rows = list(rows)
+    tokens = sum(row["tokens"] for row in rows)
+    loss = sum(row[model]["loss_sum"] for row in rows) / tokens if tokens else None
+    result: dict[str, Any] = {"rows": len(rows), "tokens": tokens, "loss": loss,
+                              "perplexity": math.exp(loss) if loss is not None and loss < 700 else None}
+    answered = [row[model] for row in rows if "answer" in row[model]]
+    for name in ANSWER_SCORES:
+        result[name] = sum(scores[name] for scores in answered) / len(answered) if answered else None
+    result["answered"] = len(answered)
+    return result
+
+
+def worst_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tuned model's weakest rows first: lowest F1 (where there is an answer), then highest loss per token."""
+    def badness(row: dict[str, Any]) -> tuple[float, float]:
+        tuned = row["tuned"]
+        return (tuned.get("f1", 1.0), -tuned["loss_sum"] / max(row["tokens"], 1))
+    return sorted(rows, key=badness)
+
+
+def read_evaluation(run_dir: Path) -> dict[str, Any] | None:
+    """What the last `studio eval` of a run wrote; None when it has not been evaluated."""
+    path = Path(run_dir) / EVALUATION_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(measure, base, tuned) as words, for the console, the card and the window's table."""
+    def percent(value):
+        return "-" if value is None else f"{value:.1%}"
+
+    def number(value):
+        return "-" if value is None else f"{value:.4g}"
+
+    measures = [("loss (completion tokens)", "loss", number), ("perplexity", "perplexity", number)]
+    if summaries["tuned"].get("answered"):
+        measures += [("exact match", "exact_match", percent), ("contains the reference", "contains", percent),
+                     ("token F1", "f1", percent)]
+    return [(label, shown(summaries["base"][key]), shown(summaries["tuned"][key])) for label, key, shown in measures]
+
+
+def comparison_lines(result: dict[str, Any], run_dir: Path) -> list[str]:
+    """What `studio eval` prints: the rows and tokens, the two models side by side, the weakest answers."""
+    tuned = result["summary"]["tuned"]
+    lines = [f"{tuned['rows']} held-out rows, {tuned['tokens']} completion tokens; checkpoint {result['checkpoint']}",
+             f"{'':26}{'base':>12}{'fine-tuned':>12}"]
+    lines += [f"{label:26}{base:>12}{tuned_value:>12}" for label, base, tuned_value in comparison_rows(result["summary"])]
+    for row in [row for row in result["rows"][:3] if row["tuned"].get("f1", 1.0) < 1.0]:
+        lines.append(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned']['answer'][:60]!r}")
+    lines.append(f"every row: {Path(run_dir) / EVALUATION_FILE}")
+    return lines

@@ -1,0 +1,162 @@
+"""``studio eval RUN``: the base model and the fine-tuned one on held-out rows, side by side.
+
+For each row, both models' loss over its completion tokens (rendered and cut exactly as in training) and,
+where the row has a reference answer, their greedy answers scored by exact match, contains and token F1
+(studio.core.run.evaluation). The rows are the run's held-out ones (data.eval_files, else the rows its
+eval_fraction held out) or files the user names. Nothing is written until both models are done: a cancelled
+or failed evaluation leaves the run as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from studio.core.config import RunConfig, load_config
+from studio.core.data.dataset import inspect_files, iter_examples
+from studio.core.data.row_formats import Example
+from studio.core.errors import StudioError
+from studio.core.run.directory import RunDir
+from studio.core.run.evaluation import EVALUATION_FILE, answer_scores, summary, worst_first
+from studio.train.data.prepare import IGNORE_INDEX, collate, encode, encode_prompt, held_out_rows, render_segments
+from studio.train.evaluation.exact_match import generate_answers
+from studio.train.evaluation.generate import base_model, load_run_model
+from studio.train.objectives.next_token import token_loss_sum
+from studio.train.tracking.tensorboard import tracked_events
+
+ANSWER_BATCH = 8
+SPARE_NEW_TOKENS = 16  # generated beyond the longest reference of a batch, so a longer answer shows as longer
+
+
+def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int = 256) -> dict[str, Any]:
+    """Evaluate the run's newest checkpoint against its base; write RUN/evaluation.json and an event."""
+    config, tokenizer, model, checkpoint = load_run_model(run_dir)
+    examples, source = held_out_examples(config, files)
+    rows = [row_text(example) for example in examples]
+    encoded = [encode(render_segments(e, tokenizer, config.data.template), tokenizer, config.data.max_length)
+               for e in examples]
+    for row, tokens in zip(rows, encoded):
+        row["tokens"] = sum(label != IGNORE_INDEX for label in tokens["labels"][1:])
+    scorer = _Scorer(tokenizer, config, examples, encoded, max_new_tokens)
+    for row, scores in zip(rows, scorer.score(model, "tuned")):
+        row["tuned"] = scores
+    with base_model(model, config) as base:
+        for row, scores in zip(rows, scorer.score(base, "base")):
+            row["base"] = scores
+    result = {"checkpoint": checkpoint.name, "data": list(source), "summary": {m: summary(rows, m) for m in ("base", "tuned")},
+              "rows": worst_first(rows)}
+    _record(RunDir(run_dir), result)
+    return result
+
+
+def held_out_examples(config: RunConfig, files: Sequence[str] = ()) -> tuple[list[Example], tuple[str, ...]]:
+    """The rows to evaluate on and where they came from: ``files``, else data.eval_files, else the training
+    rows that data.eval_fraction held out (the same seeded pick as training's)."""
+    data = config.data
+    chosen = tuple(files) or data.eval_files
+    if chosen:
+        report = inspect_files(chosen, data.format, keep=0)  # every problem, by file and line
+        return list(iter_examples(chosen, report.format)), chosen
+    if data.eval_fraction > 0:
+        report = inspect_files(data.train_files, data.format, keep=0)
+        held = held_out_rows(report.rows, data.eval_fraction, config.training.seed)
+        rows = [e for i, e in enumerate(iter_examples(data.train_files, report.format)) if i in held]
+        return rows, tuple(f"{name} (held out: {data.eval_fraction:g})" for name in data.train_files)
+    raise StudioError("the run has no held-out data to evaluate on",
+                      "pass --data FILE with rows the run did not train on, or give its config data.eval_files "
+                      "or data.eval_fraction", kind="usage")
+
+
+def row_text(example: Example) -> dict[str, Any]:
+    """Where the row is and what it asks and answers, to show beside the scores."""
+    if example.kind == "text":
+        return {"location": example.location, "prompt": example.text[:200], "reference": None}
+    if example.kind == "prompt_completion":
+        return {"location": example.location, "prompt": example.prompt, "reference": example.completion}
+    asked = [m["content"] for m in example.messages[:-1] if m["role"] == "user"]
+    return {"location": example.location, "prompt": asked[-1] if asked else "",
+            "reference": example.messages[-1]["content"]}
+
+
+class _Scorer:
+    """One model's loss and answers on every row, with a progress line on stderr."""
+
+    def __init__(self, tokenizer, config: RunConfig, examples: list[Example], encoded: list[dict[str, Any]],
+                 max_new_tokens: int):
+        self.tokenizer, self.encoded, self.max_new_tokens = tokenizer, encoded, max_new_tokens
+        self.prompts = {i: encode_prompt(e, tokenizer, config.data.template)
+                        for i, e in enumerate(examples) if e.kind != "text"}
+
+    @torch.no_grad()
+    def score(self, model, name: str) -> list[dict[str, Any]]:
+        progress = Progress(f"{name} model", len(self.encoded) + len(self.prompts))
+        scores = []
+        for tokens in self.encoded:
+            batch = {k: v.to(model.device) for k, v in collate([tokens], self.tokenizer.pad_token_id).items()}
+            scores.append({"loss_sum": float(token_loss_sum(model, batch))})
+            progress.advance(1)
+        for indices in _batches(sorted(self.prompts), ANSWER_BATCH):
+            for index, answer in zip(indices, self._answers(model, indices)):
+                reference = self.prompts[index][1]
+                scores[index].update(answer=answer.strip(), **answer_scores(answer, reference))
+            progress.advance(len(indices))
+        progress.done()
+        return scores
+
+    def _answers(self, model, indices: list[int]) -> list[str]:
+        longest = max(len(self.tokenizer(self.prompts[i][1], add_special_tokens=False)["input_ids"]) for i in indices)
+        budget = min(self.max_new_tokens, longest + SPARE_NEW_TOKENS)
+        return generate_answers(model, self.tokenizer, [self.prompts[i][0] for i in indices], budget)
+
+
+def _batches(items: list[int], size: int) -> Iterable[list[int]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class Progress:
+    """"tuned model: 12/40 [####------] about 31 s left" on stderr, redrawn at most twice a second."""
+
+    def __init__(self, label: str, total: int, stream=sys.stderr):
+        self.label, self.total, self.stream = label, max(total, 1), stream
+        self.done_count, self.started, self.shown = 0, time.monotonic(), 0.0
+        # a terminal redraws one line; a log or a window reading the output gets a line every few seconds
+        self.every, self.end = (0.5, "\r") if stream.isatty() else (5.0, "\n")
+
+    def advance(self, count: int) -> None:
+        self.done_count += count
+        now = time.monotonic()
+        if now - self.shown >= self.every or self.done_count >= self.total:
+            self.shown = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        fraction = min(self.done_count / self.total, 1.0)
+        left = (now - self.started) * (1 - fraction) / fraction if fraction else None
+        bar = "#" * round(20 * fraction) + "-" * (20 - round(20 * fraction))
+        when = "" if left is None else f" about {left:.0f} s left"
+        self.stream.write(f"{self.label}: {self.done_count}/{self.total} [{bar}]{when}   {self.end}")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.end == "\r":
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _record(rd: RunDir, result: dict[str, Any]) -> None:
+    """The full result to RUN/evaluation.json (whole or not at all), its summary to the run's events."""
+    path = rd.path / EVALUATION_FILE
+    staging = path.with_suffix(".json.partial")
+    staging.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    staging.replace(path)
+    events = tracked_events(rd, load_config(rd.config))
+    try:
+        events.emit("evaluation", checkpoint=result["checkpoint"], data=result["data"], **result["summary"])
+    finally:
+        events.close()
