@@ -180,12 +180,13 @@ def test_a_worker_error_shows_its_message_and_hint(qtbot, app_dirs, monkeypatch)
     assert window.status.text().startswith("Failed") and window.apply_fix_button.isVisibleTo(window)
 
 
-def test_the_samples_tab_shows_the_base_answer_then_each_sampled_step_newest_first(qtbot, app_dirs):
+def test_after_a_run_samples_and_evaluate_show_what_it_learned_beside_the_base(qtbot, app_dirs):
     window = open_window(qtbot)
     set_short_run(window, steps=40, micro_batch=16)
     window.data_panel.sample_every.spin.setValue(20)
     window.start_action.trigger()
     qtbot.waitUntil(lambda: window.controller.job.state is State.FINISHED, timeout=WORKER_TIMEOUT_MS)
+    # Samples: the reference, then the answer of each sampled step, newest first, then the base model's
     window.run_tabs.setCurrentWidget(window.samples_panel)
     panel = window.samples_panel
     prompts = window.controller.series.samples.prompts
@@ -195,3 +196,16 @@ def test_the_samples_tab_shows_the_base_answer_then_each_sampled_step_newest_fir
     first = text[:text.index("2. ")]
     assert first.index("reference") < first.index("step 40") < first.index("step 20") < first.index("base model")
     assert text.count("✓") >= 4 and "3 prompts" in panel.note.text()  # the demo learns its task in 20 steps
+    # Evaluate: studio eval in a subprocess, its progress, then the table, the bars and every row
+    evaluate = window.evaluate_panel
+    window.run_tabs.setCurrentWidget(evaluate)
+    assert evaluate.run_dir == window.controller.run_dir.path and "not been evaluated" in evaluate.status.text()
+    evaluate.evaluate_button.click()
+    assert not evaluate.evaluate_button.isEnabled() and evaluate.cancel_button.isVisible()
+    qtbot.waitUntil(lambda: not evaluate._process.running, timeout=WORKER_TIMEOUT_MS)
+    assert evaluate.result is not None, evaluate.status.text()
+    table = {evaluate.table.item(r, 0).text(): (evaluate.table.item(r, 1).text(), evaluate.table.item(r, 2).text())
+             for r in range(evaluate.table.rowCount())}
+    assert table["exact match"][0] == "0.0%" and float(table["exact match"][1].rstrip("%")) >= 75
+    assert evaluate.rows.topLevelItemCount() == 80 and evaluate.chart.isVisible()
+    assert "80 held-out rows" in evaluate.status.text()

@@ -20,6 +20,7 @@ from studio.core.validation import machine_problems
 from studio.gui.log_dialog import LogDialog
 from studio.gui.panels.data import DataPanel
 from studio.gui.panels.estimate import EstimatePanel
+from studio.gui.panels.evaluate import EvaluatePanel
 from studio.gui.panels.export import ExportPanel
 from studio.gui.panels.history import HistoryPanel
 from studio.gui.panels.model import ModelPanel
@@ -91,6 +92,7 @@ class MainWindow(QMainWindow):
         self.history = HistoryPanel(self.runs_root)
         self.export_panel = ExportPanel()
         self.try_panel = TryPanel()
+        self.evaluate_panel = EvaluatePanel()
         self.run_banner = Banner()
         self.notice = Banner()
         self.changes_notice = Banner()  # what a preset, or a choice that rules a saver out, changed
@@ -209,6 +211,7 @@ class MainWindow(QMainWindow):
         self.run_tabs.addTab(self.history, "History")
         self.run_tabs.addTab(self.export_panel, "Export")
         self.run_tabs.addTab(self.try_panel, "Try it")
+        self.run_tabs.addTab(self.evaluate_panel, "Evaluate")
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 6, 6, 6)
@@ -323,9 +326,13 @@ class MainWindow(QMainWindow):
             self.controller.attach(running[0])
 
     def _export_from_history(self, run_dir: Path) -> None:
-        self.export_panel.set_run(run_dir)
-        self.try_panel.set_run(run_dir)
+        self._choose_run(run_dir)
         self.run_tabs.setCurrentWidget(self.export_panel)
+
+    def _choose_run(self, run_dir: Path) -> None:
+        """The run to export, try and evaluate."""
+        for panel in (self.export_panel, self.try_panel, self.evaluate_panel):
+            panel.set_run(run_dir)
 
     def _on_run_changed(self) -> None:
         controller, job = self.controller, self.controller.job
@@ -353,11 +360,10 @@ class MainWindow(QMainWindow):
         self._shown_state = job.state
 
     def _on_run_state_changed(self, state: State, run_dir: Path) -> None:
-        """History lists the run's new status; a run that ended becomes the one to export and try."""
+        """History lists the run's new status; a run that ended becomes the one to export, try and evaluate."""
         self.history.refresh()
         if state in TERMINAL:
-            self.export_panel.set_run(run_dir)
-            self.try_panel.set_run(run_dir)
+            self._choose_run(run_dir)
 
     def listed_problems(self) -> list[Problem]:
         """The problems listed under the tabs: the setup's and this machine's. The model's are listed in 1 Model and
@@ -411,7 +417,7 @@ class MainWindow(QMainWindow):
             hint = f"<br><b>What to do:</b> {html.escape(words(job.error.hint))}" if job.error.hint else ""
             self.run_banner.show_message(f"<b>{title}:</b> {html.escape(words(job.error.message))}{hint}", error=True)
         elif job.state is State.FINISHED:
-            messages = {"completed": f"Completed {job.step} steps. Export it or try it in the tabs on the right.",
+            messages = {"completed": f"Completed {job.step} steps. Export it, try it or evaluate it in the tabs on the right.",
                         "stopped": f"Stopped and saved at step {job.step}. Resume continues from there.",
                         "aborted": f"Cancelled at step {job.step}; nothing was saved after the last checkpoint."}
             self.run_banner.show_message(messages[job.final_status], error=False)

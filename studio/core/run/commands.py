@@ -118,6 +118,11 @@ def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: in
     return _studio(python, "generate", str(run_dir), f"--prompt={prompt}", "--max-new-tokens", str(max_new_tokens), "--json")
 
 
+def eval_command(python: str, run_dir: Path) -> list[str]:
+    """``studio eval``: writes RUN/evaluation.json (studio.core.run.evaluation) and prints its progress on stderr."""
+    return _studio(python, "eval", str(run_dir))
+
+
 def estimate_simulation_command(python: str, config_path: Path) -> list[str]:
     """``studio estimate --simulate --json``: the estimate as JSON, with the simulated step under "simulated"."""
     return _studio(python, "estimate", str(config_path), "--simulate", "--json")

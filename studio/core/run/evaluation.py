@@ -20,6 +20,7 @@ MODELS = ("base", "tuned")
 ANSWER_SCORES = ("exact_match", "contains", "f1")
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+_PROGRESS = re.compile(r"^(base|tuned) model: (\d+)/(\d+)\b")
 
 
 def normalized_words(text: str) -> list[str]:
@@ -90,3 +91,19 @@ def comparison_lines(result: dict[str, Any], run_dir: Path) -> list[str]:
         lines.append(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned']['answer'][:60]!r}")
     lines.append(f"every row: {Path(run_dir) / EVALUATION_FILE}")
     return lines
+
+
+def progress_line(model: str, done: int, total: int, seconds_left: float | None) -> str:
+    """"tuned model: 12/40 [######--------------] about 31 s left": what `studio eval` prints as it goes."""
+    filled = round(20 * min(done / max(total, 1), 1.0))
+    left = "" if seconds_left is None else f" about {seconds_left:.0f} s left"
+    return f"{model} model: {done}/{total} [{'#' * filled}{'-' * (20 - filled)}]{left}"
+
+
+def progress_of(line: str) -> float | None:
+    """How far an evaluation is (0 to 1) by one of its progress lines (the tuned model goes first); None: not one."""
+    found = _PROGRESS.match(line.strip())
+    if not found:
+        return None
+    phase = 1 if found.group(1) == "base" else 0
+    return (phase + min(int(found.group(2)) / max(int(found.group(3)), 1), 1.0)) / 2

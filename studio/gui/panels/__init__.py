@@ -8,5 +8,6 @@
 * ``samples``: the answers to the sample prompts over a run's steps, beside the base's;
 * ``history``: past runs and their charts;
 * ``export``: exporting a run (adapter, merged, GGUF) with ``studio export``;
+* ``evaluate``: base vs fine-tuned on the held-out rows (``studio eval``): a table, bars and every row;
 * ``try_it``: one prompt answered by the base and the fine-tuned model.
 """

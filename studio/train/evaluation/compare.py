@@ -22,7 +22,7 @@ from studio.core.data.dataset import inspect_files, iter_examples
 from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
-from studio.core.run.evaluation import EVALUATION_FILE, answer_scores, summary, worst_first
+from studio.core.run.evaluation import EVALUATION_FILE, answer_scores, progress_line, summary, worst_first
 from studio.train.data.prepare import IGNORE_INDEX, collate, encode, encode_prompt, held_out_rows, render_segments
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import base_model, load_run_model
@@ -94,7 +94,7 @@ class _Scorer:
 
     @torch.no_grad()
     def score(self, model, name: str) -> list[dict[str, Any]]:
-        progress = Progress(f"{name} model", len(self.encoded) + len(self.prompts))
+        progress = Progress(name, len(self.encoded) + len(self.prompts))
         scores = []
         for tokens in self.encoded:
             batch = {k: v.to(model.device) for k, v in collate([tokens], self.tokenizer.pad_token_id).items()}
@@ -120,28 +120,23 @@ def _batches(items: list[int], size: int) -> Iterable[list[int]]:
 
 
 class Progress:
-    """"tuned model: 12/40 [####------] about 31 s left" on stderr, redrawn at most twice a second."""
+    """The progress line of one model (studio.core.run.evaluation.progress_line) on stderr: redrawn in place at
+    most twice a second on a terminal, a new line every second for a log or the window that reads it."""
 
-    def __init__(self, label: str, total: int, stream=sys.stderr):
-        self.label, self.total, self.stream = label, max(total, 1), stream
+    def __init__(self, model: str, total: int, stream=sys.stderr):
+        self.model, self.total, self.stream = model, max(total, 1), stream
         self.done_count, self.started, self.shown = 0, time.monotonic(), 0.0
-        # a terminal redraws one line; a log or a window reading the output gets a line every few seconds
-        self.every, self.end = (0.5, "\r") if stream.isatty() else (5.0, "\n")
+        self.every, self.end = (0.5, "\r") if stream.isatty() else (1.0, "\n")
 
     def advance(self, count: int) -> None:
         self.done_count += count
         now = time.monotonic()
         if now - self.shown >= self.every or self.done_count >= self.total:
             self.shown = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        fraction = min(self.done_count / self.total, 1.0)
-        left = (now - self.started) * (1 - fraction) / fraction if fraction else None
-        bar = "#" * round(20 * fraction) + "-" * (20 - round(20 * fraction))
-        when = "" if left is None else f" about {left:.0f} s left"
-        self.stream.write(f"{self.label}: {self.done_count}/{self.total} [{bar}]{when}   {self.end}")
-        self.stream.flush()
+            fraction = min(self.done_count / self.total, 1.0)
+            left = (now - self.started) * (1 - fraction) / fraction if fraction else None
+            self.stream.write(progress_line(self.model, self.done_count, self.total, left) + "   " + self.end)
+            self.stream.flush()
 
     def done(self) -> None:
         if self.end == "\r":

@@ -1,0 +1,194 @@
+"""Evaluate: the base model and the run's newest checkpoint scored on the held-out rows, side by side.
+
+Runs ``studio eval RUN_DIR`` in a subprocess (it prints its progress on stderr and writes
+RUN_DIR/evaluation.json); the table and the bar chart compare the two models, the list below holds every
+row, the weakest first. A run evaluated before shows its last result at once.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import sys
+from functools import partial
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton, QSplitter, QTableWidget,
+                               QTableWidgetItem, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
+
+from studio.core.run.commands import eval_command
+from studio.core.run.evaluation import comparison_rows, progress_of, read_evaluation
+from studio.gui.process import LineProcess
+from studio.gui.state.console import console_error
+from studio.gui.widgets.common import ACCENT, BAD, MUTED, explanation
+from studio.gui.widgets.plotting import pg, plot_widget
+
+ROW_COLUMNS = ("Row", "Prompt", "Reference", "Fine-tuned answer", "Base answer", "F1 (tuned)")
+BAR_MEASURES = (("exact_match", "exact match"), ("contains", "contains"), ("f1", "token F1"))
+BARS = ((-0.2, "base", MUTED), (0.2, "tuned", ACCENT))  # offset, model, colour
+
+
+class EvaluatePanel(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.run_dir: Path | None = None
+        self.result: dict | None = None
+        self.command = partial(eval_command, sys.executable)  # tests may point this elsewhere
+        self.evaluate_button = QPushButton("Evaluate base vs fine-tuned")
+        self.evaluate_button.clicked.connect(self.evaluate)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(("Measure", "Base", "Fine-tuned"))
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.chart = None  # the bar chart: pyqtgraph, made when there is something to draw
+        self.chart_box = QVBoxLayout()
+        self.chart_key = QLabel(f"<span style='color:{MUTED}'>■</span> base model &nbsp; "
+                                f"<span style='color:{ACCENT}'>■</span> fine-tuned")
+        self.chart_key.hide()
+        self.chart_box.addWidget(self.chart_key)
+        self._cancelled = False
+        self.rows = QTreeWidget()
+        self.rows.setHeaderLabels(ROW_COLUMNS)
+        self.rows.setRootIsDecorated(False)
+        self.rows.setWordWrap(True)
+        header = self.rows.header()
+        for column in range(len(ROW_COLUMNS)):  # the texts share the width; where a row is and its F1 fit theirs
+            fits = column in (0, len(ROW_COLUMNS) - 1)
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents if fits
+                                        else QHeaderView.ResizeMode.Stretch)
+        header.setStretchLastSection(False)
+        self._process = LineProcess(self)
+        self._process.line.connect(self._on_line)
+        self._process.done.connect(self._on_done)
+        self._build_layout()
+        self.set_run(None)
+
+    def _build_layout(self) -> None:
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.evaluate_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.progress, 1)
+        buttons.addStretch(1)
+        figures = QWidget()
+        side_by_side = QHBoxLayout(figures)
+        side_by_side.setContentsMargins(0, 0, 0, 0)
+        side_by_side.addWidget(self.table, 1)
+        side_by_side.addLayout(self.chart_box, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(figures)
+        splitter.addWidget(self.rows)
+        splitter.setSizes([220, 320])
+        layout = QVBoxLayout(self)
+        layout.addWidget(explanation("Scores the base model and the newest checkpoint on the run's held-out rows: loss "
+                                     "and perplexity over the completion tokens; for rows with a reference answer, "
+                                     "greedy answers by exact match, whether they contain the reference, and token "
+                                     "F1 (the same as the command studio eval RUN_DIR)."))
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addWidget(splitter, 1)
+
+    # ------------------------------------------------------------ choosing and running
+    def set_run(self, run_dir: Path | None) -> None:
+        """The run to evaluate (a finished one, or one chosen in History): its last evaluation, if any, shown."""
+        if self._process.running and Path(run_dir or "") != self.run_dir:
+            self._process.stop()  # a result for a run no longer shown
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.show_result(read_evaluation(self.run_dir) if self.run_dir else None)
+        self._update_buttons()
+        if self.run_dir is None:
+            self._say("Finish a run, or choose one in History, to evaluate it.", MUTED)
+        elif self.result is None:
+            self._say(f"{html.escape(self.run_dir.name)} has not been evaluated yet.", MUTED)
+
+    def evaluate(self) -> None:
+        if self.run_dir is None:
+            return
+        self._cancelled = False
+        self._process.start(self.command(self.run_dir))
+        self.progress.setValue(0)
+        self._say("Loading both models…", MUTED)
+        self._update_buttons()
+
+    def cancel(self) -> None:
+        """Stops the evaluation; it writes nothing until it is done, so the run keeps its last result."""
+        self._cancelled = True
+        self._process.stop()
+
+    def _update_buttons(self) -> None:
+        running = self._process.running
+        self.evaluate_button.setEnabled(self.run_dir is not None and not running)
+        self.cancel_button.setVisible(running)
+        self.progress.setVisible(running)
+
+    def _on_line(self, stream: str, text: str) -> None:
+        fraction = progress_of(text)
+        if fraction is not None:
+            self.progress.setValue(round(100 * fraction))
+            self._say("Scoring the " + html.escape(re.sub(r"\s*\[[#-]*\]", " ·", text.strip())), MUTED)
+
+    def _on_done(self, exit_code: int, error: str) -> None:
+        self._update_buttons()
+        if exit_code == 0 and not error:
+            self.show_result(read_evaluation(self.run_dir))
+            return
+        if self._cancelled:
+            self._say("Evaluation cancelled; the run keeps its last result.", MUTED)
+            return
+        found = console_error("\n".join(self._process.all_lines))
+        message, hint = (found.message, found.hint) if found else (error or f"exited with code {exit_code}", "")
+        self._say(f"Evaluation failed: {html.escape(message)}" + (f"<br>{html.escape(hint)}" if hint else ""), BAD)
+
+    def _say(self, text_html: str, color: str) -> None:
+        self.status.setText(f"<span style='color:{color}'>{text_html}</span>")
+
+    # ------------------------------------------------------------ showing
+    def show_result(self, result: dict | None) -> None:
+        self.result = result
+        self.table.setRowCount(0)
+        self.rows.clear()
+        if result is None:
+            self._draw_bars(None)
+            return
+        summary = result["summary"]
+        for label, base, tuned in comparison_rows(summary):
+            row = self.table.rowCount()
+            self.table.insertRow(row)
+            for column, text in enumerate((label, base, tuned)):
+                self.table.setItem(row, column, QTableWidgetItem(text))
+        for row in result["rows"]:
+            tuned, base = row["tuned"], row["base"]
+            f1 = f"{tuned['f1']:.0%}" if "f1" in tuned else "-"
+            texts = [row["location"], row["prompt"], row["reference"] or "-", tuned.get("answer", "-"),
+                     base.get("answer", "-"), f1]
+            item = QTreeWidgetItem(texts)
+            for column, text in enumerate(texts):
+                item.setToolTip(column, text)  # a long prompt or answer, whole
+            self.rows.addTopLevelItem(item)
+        self._draw_bars(summary)
+        self._say(f"{summary['tuned']['rows']} held-out rows, checkpoint {html.escape(result['checkpoint'])}; "
+                  "the rows below, the weakest first.", MUTED)
+
+    def _draw_bars(self, summary: dict | None) -> None:
+        """Base (grey) and fine-tuned (blue) side by side for each answer score, in percent."""
+        measures = [(key, label) for key, label in BAR_MEASURES if summary and summary["tuned"].get(key) is not None]
+        if self.chart is None and not measures:
+            return
+        if self.chart is None:
+            self.chart = plot_widget("%")
+            self.chart_box.insertWidget(0, self.chart, 1)
+        self.chart.clear()
+        self.chart.setVisible(bool(measures))
+        self.chart_key.setVisible(bool(measures))
+        for offset, model, color in BARS:
+            heights = [100 * summary[model][key] for key, _ in measures]
+            self.chart.addItem(pg().BarGraphItem(x=[i + offset for i in range(len(measures))], height=heights,
+                                                 width=0.38, brush=color))
+        self.chart.getAxis("bottom").setTicks([[(i, label) for i, (_, label) in enumerate(measures)]])
+        self.chart.setYRange(0, 100)
