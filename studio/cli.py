@@ -70,6 +70,12 @@ def _add_eval(commands) -> None:
                    "else the rows its eval_fraction held out)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer generated (default 256; "
                    "each batch stops 16 tokens past its longest reference)")
+    p.add_argument("--tasks", nargs="+", metavar="TASK", help="instead: lm-evaluation-harness tasks (hellaswag, "
+                   "arc_easy, mmlu, ... or your own), base vs fine-tuned; writes RUN_DIR/benchmarks.json. Needs "
+                   'pip install "finetune-studio[lm-eval]" and the tasks\' datasets in the Hugging Face cache')
+    p.add_argument("--include-path", type=Path, metavar="FOLDER", help="with --tasks: a folder of task YAML files "
+                   "of your own (a task over local files)")
+    p.add_argument("--limit", type=int, help="with --tasks: at most this many examples per task (a quick look)")
     p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     p.set_defaults(handler=_eval)
 
@@ -204,11 +210,18 @@ def _generate(args) -> int:
 def _eval(args) -> int:
     import json
 
-    from studio.core.run.evaluation import comparison_lines
+    from studio.core.run.evaluation import benchmark_rows, comparison_lines
+    from studio.train.evaluation.benchmarks import benchmark_run
     from studio.train.evaluation.compare import evaluate_run
 
-    result = evaluate_run(args.run_dir, tuple(args.data or ()), args.max_new_tokens)
-    print(json.dumps(result, ensure_ascii=False) if args.json else "\n".join(comparison_lines(result, args.run_dir)))
+    if args.tasks:
+        result = benchmark_run(args.run_dir, args.tasks, args.include_path, args.limit)
+        lines = [f"{'task':24}{'metric':16}{'base':>10}{'fine-tuned':>12}"]
+        lines += [f"{task:24}{metric:16}{base:>10}{tuned:>12}" for task, metric, base, tuned in benchmark_rows(result)]
+    else:
+        result = evaluate_run(args.run_dir, tuple(args.data or ()), args.max_new_tokens)
+        lines = comparison_lines(result, args.run_dir)
+    print(json.dumps(result, ensure_ascii=False) if args.json else "\n".join(lines))
     return 0
 
 

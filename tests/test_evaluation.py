@@ -1,5 +1,7 @@
 """`studio eval`: the base and the fine-tuned model side by side on held-out rows, and where the result goes."""
 
+import json
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from studio.core.run.evaluation import answer_scores, read_evaluation
 from studio.core.run.events import read_events
 from studio.core.validation import validate
 from studio.train.data.prepare import encode, prepare_data, render_segments
+from studio.train.evaluation.benchmarks import benchmark_run
 from studio.train.evaluation.compare import evaluate_run, held_out_examples
 from studio.train.evaluation.samples import Sampler, why_no_samples
 from studio.train.model.build import load_base_model, load_tokenizer
@@ -128,3 +131,41 @@ def test_the_demo_s_held_out_questions_go_with_its_data(small_data):
     assert own.replace(data=train_files_changes(own, (str(DEMO_TRAIN),))).data.eval_files == (str(DEMO_HELDOUT),)
     mine = own.replace(data={"eval_fraction": 0.1})
     assert train_files_changes(mine, (str(DEMO_TRAIN),)) == {"train_files": (str(DEMO_TRAIN),)}  # the user's choice
+
+
+TASK_YAML = """task: demo_categories
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{instruction}}}}"
+doc_to_choice: {choices}
+doc_to_target: "{{{{output}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.mark.slow
+def test_a_harness_task_over_local_files_compares_base_and_tuned_and_a_missing_dataset_is_named(demo_run, tmp_path):
+    _, run_dir = demo_run
+    held_out = first_lines(DEMO_HELDOUT, 24, tmp_path / "held.jsonl")
+    choices = sorted({json.loads(line)["output"] for line in DEMO_HELDOUT.read_text().splitlines()})
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "demo_categories.yaml").write_text(TASK_YAML.format(data=held_out, choices=json.dumps(choices)))
+    assert main(["eval", str(run_dir.path), "--tasks", "demo_categories", "--include-path", str(tasks)]) == 0
+    result = json.loads((run_dir.path / "benchmarks.json").read_text())
+    scores = result["tasks"]["demo_categories"]
+    assert scores["tuned"]["acc"] > scores["base"]["acc"] and scores["tuned"]["acc"] >= 0.9
+    assert result["chat_template"]  # an instruction run is asked as it trained
+    events = read_events(run_dir.events)
+    card = model_card(demo_run[0], events, {"kind": "adapter"})
+    assert f"| demo_categories | acc | {scores['base']['acc']:.4g} | {scores['tuned']['acc']:.4g} |" in card
+    with pytest.raises(StudioError, match="no task no_such_task"):
+        benchmark_run(run_dir.path, ["no_such_task"])
+    with pytest.raises(StudioError, match="task arc_easy: allenai/ai2_arc is not in the Hugging Face cache") as caught:
+        benchmark_run(run_dir.path, ["arc_easy"], limit=2)  # the tests run with the Hub switched off
+    assert "hf download allenai/ai2_arc --repo-type dataset" in caught.value.hint

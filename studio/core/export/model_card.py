@@ -16,7 +16,7 @@ import yaml
 from studio.core.config import RunConfig
 from studio.core.data.hub import hub_dataset_id
 from studio.core.methods import RANK
-from studio.core.run.evaluation import comparison_rows
+from studio.core.run.evaluation import benchmark_rows, comparison_rows
 from studio.core.sizes import format_bytes
 
 CARD_FILE = "README.md"
@@ -71,6 +71,7 @@ def model_card(config: RunConfig, events: list[dict[str, Any]], record: dict[str
         _data(config, events),
         _results(events),
         _evaluation(events),
+        _benchmarks(events),
         _gguf_verification(record) if record["kind"] == "gguf" else _verification(record),
         _memory(events),
         _chat(record),
@@ -164,6 +165,18 @@ def _evaluation(events: list[dict[str, Any]]) -> str:
     where = ", ".join(f"`{Path(name).name}`" for name in found["data"])
     return (f"## Evaluation\n\nOn {found['tuned']['rows']} held-out rows ({where}), checkpoint "
             f"`{found['checkpoint']}`:\n\n" + "\n".join(lines))
+
+
+def _benchmarks(events: list[dict[str, Any]]) -> str:
+    """The newest `studio eval --tasks`: lm-evaluation-harness's metrics, base and fine-tuned."""
+    found = _last(events, "benchmarks")
+    if not found:
+        return ""
+    lines = ["| task | metric | base | fine-tuned |", "|---|---|---|---|"]
+    lines += [f"| {task} | {metric} | {base} | {tuned} |" for task, metric, base, tuned in benchmark_rows(found)]
+    limit = f", at most {found['limit']} examples per task" if found.get("limit") else ""
+    return (f"## Benchmarks\n\nlm-evaluation-harness, checkpoint `{found['checkpoint']}`{limit}:\n\n"
+            + "\n".join(lines))
 
 
 def _verification(record: dict[str, Any]) -> str:

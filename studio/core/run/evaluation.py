@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 EVALUATION_FILE = "evaluation.json"
+BENCHMARKS_FILE = "benchmarks.json"  # `studio eval RUN --tasks`: lm-evaluation-harness's metrics, base and tuned
 MODELS = ("base", "tuned")
 ANSWER_SCORES = ("exact_match", "contains", "f1")
 
@@ -107,3 +108,9 @@ def progress_of(line: str) -> float | None:
         return None
     phase = 1 if found.group(1) == "base" else 0
     return (phase + min(int(found.group(2)) / max(int(found.group(3)), 1), 1.0)) / 2
+
+
+def benchmark_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(task, metric, base, tuned) as words, for the console and the card."""
+    return [(task, metric, f"{models['base'].get(metric, float('nan')):.4g}", f"{value:.4g}")
+            for task, models in result["tasks"].items() for metric, value in models["tuned"].items()]

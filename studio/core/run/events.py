@@ -22,6 +22,8 @@ from it. Types and their main fields:
 - ``step``: step, epoch, loss, lr, grad_norm, tokens_per_s, samples_per_s, memory (list per device;
   with several processes, each rank's own device). Only rank 0 writes events: one writer per file
 - ``eval``: step, eval_loss
+- ``benchmarks``: checkpoint, limit, chat_template, tasks (per lm-evaluation-harness task, base and tuned: metric ->
+  value), written by `studio eval --tasks`
 - ``samples``: step, seconds (generating took), samples (per prompt: location, prompt, reference or null,
   answer): the greedy answers to the sample prompts with the weights of that step (step 0: the base's)
 - ``evaluation``: checkpoint, data (the files), base and tuned (each model's summary: rows, tokens, loss,
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "evaluation", "samples", "checkpoint", "export", "warning", "error", "finished")
+EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "evaluation", "benchmarks", "samples", "checkpoint", "export", "warning", "error", "finished")
 
 
 def make_event(type_: str, **fields: Any) -> dict[str, Any]:

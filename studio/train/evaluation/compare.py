@@ -145,13 +145,22 @@ class Progress:
 
 
 def _record(rd: RunDir, result: dict[str, Any]) -> None:
-    """The full result to RUN/evaluation.json (whole or not at all), its summary to the run's events."""
-    path = rd.path / EVALUATION_FILE
+    """The full result to RUN/evaluation.json, its summary to the run's events."""
+    write_result(rd.path / EVALUATION_FILE, result)
+    record_event(rd, "evaluation", checkpoint=result["checkpoint"], data=result["data"], **result["summary"])
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """A result file, whole or not at all: a reader never sees half of it."""
     staging = path.with_suffix(".json.partial")
     staging.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     staging.replace(path)
+
+
+def record_event(rd: RunDir, type_: str, **fields: Any) -> None:
+    """One event appended to a finished run's events (and its TensorBoard files), by a command after training."""
     events = tracked_events(rd, load_config(rd.config))
     try:
-        events.emit("evaluation", checkpoint=result["checkpoint"], data=result["data"], **result["summary"])
+        events.emit(type_, **fields)
     finally:
         events.close()

@@ -27,12 +27,12 @@ from studio.train.quiet import quiet_progress_bars
 
 def prompt_example(config: RunConfig, prompt: str) -> Example:
     """The prompt as the run's rows put it: a completion's prompt, or a user's message (chat, instruction)."""
-    if _row_format(config) in ("prompt_completion", "text"):
+    if row_format(config) in ("prompt_completion", "text"):
         return Example(kind="prompt_completion", prompt=prompt, completion="")
     return Example(kind="chat", messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": ""}))
 
 
-def _row_format(config: RunConfig) -> str:
+def row_format(config: RunConfig) -> str:
     """The run's row format; for "auto" the one its first training row has (the rest matched it)."""
     if config.data.format != "auto":
         return config.data.format
