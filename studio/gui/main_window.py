@@ -139,7 +139,14 @@ class MainWindow(QMainWindow):
         return action
 
     def _build_layout(self) -> None:
-        self.setup_tabs = QTabWidget()
+        # Each container is put in its place before it is filled: under the app's style sheet, a polished
+        # widget given a new parent is polished again with all its children (built bottom-up: 0.2 s more).
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.setCentralWidget(self.splitter)
+        left, right = QWidget(), QWidget()
+        self.splitter.addWidget(left)
+        self.splitter.addWidget(right)
+        self.setup_tabs = QTabWidget(left)
         self.setup_tabs.addTab(self.model_panel, "1  Model")
         self.setup_tabs.addTab(self.data_panel, "2  Data")
         self.setup_tabs.addTab(self.techniques_panel, "3  Techniques")
@@ -147,7 +154,6 @@ class MainWindow(QMainWindow):
         self.setup_tabs.setMinimumHeight(240)  # a long estimate scrolls rather than squeeze the setup away
         self.problems.setWordWrap(True)
         self.problems.setProperty("role", "reason")
-        left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(6, 6, 0, 6)
         left_layout.addWidget(self.notice)
@@ -168,12 +174,11 @@ class MainWindow(QMainWindow):
         self.under_tabs.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         left_layout.addWidget(self.under_tabs)
 
-        self.run_tabs = QTabWidget()
+        self.run_tabs = QTabWidget(right)
         self.run_tabs.addTab(self.charts, "Training")
         self.run_tabs.addTab(self.history, "History")
         self.run_tabs.addTab(self.export_panel, "Export")
         self.run_tabs.addTab(self.try_panel, "Try it")
-        right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 6, 6, 6)
         right_layout.addWidget(self.run_banner)
@@ -182,13 +187,9 @@ class MainWindow(QMainWindow):
         self.apply_fix_button.hide()
         self.run_banner.add_button("Open log", self.show_log)
 
-        self.splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.splitter.addWidget(left)
-        self.splitter.addWidget(right)
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setSizes([520, 760])
-        self.setCentralWidget(self.splitter)
         self.statusBar().addWidget(self.status, 1)
 
     def _connect(self) -> None:
