@@ -35,7 +35,7 @@ from studio.gui.state.hardware import detect_gpus
 from studio.gui.state.job_state import TERMINAL, State, status_text
 from studio.gui.state.memory import has_gpu_calibration
 from studio.gui.state.run_history import live_runs
-from studio.gui.tasks import GuiThreadGarbageCollector, wait_for_background_work
+from studio.gui.tasks import FirstFrameGate, GuiThreadGarbageCollector, wait_for_background_work
 from studio.gui.widgets.charts import WAITING, ChartsPanel
 from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, problems_html
 
@@ -46,6 +46,10 @@ CLOSE_STOP, CLOSE_LEAVE, CLOSE_CANCEL = "stop", "leave", "cancel"
 class MainWindow(QMainWindow):
     def __init__(self, runs_root: Path | None = None, attach_live_runs: bool = True):
         super().__init__()
+        with FirstFrameGate(self):  # the data preview and the run history are read once the window is painted
+            self._build(runs_root, attach_live_runs)
+
+    def _build(self, runs_root: Path | None, attach_live_runs: bool) -> None:
         self.garbage_collector = GuiThreadGarbageCollector(self)
         self.setWindowTitle("Finetune Studio")
         if ICON.is_file():
