@@ -45,7 +45,6 @@ def test_every_state_fits_the_screen_without_cut_off_text(state, gpus, qtbot, ap
         monkeypatch.setattr(estimate_panel, "detect_gpus",
                             lambda: [Gpu("NVIDIA GeForce RTX 4090", 24 * 2**30, i) for i in range(gpus)])
     window = open_window(qtbot)
-    qtbot.waitUntil(lambda: not window.data_panel.task.busy, timeout=10000)  # the data is read after the first frame
     state(window, qtbot, tmp_path)
     problems = []
     for width, height in SCREENS:
