@@ -7,9 +7,10 @@ import subprocess
 import sys
 import textwrap
 
-# What reading data, tokenizing or training loads: none of it may delay the first frame.
+# What reading data, tokenizing or training loads: none of it may delay the first frame. Nor numpy (0.1 s):
+# pyqtgraph's, it comes with the first chart or the data's lengths.
 HEAVY = ("torch", "transformers", "peft", "accelerate", "datasets", "pandas", "pyarrow", "tokenizers",
-         "safetensors", "huggingface_hub", "jinja2", "studio.train")
+         "safetensors", "huggingface_hub", "jinja2", "numpy", "studio.train")
 
 
 def test_the_window_is_painted_before_any_heavy_import_and_the_preview_comes_after(tmp_path):
