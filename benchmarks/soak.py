@@ -61,7 +61,7 @@ class LatenessProbe:
 
 
 def chart_buffer_bytes(series) -> int:
-    return sum(s._x.nbytes + s._y.nbytes for s in series.all_series())
+    return sum(s._x.nbytes + s._y.nbytes for s in series.all_series() if s._x is not None)  # None: no point yet
 
 
 def soak(steps: int, sample_every_s: float, workdir: Path) -> list[Sample]:

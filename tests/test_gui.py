@@ -48,6 +48,7 @@ def open_window(qtbot) -> MainWindow:
     qtbot.addWidget(window)
     window.resize(1280, 800)
     window.show()
+    wait_for_preview(qtbot, window)  # the data is read once the window is on screen: a user sees it loaded
     return window
 
 

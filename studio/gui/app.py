@@ -10,6 +10,7 @@ from studio.core.runtime.environment import is_bundle
 from studio.gui.errors import install_excepthook
 from studio.gui.main_window import MainWindow
 from studio.gui.runtime.dialog import check_runtime_at_start
+from studio.gui.tasks import after_first_paint
 from studio.gui.widgets.common import apply_app_style
 
 
@@ -27,10 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     install_excepthook()
     window = MainWindow()
     window.show()
+    after_first_paint(window, lambda: after_first_frame(window))
+    return app.exec()
+
+
+def after_first_frame(window: MainWindow) -> None:
+    """What asks NVML and the runtime (slow on some machines) waits until the window is on screen."""
     window.offer_self_test()
     if is_bundle():  # the download trains in its own runtime: set it up, or check it
         check_runtime_at_start(window)
-    return app.exec()
 
 
 if __name__ == "__main__":

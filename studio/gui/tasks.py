@@ -2,7 +2,8 @@
 
 Only the newest request of a ``BackgroundTask`` delivers its result: choosing
 another file while the previous one is still being read must not show the
-older result last.
+older result last. Requests made while the window is built wait for its first
+frame (``FirstFrameGate``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QRunnable, QThreadPool, QTimer, Signal
+from PySide6.QtWidgets import QWidget
 
 
 class _Relay(QObject):
@@ -49,7 +51,11 @@ class BackgroundTask(QObject):
     def submit(self, function: Callable[[], Any]) -> None:
         self._latest += 1
         self.busy = True
-        QThreadPool.globalInstance().start(_Job(self._latest, function, self._relay))
+        job = _Job(self._latest, function, self._relay)
+        if FirstFrameGate.building is not None:
+            FirstFrameGate.building.held[self] = job  # only the newest: an older result would be dropped
+        else:
+            QThreadPool.globalInstance().start(job)
 
     def cancel(self) -> None:
         """Drop the result of the request in flight: what it was asked for is gone."""
@@ -64,6 +70,46 @@ class BackgroundTask(QObject):
             self.failed.emit(error)
         else:
             self.result.emit(value)
+
+
+def after_first_paint(widget: QWidget, callback: Callable[[], None]) -> None:
+    """``callback()`` once ``widget`` has painted for the first time (a timer of 0 after ``show()`` runs
+    before the first paint: posted events come before the window system's)."""
+
+    class _FirstPaint(QObject):
+        def eventFilter(self, watched, event) -> bool:
+            if event.type() == QEvent.Type.Paint:
+                widget.removeEventFilter(self)
+                self.deleteLater()
+                QTimer.singleShot(0, callback)  # after this paint reached the screen
+            return False
+
+    widget.installEventFilter(_FirstPaint(widget))
+
+
+class FirstFrameGate:
+    """``with FirstFrameGate(window):`` background work asked for while the window is built (the data
+    preview, the run history scan) starts after the window's first paint, not during it: on two cores the
+    reading threads would take the GIL from the building and painting."""
+
+    building: FirstFrameGate | None = None
+
+    def __init__(self, window: QWidget):
+        self.held: dict[BackgroundTask, _Job] = {}
+        self.window = window
+
+    def __enter__(self) -> None:
+        FirstFrameGate.building = self
+
+    def __exit__(self, *exc) -> None:
+        FirstFrameGate.building = None
+        after_first_paint(self.window, self.release)
+
+    def release(self) -> None:
+        held, self.held = self.held, {}
+        for task, job in held.items():
+            if job.number == task._latest:  # not replaced by a request made since
+                QThreadPool.globalInstance().start(job)
 
 
 def wait_for_background_work(msecs: int = 10000) -> None:

@@ -46,6 +46,7 @@ class HistoryPanel(QWidget):
         self._scan = BackgroundTask(self)
         self._scan.result.connect(self._fill)
         self._build_layout()
+        self.hint.setText(f"Reading the runs under {runs_root}…")  # the scan starts after the first frame
         self.refresh()
 
     def _build_layout(self) -> None:

@@ -16,8 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from studio.core.data import templates
 from studio.core.data.dataset import RowStart, inspect_files, iter_examples
@@ -25,8 +24,17 @@ from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.gui.state.model_summary import ModelSummary
 
+if TYPE_CHECKING:
+    import numpy as np
+
 PREVIEW_EXAMPLES = 5
 LENGTH_SAMPLE = 2000  # rows tokenized for the histogram
+
+
+def _numpy():
+    import numpy  # in the reading thread, not at import: the window shows before numpy has loaded
+
+    return numpy
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class Preview:
     unit: str  # "tokens" or "characters"
     sampled: int  # rows the lengths cover
     locations: tuple[str, ...] = ()  # of each sampled row
-    response_starts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per sampled row: tokens before its
+    response_starts: np.ndarray = field(default_factory=lambda: _numpy().zeros(0))  # per sampled row: tokens before its
     # response (zeros when unit is "characters")
 
     def truncated(self, max_length: int) -> int:
@@ -108,6 +116,7 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
         starts.append(start)
         if index < PREVIEW_EXAMPLES:
             rendered.append(RenderedExample(example.location, tuple(segments), length if encoder else None))
+    np = _numpy()
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
                    np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
                    tuple(locations), np.asarray(starts, dtype=float))

@@ -10,22 +10,30 @@ any points after k (the steps a crash lost are trained again).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from studio.core.sizes import GIB
 
+if TYPE_CHECKING:
+    import numpy as np
+
 SMOOTHING = 0.8  # weight of the loss's exponential moving average (debiased, as TensorBoard does); lags ~5 steps
+
+
+def _numpy():
+    import numpy  # on the first point, not at import: the window shows before numpy has loaded
+
+    return numpy
 
 
 class Series:
     """x and y values in float64 buffers that double when full."""
 
     def __init__(self, capacity: int = 1024):
-        self._x = np.empty(capacity)
-        self._y = np.empty(capacity)
+        self._x = self._y = None  # allocated on the first point
+        self._capacity = capacity
         self._size = 0
         self.version = 0  # bumped on every change: charts redraw only what changed
 
@@ -34,13 +42,19 @@ class Series:
 
     @property
     def x(self) -> np.ndarray:
-        return self._x[: self._size]
+        return self._buffers()[0][: self._size]
 
     @property
     def y(self) -> np.ndarray:
-        return self._y[: self._size]
+        return self._buffers()[1][: self._size]
+
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._x is None:
+            self._x, self._y = _numpy().empty(self._capacity), _numpy().empty(self._capacity)
+        return self._x, self._y
 
     def append(self, x: float, y: float) -> None:
+        self._buffers()
         if self._size == len(self._x):
             self._grow(2 * len(self._x))
         self._x[self._size], self._y[self._size] = x, y
@@ -48,6 +62,7 @@ class Series:
         self.version += 1
 
     def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        self._buffers()
         needed = self._size + len(xs)
         if needed > len(self._x):
             self._grow(max(needed, 2 * len(self._x)))
@@ -57,21 +72,23 @@ class Series:
 
     def truncate_after(self, x: float) -> None:
         """Drop the points whose x is greater than ``x`` (x grows monotonically)."""
-        keep = int(np.searchsorted(self.x, x, side="right"))
+        if not self._size:
+            return
+        keep = int(_numpy().searchsorted(self.x, x, side="right"))
         if keep != self._size:
             self._size = keep
             self.version += 1
 
     def _grow(self, capacity: int) -> None:
         for name in ("_x", "_y"):
-            bigger = np.empty(capacity)
+            bigger = _numpy().empty(capacity)
             bigger[: self._size] = getattr(self, name)[: self._size]
             setattr(self, name, bigger)
 
 
 def smooth(values: np.ndarray, weight: float = SMOOTHING) -> np.ndarray:
     """Debiased exponential moving average."""
-    out = np.empty(len(values))
+    out = _numpy().empty(len(values))
     average = 0.0
     for index, value in enumerate(values):
         average = weight * average + (1 - weight) * value
@@ -99,7 +116,7 @@ class Smoothed:
         if len(self.raw) == self._count:
             return
         kept = smooth(self.raw.y)
-        self.smoothed.truncate_after(-np.inf)
+        self.smoothed.truncate_after(-math.inf)
         self.smoothed.extend(self.raw.x.copy(), kept)
         self._count = len(self.raw)
         self._ema = kept[-1] * (1 - SMOOTHING**self._count) if len(kept) else 0.0
@@ -272,4 +289,4 @@ def _reserved_estimate(device: dict[str, Any]) -> int:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStackedLayout, QWidget
 
 from studio.gui.widgets.common import BAD
 from studio.gui.widgets.plotting import pg, plot_widget
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class LengthHistogram(QWidget):
@@ -42,6 +46,8 @@ class LengthHistogram(QWidget):
             self.plot.removeItem(self.bars)
             self.bars = None
         if len(lengths):
+            import numpy as np  # with the first lengths, as pyqtgraph is
+
             edges = np.histogram_bin_edges(lengths, bins=min(40, max(5, len(np.unique(lengths)))))
             counts, edges = np.histogram(lengths, bins=edges)
             self.bars = pg().BarGraphItem(x0=edges[:-1], x1=edges[1:], height=counts, brush="#4e79a7", pen="w")
