@@ -347,8 +347,9 @@ def test_model_panel_says_a_model_without_tokenizer_has_none_not_that_it_lacks_a
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("config: wrong types", ("model.trust_remote_code (", "last-choices.yaml:4): expected true or false",
-                             "training.learning_rate (", "last-choices.yaml:10): expected a number")),
+    ("config: wrong types", ("“Run Python code shipped with the model (trust_remote_code)” (",  # by the labels
+                             "last-choices.yaml:4): expected true or false",
+                             "“Learning rate” (", "last-choices.yaml:10): expected a number")),
     ("config: broken yaml", ("last-choices.yaml:5: not valid YAML",)),
 ])
 def test_unreadable_last_choices_are_explained_when_the_app_opens(name, expected, tmp_path, qtbot, monkeypatch):

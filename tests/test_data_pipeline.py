@@ -296,9 +296,9 @@ def test_too_few_rows_to_hold_out(tmp_path, plain):
                                        ({"instruction": "Add 2 and 2.", "output": "4"}, "chat")])
 def test_try_it_puts_the_prompt_as_the_run_s_rows_did_when_the_format_was_detected(tmp_path, row, kind):
     """A run left on format auto: Try it asks in the shape its rows had (a raw prompt, or a user's message)."""
-    from studio.train.evaluation.generate import _prompt_example
+    from studio.train.evaluation.generate import prompt_example
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(row) + "\n")
     config = RunConfig().replace(data={"train_files": (str(data),), "format": "auto"})
-    assert _prompt_example(config, "What is 3+3?").kind == kind
+    assert prompt_example(config, "What is 3+3?").kind == kind
