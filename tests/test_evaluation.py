@@ -169,3 +169,17 @@ def test_a_harness_task_over_local_files_compares_base_and_tuned_and_a_missing_d
     with pytest.raises(StudioError, match="task arc_easy: allenai/ai2_arc is not in the Hugging Face cache") as caught:
         benchmark_run(run_dir.path, ["arc_easy"], limit=2)  # the tests run with the Hub switched off
     assert "hf download allenai/ai2_arc --repo-type dataset" in caught.value.hint
+
+
+def test_the_estimate_says_what_the_samples_keys_and_values_take():
+    from studio.core.memory.estimate import estimate
+    from studio.core.model.info import load_model_config, model_shape
+    from studio.core.sizes import format_bytes
+
+    config = demo_config()  # fp32, 3 held-out questions, max_length 64, 64 new tokens
+    shape = model_shape(load_model_config(config.model.name_or_path))
+    cache = 2 * shape.layers * shape.kv_heads * shape.head_dim * 3 * (64 + 64) * 4
+    notes = estimate(load_model_config(config.model.name_or_path), config, "cpu").notes
+    assert any(f"3 prompts answered between steps, their KV cache at most {format_bytes(cache)}" in n for n in notes)
+    quiet = config.replace(schedule={"sample_every": 0})
+    assert not any("samples" in n for n in estimate(load_model_config(config.model.name_or_path), quiet, "cpu").notes)

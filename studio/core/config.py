@@ -235,6 +235,10 @@ class TrainingConfig:
     )
 
 
+SAMPLE_NEW_TOKENS = 64  # the longest answer to a sample prompt while training (schedule.sample_every)
+SAMPLED_HELD_OUT_ROWS = 3  # the held-out rows asked while training when data.sample_prompts is empty
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     """When to log, evaluate and save."""

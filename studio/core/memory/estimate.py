@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from studio.core.config import RunConfig
+from studio.core.config import SAMPLE_NEW_TOKENS, SAMPLED_HELD_OUT_ROWS, RunConfig
 from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_estimate, regime_axes, regime_id,
                                         trace_path)
 from studio.core.memory.parts.logits import logits_loss_bytes
@@ -63,6 +63,7 @@ from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_pr
                                          sharded_devices, with_cuda_overheads)
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
+from studio.core.sizes import format_bytes
 
 # What callers of the estimate use; the parts of the model live in studio.core.memory.
 __all__ = ["estimate", "Estimate", "DeviceEstimate", "Verdict", "verdict_for", "ScaleOut", "CudaOverheads",
@@ -226,4 +227,16 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
     if regime.qat:
         notes.append("QAT: each fake-quantized weight is a new tensor kept for backward (fp32 work while it is made)")
     notes += host_weight_notes(shape, regime, config)
+    if config.schedule.sample_every:
+        notes.append(_samples_note(shape, regime, config))
     return tuple(notes)
+
+
+def _samples_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
+    """Samples while training answer between steps, when the step's activations are freed: their KV cache (the
+    prompts at most data.max_length long) is said, not added to the step's peak."""
+    prompts = len(config.data.sample_prompts) or SAMPLED_HELD_OUT_ROWS
+    positions = prompts * (config.data.max_length + SAMPLE_NEW_TOKENS)
+    cache = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * DTYPE_BYTES[regime.compute]
+    return (f"samples every {config.schedule.sample_every} steps: {prompts} prompts answered between steps, their KV "
+            f"cache at most {format_bytes(cache)} (not in the step's peak: its activations are freed by then)")

@@ -11,15 +11,12 @@ from typing import Any
 
 import torch
 
-from studio.core.config import RunConfig
+from studio.core.config import SAMPLE_NEW_TOKENS, SAMPLED_HELD_OUT_ROWS, RunConfig
 from studio.core.data.row_formats import Example
 from studio.train.data.prepare import encode_prompt
 from studio.train.evaluation.compare import held_out_examples, row_text
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import prompt_example
-
-SAMPLE_NEW_TOKENS = 64
-SAMPLED_HELD_OUT_ROWS = 3
 
 
 def why_no_samples(config: RunConfig) -> tuple[str, str] | None:
