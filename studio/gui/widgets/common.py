@@ -60,8 +60,10 @@ class WheelNeedsFocus(QObject):
         return isinstance(widget, (QAbstractSpinBox, QComboBox, QAbstractSlider)) and not isinstance(widget, QScrollBar)
 
     def eventFilter(self, watched, event) -> bool:
+        if not self.is_value_control(watched):  # first: it sees every event of the app, and most are not theirs
+            return False
         kind = event.type()
-        if kind not in (QEvent.Type.Wheel, QEvent.Type.Polish) or not self.is_value_control(watched):
+        if kind not in (QEvent.Type.Wheel, QEvent.Type.Polish):
             return False
         if kind == QEvent.Type.Polish and watched.focusPolicy() == Qt.FocusPolicy.WheelFocus:
             watched.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # else the wheel itself would give it focus
@@ -215,19 +217,10 @@ class VerticalScroll(QScrollArea):
         return QSize(self._with_scroll_bar(inner).width(), super().minimumSizeHint().height())
 
     def sizeHint(self) -> QSize:
-        """The content's size; its height at the width it has here, when its text wraps."""
+        """The content's size. Not its height for the width it has: each area scrolls in a tab or a splitter that
+        gives it its height, and wrapped text measured at every layout pass cost a third of the start-up."""
         content = self.widget()
-        if content is None:
-            return super().sizeHint()
-        hint = content.sizeHint()
-        if content.hasHeightForWidth() and self.viewport().width() > 0:
-            hint.setHeight(content.heightForWidth(self.viewport().width()))
-        return self._with_scroll_bar(hint)
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        if event.size().width() != event.oldSize().width():
-            self.updateGeometry()  # a new width can change the height its wrapped text needs
+        return super().sizeHint() if content is None else self._with_scroll_bar(content.sizeHint())
 
     def eventFilter(self, watched, event) -> bool:
         if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
