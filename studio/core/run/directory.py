@@ -131,6 +131,14 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write a file whole or not at all: a reader finds the old text or the new, never half of one. The staging
+    file is this process's own, so processes writing the same file at once do not write into each other's."""
+    staging = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    staging.write_text(text, encoding="utf-8")
+    os.replace(staging, path)
+
+
 @contextlib.contextmanager
 def atomic_folder(destination: Path, replace: bool = False) -> Iterator[Path]:
     """Yield a staging folder; on success it becomes ``destination``, COMPLETE marker included.

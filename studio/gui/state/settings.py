@@ -20,6 +20,7 @@ import platformdirs
 from studio.core.config import RunConfig, load_config, save_config
 from studio.core.errors import StudioError
 from studio.core.presets import demo_config
+from studio.core.run.directory import write_atomically
 
 RECENT_LIMIT = 8
 
@@ -77,7 +78,7 @@ def load_settings() -> AppSettings:
 def save_settings(settings: AppSettings) -> None:
     path = settings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, json.dumps(asdict(settings), indent=2))
+    write_atomically(path, json.dumps(asdict(settings), indent=2))
 
 
 def read_last_config() -> tuple[RunConfig, StudioError | None]:
@@ -96,12 +97,6 @@ def save_last_config(config: RunConfig) -> None:
     path = choices_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     save_config(config, path)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def _set_aside(path: Path) -> None:

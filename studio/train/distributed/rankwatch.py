@@ -32,6 +32,8 @@ from pathlib import Path
 
 import psutil
 
+from studio.core.run.directory import write_atomically
+
 log = logging.getLogger("studio.train")
 
 RANKS_FOLDER = "ranks"
@@ -179,10 +181,8 @@ class RankWatch:
         entry = {"rank": self.rank, "host": self.host, "boot": self.boot, "pid": self.pid, "started": self.started,
                  "beat": self._beat, "ended": ended}
         path = ranks_folder(self.run_dir) / f"rank-{self.rank}.json"
-        staging = path.with_suffix(f".{self.pid}.tmp")
         try:
-            staging.write_text(json.dumps(entry), encoding="utf-8")
-            os.replace(staging, path)
+            write_atomically(path, json.dumps(entry))
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc)
 

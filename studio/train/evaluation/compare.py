@@ -21,8 +21,8 @@ from studio.core.config import RunConfig, load_config
 from studio.core.data.dataset import inspect_files, iter_examples
 from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
-from studio.core.run.directory import RunDir
-from studio.core.run.evaluation import EVALUATION_FILE, answer_scores, progress_line, summary, worst_first
+from studio.core.run.directory import RunDir, write_atomically
+from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
 from studio.train.data.prepare import IGNORE_INDEX, collate, encode, encode_prompt, held_out_rows, render_segments
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import base_model, load_run_model
@@ -48,7 +48,7 @@ def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int =
     with base_model(model, config) as base:
         for row, scores in zip(rows, scorer.score(base, "base")):
             row["base"] = scores
-    result = {"checkpoint": checkpoint.name, "data": list(source), "summary": {m: summary(rows, m) for m in ("base", "tuned")},
+    result = {"checkpoint": checkpoint.name, "data": list(source), "summary": {m: summary(rows, m) for m in MODELS},
               "rows": worst_first(rows)}
     _record(RunDir(run_dir), result)
     return result
@@ -151,10 +151,8 @@ def _record(rd: RunDir, result: dict[str, Any]) -> None:
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
-    """A result file, whole or not at all: a reader never sees half of it."""
-    staging = path.with_suffix(".json.partial")
-    staging.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
-    staging.replace(path)
+    """A result file as JSON, whole or not at all (what the Evaluate tab reads)."""
+    write_atomically(path, json.dumps(result, indent=1, ensure_ascii=False))
 
 
 def record_event(rd: RunDir, type_: str, **fields: Any) -> None:

@@ -38,6 +38,7 @@ from studio.core.memory.derived import (MOMENTS, TRACE_DEPTHS, TRACE_VERSION, ne
 from studio.core.memory.recount import RECORD_LENGTH, RECORD_RANK, lora_settings, recounts_lora
 from studio.core.memory.regime import loss_impl_for
 from studio.core.model.info import load_model_config
+from studio.core.run.directory import write_atomically
 from studio.train.measure.memtrack import LiveTensorTracker, PeakReport
 from studio.train.measure.simulate import (experts_grouped_on_fake_tensors, fake_model, full_length_batches, hub_config,
                                            loss_sum, rows_are_unpadded, run_optimizer_steps, target_tokens)
@@ -284,9 +285,7 @@ def write_trace(config: RunConfig, neighbours: bool = True) -> Path:
 
     def written(data: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        partial.replace(path)  # a reader never sees half a trace
+        write_atomically(path, json.dumps(data, indent=1))  # a reader never sees half a trace
 
     try:
         trace_model(config, existing, written, neighbours)

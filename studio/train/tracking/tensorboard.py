@@ -14,6 +14,7 @@ from typing import Any
 
 from studio.core.config import RunConfig
 from studio.core.run.directory import RunDir
+from studio.core.run.evaluation import MODELS
 from studio.core.run.events import EventWriter, read_events
 
 log = logging.getLogger("studio.train")
@@ -47,7 +48,7 @@ class TensorBoard:
         elif kind == "eval" and event.get("eval_loss") is not None and step is not None:
             self.writer.add_scalar("eval/loss", event["eval_loss"], step)
         elif kind == "evaluation":
-            for model in ("base", "tuned"):
+            for model in MODELS:
                 for key in SUMMARY_SCALARS:
                     if event[model].get(key) is not None:
                         self.writer.add_scalar(f"evaluation/{key}/{model}", event[model][key], self.step)
