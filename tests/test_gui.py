@@ -888,3 +888,12 @@ def test_choosing_zero_switches_the_output_layer_off_cpu_and_says_why_in_the_win
     text = window.changes_notice.text.text()
     assert window.changes_notice.isVisible() and "Output layer in CPU RAM is off now" in text
     assert "distributed." not in text and "“Sharding”" in text and "&#x27;" not in text
+
+
+def test_a_new_problem_shows_under_the_tabs_even_where_the_estimate_was_scrolled(window, qtbot):
+    window.resize(1280, 640)
+    scroll = window.under_tabs.verticalScrollBar()
+    qtbot.waitUntil(lambda: scroll.maximum() > 0, timeout=5000)
+    scroll.setValue(scroll.maximum())
+    window.store.update(method="qlora")  # a 4-bit base: this machine has no NVIDIA GPU
+    assert window.problems.isVisibleTo(window) and scroll.value() == 0

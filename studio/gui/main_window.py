@@ -453,6 +453,8 @@ class MainWindow(QMainWindow):
             text = f"⚠ Fix before starting:<ul style='margin:0; margin-left:-24px'>{items}</ul>"
         else:
             text = "".join(f"⚠ Fix before starting: {line}" for line in words)
+        if text and text != self.problems.text():
+            self.under_tabs.verticalScrollBar().setValue(0)  # a new problem shows, even where the estimate was scrolled
         self.problems.setText(text)
         self.problems.setVisible(bool(listed))
         self._on_run_changed()
