@@ -38,6 +38,7 @@ def write(event):
         f.write(json.dumps({**event, "time": time.time()}) + "\n")
 write({"type": "run_started", "total_steps": 400, "start_step": 0})
 write({"type": "estimate", "peak_bytes": 9 * 2**30})
+os.makedirs(os.path.join(run_dir, "tensorboard"), exist_ok=True)
 for step in range(1, steps + 1):
     memory = [{"device": f"cuda:{i}", "label": f"GPU {i}", "allocated_bytes": (6 + step / 40) * 2**30,
                "reserved_bytes": 8 * 2**30, "nvml_used_bytes": 8.5 * 2**30, "nvml_total_bytes": 24 * 2**30}
@@ -46,6 +47,10 @@ for step in range(1, steps + 1):
            "lr": 2e-4 * min(1, step / 10), "tokens_per_s": 4000 + 300 * (step % 5), "memory": memory})
     if step % 20 == 0:
         write({"type": "eval", "step": step, "eval_loss": 2.4 / (1 + step / 20)})
+    if step % 40 == 0:
+        write({"type": "samples", "step": step, "seconds": 1.8, "samples": [
+            {"location": "held.jsonl:1", "prompt": "What kind of thing is a plum?", "reference": "a kind of fruit",
+             "answer": "a kind of fruit" if step > 40 else "a kind of"}]})
     time.sleep(0.01)
 if finish:
     checkpoint = os.path.join(run_dir, "checkpoints", f"step-{steps:06d}")
@@ -450,10 +455,39 @@ def try_it(window, qtbot, tmp_path):
     qtbot.waitUntil(panel.generate_button.isEnabled, timeout=20000)
 
 
+def evaluated(window, qtbot, tmp_path):
+    """Evaluate, after the held-out comparison and a benchmark ran (scripted: their result files, as written)."""
+    _train(window, qtbot, tmp_path, steps=20, finish=True)
+    panel = window.evaluate_panel
+    summary = {"base": {"rows": 80, "tokens": 410, "loss": 3.9, "perplexity": 49.4, "exact_match": 0.0,
+                        "contains": 0.05, "f1": 0.12, "answered": 80},
+               "tuned": {"rows": 80, "tokens": 410, "loss": 0.21, "perplexity": 1.23, "exact_match": 0.95,
+                         "contains": 0.97, "f1": 0.98, "answered": 80}}
+    rows = [{"location": f"categories_heldout.jsonl:{i}", "prompt": "What kind of thing is a plum?",
+             "reference": "a kind of fruit", "tokens": 5, "base": {"loss_sum": 19.0, "answer": "drink . drink .", "f1": 0.0},
+             "tuned": {"loss_sum": 1.0, "answer": "a kind of fruit", "f1": 1.0}} for i in range(1, 6)]
+    evaluation = {"checkpoint": "step-000020", "data": ["categories_heldout.jsonl"], "summary": summary, "rows": rows}
+    benchmarks = {"checkpoint": "step-000020", "limit": 100, "chat_template": True,
+                  "tasks": {"arc_easy": {"base": {"acc": 0.25, "acc_norm": 0.27}, "tuned": {"acc": 0.31, "acc_norm": 0.3}}}}
+
+    def writes(name, result, progress):
+        return lambda run_dir, *_: [sys.executable, "-c", (
+            f"import pathlib, sys; print({progress!r}, file=sys.stderr); "
+            f"(pathlib.Path({str(run_dir)!r}) / {name!r}).write_text({json.dumps(result)!r})")]
+    panel.command = writes("evaluation.json", evaluation, "base model: 80/80 [####################]")
+    panel.benchmarks_command = writes("benchmarks.json", benchmarks, "benchmarks: 2/2 [####################]")
+    window.run_tabs.setCurrentWidget(panel)
+    panel.evaluate_button.click()
+    qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+    panel.tasks.setText("arc_easy")
+    panel.benchmarks_button.click()
+    qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+
+
 STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
           hub_id_offline, folder_without_weights, remote_code_on, data_problems, rows_beyond_max_length,
           unknown_columns, does_not_fit, fit_to_gpu, eight_b_fit_with_problems, long_estimate_notes, minimum_size,
           simulated, simulation_dropped, unreadable_last_choices,
           loading_model, training, training_two_gpus, completed, run_failed, history_compare, history_empty,
-          export_verified, gguf_published, gguf_refused, try_it)
+          export_verified, gguf_published, gguf_refused, try_it, evaluated)
 TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus, long_estimate_notes)

@@ -149,7 +149,8 @@ metric_list:
 
 
 @pytest.mark.slow
-def test_a_harness_task_over_local_files_compares_base_and_tuned_and_a_missing_dataset_is_named(demo_run, tmp_path):
+def test_a_harness_task_over_local_files_compares_base_and_tuned_and_a_missing_dataset_is_named(demo_run, tmp_path,
+                                                                                                 capsys):
     _, run_dir = demo_run
     held_out = first_lines(DEMO_HELDOUT, 24, tmp_path / "held.jsonl")
     choices = sorted({json.loads(line)["output"] for line in DEMO_HELDOUT.read_text().splitlines()})
@@ -157,6 +158,7 @@ def test_a_harness_task_over_local_files_compares_base_and_tuned_and_a_missing_d
     tasks.mkdir()
     (tasks / "demo_categories.yaml").write_text(TASK_YAML.format(data=held_out, choices=json.dumps(choices)))
     assert main(["eval", str(run_dir.path), "--tasks", "demo_categories", "--include-path", str(tasks)]) == 0
+    assert "benchmarks: 2/2 [####################]" in capsys.readouterr().err  # the base model scored too
     result = json.loads((run_dir.path / "benchmarks.json").read_text())
     scores = result["tasks"]["demo_categories"]
     assert scores["tuned"]["acc"] > scores["base"]["acc"] and scores["tuned"]["acc"] >= 0.9

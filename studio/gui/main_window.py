@@ -38,7 +38,7 @@ from studio.gui.state.job_state import TERMINAL, State, status_text
 from studio.gui.state.memory import has_gpu_calibration
 from studio.gui.state.run_history import live_runs
 from studio.gui.tasks import FirstFrameGate, GuiThreadGarbageCollector, wait_for_background_work
-from studio.gui.widgets.charts import WAITING, ChartsPanel
+from studio.gui.widgets.charts import WAITING, ChartsPanel, TensorBoardHint
 from studio.gui.widgets.common import Banner, ConfigStore, VerticalScroll, WheelNeedsFocus, problems_html
 
 ICON = RESOURCES / "icons" / "finetune-studio.png"
@@ -92,6 +92,7 @@ class MainWindow(QMainWindow):
         self.estimate_panel = EstimatePanel(self.store, self.settings.gpu_card, self.settings.gpu_custom_gib,
                                             self.settings.gpu_custom_unit)
         self.charts = ChartsPanel()
+        self.tensorboard_hint = TensorBoardHint()
         self.samples_panel = SamplesPanel()
         self.history = HistoryPanel(self.runs_root)
         self.export_panel = ExportPanel()
@@ -226,7 +227,12 @@ class MainWindow(QMainWindow):
     def _build_run_column(self, right: QWidget) -> None:
         """The run's banner, then its tabs: charts, samples, history, export, try it, evaluate."""
         self.run_tabs = QTabWidget(right)
-        self.run_tabs.addTab(self.charts, "Training")
+        training = QWidget()
+        training_layout = QVBoxLayout(training)
+        training_layout.setContentsMargins(0, 0, 0, 0)
+        training_layout.addWidget(self.charts, 1)
+        training_layout.addWidget(self.tensorboard_hint)
+        self.run_tabs.addTab(training, "Training")
         self.run_tabs.addTab(self.samples_panel, "Samples")
         self.run_tabs.addTab(self.history, "History")
         self.run_tabs.addTab(self.export_panel, "Export")
@@ -364,6 +370,7 @@ class MainWindow(QMainWindow):
         self.resume_action.setEnabled(not active and resumable and has_checkpoint)
         self.log_action.setEnabled(controller.run_dir is not None)
         self.run_name.setText(controller.run_dir.path.name if controller.run_dir else "")
+        self.tensorboard_hint.set_folder(controller.run_dir.tensorboard_dir if controller.run_dir else None)
         self._show_run_banner()
         if job.state is not self._shown_state and controller.run_dir is not None:
             self._on_run_state_changed(job.state, controller.run_dir.path)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +121,13 @@ def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: in
 def eval_command(python: str, run_dir: Path) -> list[str]:
     """``studio eval``: writes RUN/evaluation.json (studio.core.run.evaluation) and prints its progress on stderr."""
     return _studio(python, "eval", str(run_dir))
+
+
+def benchmarks_command(python: str, run_dir: Path, tasks: Sequence[str], include_path: Path | None = None,
+                       limit: int | None = None) -> list[str]:
+    """``studio eval --tasks``: writes RUN/benchmarks.json (lm-evaluation-harness's metrics) with a progress line."""
+    folder = ["--include-path", str(include_path)] if include_path else []
+    return eval_command(python, run_dir) + ["--tasks", *tasks, *folder] + (["--limit", str(limit)] if limit else [])
 
 
 def estimate_simulation_command(python: str, config_path: Path) -> list[str]:

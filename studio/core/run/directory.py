@@ -10,6 +10,7 @@
       prepared/machine-N/  several processes: the data the first process of machine N tokenized for the others
       checkpoints/step-000120/   complete checkpoints (each has a COMPLETE marker)
       exports/adapter/, exports/merged/
+      tensorboard/         the run's figures as TensorBoard files (schedule.tensorboard)
 
 Folders that must never be seen half-written (checkpoints, exports) are written
 into a staging folder beside their destination, synced, renamed into place, and
@@ -54,6 +55,7 @@ class RunDir:
     worker_info = property(lambda self: self.path / "worker.json")
     checkpoints_dir = property(lambda self: self.path / "checkpoints")
     exports_dir = property(lambda self: self.path / "exports")
+    tensorboard_dir = property(lambda self: self.path / "tensorboard")
     stop_file = property(lambda self: self.path / STOP_FILE)
     abort_file = property(lambda self: self.path / ABORT_FILE)
 

@@ -21,7 +21,9 @@ MODELS = ("base", "tuned")
 ANSWER_SCORES = ("exact_match", "contains", "f1")
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_PROGRESS = re.compile(r"^(base|tuned) model: (\d+)/(\d+)\b")
+# what a progress line counts: its phase and the phases of the whole (the tuned model is scored first)
+PROGRESS_PHASES = {"tuned model": (0, 2), "base model": (1, 2), "benchmarks": (0, 1)}
+_PROGRESS = re.compile(rf"^({'|'.join(PROGRESS_PHASES)}): (\d+)/(\d+)\b")
 
 
 def normalized_words(text: str) -> list[str]:
@@ -61,9 +63,10 @@ def worst_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=badness)
 
 
-def read_evaluation(run_dir: Path) -> dict[str, Any] | None:
-    """What the last `studio eval` of a run wrote; None when it has not been evaluated."""
-    path = Path(run_dir) / EVALUATION_FILE
+def read_evaluation(run_dir: Path, name: str = EVALUATION_FILE) -> dict[str, Any] | None:
+    """What the last `studio eval` of a run wrote (``name``: BENCHMARKS_FILE for its benchmarks); None when it has
+    not been evaluated so."""
+    path = Path(run_dir) / name
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
@@ -94,20 +97,21 @@ def comparison_lines(result: dict[str, Any], run_dir: Path) -> list[str]:
     return lines
 
 
-def progress_line(model: str, done: int, total: int, seconds_left: float | None) -> str:
-    """"tuned model: 12/40 [######--------------] about 31 s left": what `studio eval` prints as it goes."""
+def progress_line(what: str, done: int, total: int, seconds_left: float | None) -> str:
+    """"tuned model: 12/40 [######--------------] about 31 s left": what `studio eval` prints as it goes (``what``: one
+    of PROGRESS_PHASES)."""
     filled = round(20 * min(done / max(total, 1), 1.0))
     left = "" if seconds_left is None else f" about {seconds_left:.0f} s left"
-    return f"{model} model: {done}/{total} [{'#' * filled}{'-' * (20 - filled)}]{left}"
+    return f"{what}: {done}/{total} [{'#' * filled}{'-' * (20 - filled)}]{left}"
 
 
 def progress_of(line: str) -> float | None:
-    """How far an evaluation is (0 to 1) by one of its progress lines (the tuned model goes first); None: not one."""
+    """How far an evaluation is (0 to 1) by one of its progress lines; None: not one."""
     found = _PROGRESS.match(line.strip())
     if not found:
         return None
-    phase = 1 if found.group(1) == "base" else 0
-    return (phase + min(int(found.group(2)) / max(int(found.group(3)), 1), 1.0)) / 2
+    phase, phases = PROGRESS_PHASES[found.group(1)]
+    return (phase + min(int(found.group(2)) / max(int(found.group(3)), 1), 1.0)) / phases
 
 
 def benchmark_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:

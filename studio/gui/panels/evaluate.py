@@ -2,7 +2,9 @@
 
 Runs ``studio eval RUN_DIR`` in a subprocess (it prints its progress on stderr and writes
 RUN_DIR/evaluation.json); the table and the bar chart compare the two models, the list below holds every
-row, the weakest first. A run evaluated before shows its last result at once.
+row, the weakest first. Standard benchmarks run the same way (``studio eval RUN_DIR --tasks ...``, through
+lm-evaluation-harness, into RUN_DIR/benchmarks.json), in a table of their own. A run evaluated before shows its
+last results at once.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton, QSplitter, QTableWidget,
-                               QTableWidgetItem, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
+                               QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTreeWidget, QTreeWidgetItem,
+                               QVBoxLayout, QWidget)
 
-from studio.core.run.commands import eval_command
-from studio.core.run.evaluation import comparison_rows, progress_of, read_evaluation
+from studio.core.run.commands import benchmarks_command, eval_command
+from studio.core.run.evaluation import BENCHMARKS_FILE, benchmark_rows, comparison_rows, progress_of, read_evaluation
 from studio.gui.process import LineProcess
 from studio.gui.state.console import console_error
 from studio.gui.widgets.common import ACCENT, BAD, MUTED, explanation
@@ -34,7 +37,10 @@ class EvaluatePanel(QWidget):
         super().__init__(parent)
         self.run_dir: Path | None = None
         self.result: dict | None = None
-        self.command = partial(eval_command, sys.executable)  # tests may point this elsewhere
+        self.command = partial(eval_command, sys.executable)  # tests may point these elsewhere
+        self.benchmarks_command = partial(benchmarks_command, sys.executable)
+        self.benchmarks: dict | None = None
+        self._build_benchmark_controls()
         self.evaluate_button = QPushButton("Evaluate base vs fine-tuned")
         self.evaluate_button.clicked.connect(self.evaluate)
         self.cancel_button = QPushButton("Cancel")
@@ -54,6 +60,7 @@ class EvaluatePanel(QWidget):
         self.chart_key.hide()
         self.chart_box.addWidget(self.chart_key)
         self._cancelled = False
+        self._running = ""  # what the process computes: "evaluation" or "benchmarks"
         self.rows = QTreeWidget()
         self.rows.setHeaderLabels(ROW_COLUMNS)
         self.rows.setRootIsDecorated(False)
@@ -70,7 +77,39 @@ class EvaluatePanel(QWidget):
         self._build_layout()
         self.set_run(None)
 
+    def _build_benchmark_controls(self) -> None:
+        self.tasks = QLineEdit()
+        self.tasks.setPlaceholderText("lm-evaluation-harness tasks, e.g. arc_easy hellaswag")
+        self.tasks.setToolTip("Task names as `lm-eval ls tasks` lists them, or the tasks of your own folder; "
+                              "separated by spaces or commas. Their datasets must be in the Hugging Face cache "
+                              "(or be local files your task YAML names).")
+        self.tasks.textChanged.connect(self._update_buttons)
+        self.limit = QSpinBox()
+        self.limit.setRange(0, 100_000)
+        self.limit.setValue(100)
+        self.limit.setSpecialValueText("all")
+        self.limit.setPrefix("at most ")
+        self.limit.setSuffix(" examples per task")
+        self.limit.setToolTip("A quick look: score at most this many examples of each task; all: the whole task.")
+        self.task_folder: Path | None = None
+        self.task_folder_button = QPushButton("Your tasks' folder…")
+        self.task_folder_button.setToolTip("Optional: a folder of task YAML files of your own (tasks over local files).")
+        self.task_folder_button.clicked.connect(self._choose_task_folder)
+        self.benchmarks_button = QPushButton("Run benchmarks")
+        self.benchmarks_button.clicked.connect(self.run_benchmarks)
+        self.benchmark_table = QTableWidget(0, 4)
+        self.benchmark_table.setHorizontalHeaderLabels(("Benchmark", "Measure", "Base", "Fine-tuned"))
+        self.benchmark_table.verticalHeader().hide()
+        self.benchmark_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.benchmark_table.hide()
+
     def _build_layout(self) -> None:
+        benchmarks = QHBoxLayout()
+        benchmarks.addWidget(QLabel("Benchmarks:"))
+        benchmarks.addWidget(self.tasks, 2)
+        benchmarks.addWidget(self.limit)
+        benchmarks.addWidget(self.task_folder_button)
+        benchmarks.addWidget(self.benchmarks_button)
         buttons = QHBoxLayout()
         buttons.addWidget(self.evaluate_button)
         buttons.addWidget(self.cancel_button)
@@ -83,14 +122,16 @@ class EvaluatePanel(QWidget):
         side_by_side.addLayout(self.chart_box, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(figures)
+        splitter.addWidget(self.benchmark_table)
         splitter.addWidget(self.rows)
-        splitter.setSizes([220, 320])
+        splitter.setSizes([260, 90, 220])
         layout = QVBoxLayout(self)
         layout.addWidget(explanation("Scores the base model and the newest checkpoint on the run's held-out rows: loss "
                                      "and perplexity over the completion tokens; for rows with a reference answer, "
                                      "greedy answers by exact match, whether they contain the reference, and token "
                                      "F1 (the same as the command studio eval RUN_DIR)."))
         layout.addLayout(buttons)
+        layout.addLayout(benchmarks)
         layout.addWidget(self.status)
         layout.addWidget(splitter, 1)
 
@@ -101,6 +142,7 @@ class EvaluatePanel(QWidget):
             self._process.stop()  # a result for a run no longer shown
         self.run_dir = Path(run_dir) if run_dir else None
         self.show_result(read_evaluation(self.run_dir) if self.run_dir else None)
+        self.show_benchmarks(read_evaluation(self.run_dir, BENCHMARKS_FILE) if self.run_dir else None)
         self._update_buttons()
         if self.run_dir is None:
             self._say("Finish a run, or choose one in History, to evaluate it.", MUTED)
@@ -108,10 +150,26 @@ class EvaluatePanel(QWidget):
             self._say(f"{html.escape(self.run_dir.name)} has not been evaluated yet.", MUTED)
 
     def evaluate(self) -> None:
-        if self.run_dir is None:
-            return
-        self._cancelled = False
-        self._process.start(self.command(self.run_dir))
+        if self.run_dir is not None:
+            self._start("evaluation", self.command(self.run_dir))
+
+    def run_benchmarks(self) -> None:
+        """The tasks typed, base vs fine-tuned, through lm-evaluation-harness in ``studio eval --tasks``."""
+        if self.run_dir is not None and self.task_names():
+            self._start("benchmarks", self.benchmarks_command(self.run_dir, self.task_names(), self.task_folder,
+                                                              self.limit.value() or None))
+
+    def task_names(self) -> list[str]:
+        return re.findall(r"[^\s,]+", self.tasks.text())
+
+    def _choose_task_folder(self) -> None:
+        chosen = QFileDialog.getExistingDirectory(self, "The folder of your task YAML files")
+        self.task_folder = Path(chosen) if chosen else None
+        self.task_folder_button.setText(f"Tasks from {self.task_folder.name}" if chosen else "Your tasks' folder…")
+
+    def _start(self, what: str, command: list[str]) -> None:
+        self._cancelled, self._running = False, what
+        self._process.start(command)
         self.progress.setValue(0)
         self._say("Loading both models…", MUTED)
         self._update_buttons()
@@ -124,6 +182,7 @@ class EvaluatePanel(QWidget):
     def _update_buttons(self) -> None:
         running = self._process.running
         self.evaluate_button.setEnabled(self.run_dir is not None and not running)
+        self.benchmarks_button.setEnabled(self.run_dir is not None and not running and bool(self.task_names()))
         self.cancel_button.setVisible(running)
         self.progress.setVisible(running)
 
@@ -136,7 +195,12 @@ class EvaluatePanel(QWidget):
     def _on_done(self, exit_code: int, error: str) -> None:
         self._update_buttons()
         if exit_code == 0 and not error:
-            self.show_result(read_evaluation(self.run_dir))
+            if self._running == "benchmarks":
+                self.show_benchmarks(read_evaluation(self.run_dir, BENCHMARKS_FILE))
+                self._say(f"Benchmarks of checkpoint {html.escape(self.benchmarks['checkpoint'])} in the table below.",
+                          MUTED)
+            else:
+                self.show_result(read_evaluation(self.run_dir))
             return
         if self._cancelled:
             self._say("Evaluation cancelled; the run keeps its last result.", MUTED)
@@ -174,6 +238,16 @@ class EvaluatePanel(QWidget):
         self._draw_bars(summary)
         self._say(f"{summary['tuned']['rows']} held-out rows, checkpoint {html.escape(result['checkpoint'])}; "
                   "the rows below, the weakest first.", MUTED)
+
+    def show_benchmarks(self, result: dict | None) -> None:
+        """lm-evaluation-harness's measures of each task, base beside fine-tuned (none yet: the table hides)."""
+        self.benchmarks = result
+        rows = benchmark_rows(result) if result else []
+        self.benchmark_table.setRowCount(len(rows))
+        for row, texts in enumerate(rows):
+            for column, text in enumerate(texts):
+                self.benchmark_table.setItem(row, column, QTableWidgetItem(text))
+        self.benchmark_table.setVisible(bool(rows))
 
     def _draw_bars(self, summary: dict | None) -> None:
         """Base (grey) and fine-tuned (blue) side by side for each answer score, in percent."""

@@ -4,7 +4,7 @@ Buffers are preallocated and double when full, so appending a point is O(1)
 amortized and a chart redraw hands pyqtgraph views, never copies of lists.
 ``RunSeries`` turns ``step`` and ``eval`` events into the series the charts
 show, and ``samples`` events into each sample prompt's answers over the steps
-(the Samples tab); a resumed run whose ``run_started`` says it restarts at step k drops
+(the Samples tab) and the pauses they cost training (the throughput chart); a resumed run whose ``run_started`` says it restarts at step k drops
 any points after k (the steps a crash lost are trained again).
 """
 
@@ -208,6 +208,7 @@ class RunSeries:
         self.estimate_by_device: dict[str, int] = {}  # each GPU's own estimate (ZeRO's ranks, a layer split's devices)
         self.started = False  # a run_started event was seen (the model is loaded)
         self.samples = SampleHistory()  # the Samples tab's answers, from the same events
+        self.sample_pauses = Series()  # (step, seconds) the worker stopped training to answer the sample prompts
 
     @classmethod
     def from_events(cls, events: list[dict[str, Any]], name: str = "") -> "RunSeries":
@@ -225,7 +226,8 @@ class RunSeries:
         return sum(s.version for s in self.all_series()) + (self.estimate_bytes or 0)
 
     def all_series(self) -> list[Series]:
-        found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s, self.tokens_per_s_smoothed]
+        found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s, self.tokens_per_s_smoothed,
+                 self.sample_pauses]
         return found + [s for trace in self.memory.values() for s in trace.series.values()]
 
     def add(self, event: dict[str, Any]) -> bool:
@@ -238,6 +240,9 @@ class RunSeries:
             return True
         if kind == "step":
             return self._add_step(event)
+        if kind == "samples" and _finite(event.get("seconds")):
+            self.sample_pauses.append(int(event.get("step") or 0), float(event["seconds"]))
+            return True
         if kind == "eval" and _finite(event.get("eval_loss")):
             self.eval_loss.append(event["step"], event["eval_loss"])
             return True
@@ -279,7 +284,8 @@ class RunSeries:
         """A (resumed) run starts at ``step``: points after it belong to a lost attempt."""
         for smoothed in (self._loss, self._tokens_per_s):
             smoothed.truncate_after(step)
-        for series in (self.eval_loss, self.lr, *(s for t in self.memory.values() for s in t.series.values())):
+        for series in (self.eval_loss, self.lr, self.sample_pauses,
+                       *(s for t in self.memory.values() for s in t.series.values())):
             series.truncate_after(step)
 
 

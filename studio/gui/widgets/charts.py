@@ -1,4 +1,5 @@
-"""Live charts (pyqtgraph): loss (raw, smoothed, eval), learning rate, tokens/s, memory per device.
+"""Live charts (pyqtgraph): loss (raw, smoothed, eval), learning rate, tokens/s (with the pauses for sample
+answers), memory per device.
 
 Data lives in ``series.RunSeries`` (growing numpy buffers); a QTimer redraws
 at a fixed rate and only the curves whose series changed, so a burst of
@@ -10,11 +11,14 @@ can be shown at once (History's comparison): each gets its own colors.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from typing import Any
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QGridLayout, QLabel, QStackedLayout, QVBoxLayout, QWidget
 
 from studio.core.sizes import GIB
 from studio.gui.state.series import RunSeries, Series
@@ -24,6 +28,7 @@ from studio.gui.widgets.plotting import pg, plot_widget
 REDRAW_MS = 100
 WAITING = "Waiting for the first step…"
 NO_RUN = "Start a run (or open one in History) to see it here."
+SAMPLE_PAUSE_COLOR = "#9333ea"
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,18 @@ class ChartCard(QWidget):
         line.setValue(value)
         line.label.setFormat(label)
 
+    def vertical_line(self, key: str, x: float, color: str, tooltip: str) -> None:
+        """An unlabelled mark at ``x`` (a moment, not a level): many fit where their labels would not."""
+        if key not in self.lines:
+            line = self.lines[key] = pg().InfiniteLine(pos=x, angle=90, pen=pg().mkPen(color, width=1,
+                                                                                       style=Qt.PenStyle.DotLine))
+            line.setToolTip(tooltip)
+            self.plot.addItem(line)
+
+    def remove_lines(self, prefix: str) -> None:
+        for key in [key for key in self.lines if key.startswith(prefix)]:
+            self._plot.removeItem(self.lines.pop(key))
+
     def clear(self) -> None:
         if self._plot is None:
             return
@@ -200,7 +217,28 @@ class ChartsPanel(QWidget):
                                                                       palette.raw))
         self._update(index, "tps_smooth", run.tokens_per_s_smoothed,
                      self.throughput.curve(f"{index}.tps_smooth", f"{prefix}tokens/s (smoothed)", palette.main, 2))
+        if index == 0:
+            self._draw_sample_pauses(run)
         self._draw_memory(index, run, palette, prefix)
+
+    def _draw_sample_pauses(self, run: RunSeries) -> None:
+        """A dotted line where training paused to answer the sample prompts; the title says what they cost (tokens/s
+        counts the steps alone)."""
+        pauses = run.sample_pauses
+        if self._drawn.get((0, "pauses")) == pauses.version:
+            return
+        self._drawn[(0, "pauses")] = pauses.version
+        self.throughput.remove_lines("pause.")  # a resumed run may have dropped some
+        if not len(pauses):
+            self.throughput.set_title("Throughput")
+            return
+        for step, seconds in zip(pauses.x, pauses.y):
+            self.throughput.vertical_line(f"pause.{step:g}", step, SAMPLE_PAUSE_COLOR,
+                                          f"step {step:g}: {seconds:.1f} s answering the sample prompts")
+        mean = float(pauses.y.mean())
+        self.throughput.set_title(f"Throughput <span style='color:{SAMPLE_PAUSE_COLOR}'>┆</span> "
+                                  f"<span style='font-weight:normal'>paused {mean:.1f} s to answer the sample "
+                                  f"prompts</span>")
 
     def _draw_memory(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
         gpu = any(trace.is_gpu for trace in run.memory.values())
@@ -251,3 +289,33 @@ class ChartsPanel(QWidget):
         self._drawn[(index, key)] = series.version
         curve.setData(series.x, series.y)
 
+
+
+class TensorBoardHint(QLabel):
+    """Under the live charts: the command that opens the run's TensorBoard files, and a link that copies it."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.command = ""
+        self.setProperty("role", "explain")
+        self.setWordWrap(True)  # a run folder's path can be long
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                     | Qt.TextInteractionFlag.LinksAccessibleByMouse)
+        self.linkActivated.connect(self.copy)
+        self.hide()
+
+    def set_folder(self, folder: Path | None) -> None:
+        """The run's TensorBoard folder, once the worker has made it; None or no folder: nothing to open."""
+        shown = folder is not None and folder.is_dir()
+        self.setVisible(shown)
+        command = f'tensorboard --logdir "{folder}"'
+        if not shown or command == self.command:  # said already (and perhaps copied)
+            return
+        self.command = command
+        self.setText(f"Also in TensorBoard: <code>{html.escape(self.command, quote=False)}</code> &nbsp;<a href='copy'>Copy</a>")
+        self.setToolTip("Run this in a terminal where TensorBoard is installed (pip install tensorboard), "
+                        "then open the address it prints.")
+
+    def copy(self) -> None:
+        QApplication.clipboard().setText(self.command)
+        self.setText(f"Also in TensorBoard: <code>{html.escape(self.command, quote=False)}</code> &nbsp;copied")

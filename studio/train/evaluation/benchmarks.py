@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
 from studio.core.run.evaluation import BENCHMARKS_FILE
-from studio.train.evaluation.compare import record_event, write_result
+from studio.train.evaluation.compare import Progress, record_event, write_result
 from studio.train.evaluation.generate import base_model, load_run_model, row_format
 
 _UNREACHABLE = re.compile(r"Couldn't reach '([^']+)'")
@@ -42,11 +42,14 @@ def benchmark_run(run_dir: Path, tasks: Sequence[str], include_path: Path | None
             raise _dataset_missing(task, exc) from None
         return metrics_of(found["results"][task])
 
-    results = {}
+    results, progress = {}, Progress("benchmarks", 2 * len(tasks))  # counted in models scored on a task
     for task in tasks:
         tuned = scores(task, model)
+        progress.advance(1)
         with base_model(model, config) as base:
             results[task] = {"base": scores(task, base), "tuned": tuned}
+        progress.advance(1)
+    progress.done()
     result = {"checkpoint": checkpoint.name, "limit": limit, "chat_template": chat, "tasks": results}
     rd = RunDir(run_dir)
     write_result(rd.path / BENCHMARKS_FILE, result)

@@ -94,7 +94,7 @@ class _Scorer:
 
     @torch.no_grad()
     def score(self, model, name: str) -> list[dict[str, Any]]:
-        progress = Progress(name, len(self.encoded) + len(self.prompts))
+        progress = Progress(f"{name} model", len(self.encoded) + len(self.prompts))
         scores = []
         for tokens in self.encoded:
             batch = {k: v.to(model.device) for k, v in collate([tokens], self.tokenizer.pad_token_id).items()}
@@ -120,13 +120,13 @@ def _batches(items: list[int], size: int) -> Iterable[list[int]]:
 
 
 class Progress:
-    """The progress line of one model (studio.core.run.evaluation.progress_line) on stderr: redrawn in place at
+    """The progress line of one model, or of the benchmarks (studio.core.run.evaluation.progress_line), on stderr: redrawn in place at
     most twice a second on a terminal, a new line every second for a log or the window that reads it."""
 
-    def __init__(self, model: str, total: int, stream=sys.stderr):
-        self.model, self.total, self.stream = model, max(total, 1), stream
+    def __init__(self, what: str, total: int, stream=None):
+        self.what, self.total, self.stream = what, max(total, 1), stream or sys.stderr  # the stream of now
         self.done_count, self.started, self.shown = 0, time.monotonic(), 0.0
-        self.every, self.end = (0.5, "\r") if stream.isatty() else (1.0, "\n")
+        self.every, self.end = (0.5, "\r") if self.stream.isatty() else (1.0, "\n")
 
     def advance(self, count: int) -> None:
         self.done_count += count
@@ -135,7 +135,7 @@ class Progress:
             self.shown = now
             fraction = min(self.done_count / self.total, 1.0)
             left = (now - self.started) * (1 - fraction) / fraction if fraction else None
-            self.stream.write(progress_line(self.model, self.done_count, self.total, left) + "   " + self.end)
+            self.stream.write(progress_line(self.what, self.done_count, self.total, left) + "   " + self.end)
             self.stream.flush()
 
     def done(self) -> None:
