@@ -310,16 +310,16 @@ def _config(args) -> int:
         save_config(demo_config(), args.file)
         print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
         return 0
-    from studio.core.data.dataset import inspect_files
     from studio.train.data.hub import load_hub_datasets
-    from studio.train.preflight import check_model
+    from studio.train.preflight import check_model, inspect_data
 
     config = load_config(args.file)
     raise_if_invalid(config, str(args.file), lines=key_lines(args.file))
     load_hub_datasets(config)
-    report = inspect_files(config.data.train_files, config.data.format, keep=0)
+    report, _ = inspect_data(config)
     check_model(config)  # imports transformers only for an architecture the estimator does not know
-    note = _check_lengths(config, report.format)
+    # the data tab's measure renders responses, not pairs: a pair's lengths are measured when training starts
+    note = "" if config.learns_preferences else _check_lengths(config, report.format)
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
     if note:
         print(f"  {note}")

@@ -85,13 +85,44 @@ PACKING_WORDS: ChoiceWords = {
              "padding."),
 }
 
-DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text"]
+DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text", "preference"]
 DATA_FORMAT_WORDS: ChoiceWords = {
     "auto": ("auto", "Detected from the columns of the first row."),
     "instruction": ("instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
     "chat": ("chat (messages / conversations)", "OpenAI role/content or ShareGPT from/value turns."),
     "prompt_completion": ("prompt / completion", "The prompt as context, the completion learned."),
     "text": ("plain text", "Every token is learned (continued pre-training)."),
+    "preference": ("preference pairs", "prompt, chosen and rejected (plain or conversational; without a prompt "
+                   "the turns chosen and rejected share are it): for the preference objectives."),
+}
+
+Objective = Literal["sft", "dpo", "orpo", "simpo"]
+OBJECTIVE_WORDS: ChoiceWords = {
+    "sft": ("Supervised (SFT)", "Learn the responses token by token: the cross-entropy of the target tokens."),
+    "dpo": ("DPO", "Learn from pairs: raise the chosen response's likelihood against the rejected one's, relative to "
+                   "the model as it started (the reference): costs a reference forward per step, or one pass before "
+                   "training."),
+    "orpo": ("ORPO", "Learn from pairs without a reference: the chosen rows' cross-entropy plus an odds-ratio term "
+                     "that pushes the rejected response down."),
+    "simpo": ("SimPO", "Learn from pairs without a reference: the margin of the responses' average log-likelihoods "
+                       "must exceed a target (preference.simpo_gamma)."),
+}
+
+DpoLoss = Literal["sigmoid", "ipo", "robust", "hinge"]
+DPO_LOSS_WORDS: ChoiceWords = {
+    "sigmoid": ("sigmoid (DPO)", "The paper's loss: -log sigmoid(beta x the margin of log-ratios)."),
+    "ipo": ("IPO", "A squared loss on the per-token margin, towards 1/(2 beta): does not overfit deterministic "
+                   "preferences."),
+    "robust": ("robust DPO", "For noisy labels: preference.label_smoothing is the chance a pair's label is flipped."),
+    "hinge": ("hinge (SLiC)", "max(0, 1 - beta x the margin): pairs past the margin teach nothing more."),
+}
+
+ReferenceLogps = Literal["each_step", "precomputed"]
+REFERENCE_LOGPS_WORDS: ChoiceWords = {
+    "each_step": ("each step", "The reference runs beside every step: for adapter methods the base with the "
+                               "adapter off (no second copy), for full fine-tuning a frozen copy of the weights."),
+    "precomputed": ("once, before training", "The reference's log-probabilities of every pair computed before the "
+                    "first step and kept: no frozen copy and no reference forward while training."),
 }
 
 Template = Literal["auto", "tokenizer", "chatml", "alpaca"]
@@ -138,6 +169,9 @@ CHOICE_WORDS: dict[str, ChoiceWords] = {
     "data.packing": PACKING_WORDS,
     "data.format": DATA_FORMAT_WORDS,
     "data.template": TEMPLATE_WORDS,
+    "objective": OBJECTIVE_WORDS,
+    "preference.dpo_loss": DPO_LOSS_WORDS,
+    "preference.reference": REFERENCE_LOGPS_WORDS,
     "distributed.sharding": SHARDING_WORDS,
     "distributed.offload_optimizer": OFFLOAD_WORDS,
     "distributed.offload_params": OFFLOAD_WORDS,

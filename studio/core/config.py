@@ -18,8 +18,9 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from studio.core.choices import (DataFormat, LoadIn, Method, Offload, Optimizer, Packing, Precision, QatActivations,
-                                 QatWeights, QuantType, Scheduler, Sharding, Template, WeightDtype)
+from studio.core.choices import (DataFormat, DpoLoss, LoadIn, Method, Objective, Offload, Optimizer, Packing, Precision,
+                                 QatActivations, QatWeights, QuantType, ReferenceLogps, Scheduler, Sharding, Template,
+                                 WeightDtype)
 from studio.core.data.hub import is_hub_spec
 from studio.core.errors import Problem, ProblemsError
 from studio.core.methods import METHOD_SPECS, MethodSpec
@@ -67,7 +68,8 @@ class DataConfig:
         "auto",
         "Row format. instruction: alpaca instruction/input/output; chat: OpenAI messages "
         "(role/content) or ShareGPT conversations (from/value); prompt_completion: prompt/completion; "
-        "text: plain text. auto detects it from the columns.",
+        "text: plain text; preference: prompt/chosen/rejected pairs (TRL's preference rows, plain or conversational; "
+        "without a prompt field, the turns chosen and rejected share are the prompt). auto detects it from the columns.",
     )
     template: Template = _field(
         "auto",
@@ -134,6 +136,32 @@ class PeftConfig:
         0.2, "adalora: fraction of the steps at the end trained with the final ranks fixed (peft's tfinal)."
     )
     adalora_update_every: int = _field(1, "adalora: steps between two rank re-allocations (peft's deltaT).")
+
+
+@dataclass(frozen=True)
+class PreferenceConfig:
+    """The preference objectives' settings (objective dpo, orpo or simpo), named as TRL names them."""
+
+    beta: float = _field(
+        0.1, "dpo: how far the model may move from the reference (higher: less; ipo: its regularization tau). "
+        "orpo: the weight of the odds-ratio term beside the chosen rows' cross-entropy (the paper's lambda). "
+        "simpo: the scale of the average log-likelihood margin.")
+    dpo_loss: DpoLoss = _field(
+        "sigmoid", "dpo: sigmoid (the paper's), ipo (squared, on per-token log-ratios), robust (for flipped labels, "
+        "with label_smoothing) or hinge (SLiC). TRL's loss_type.")
+    label_smoothing: float = _field(
+        0.0, "dpo robust: the chance that a pair's label is flipped (0 to below 0.5). simpo: the same smoothing of "
+        "its loss (TRL CPO's label_smoothing). Unused otherwise.")
+    sft_weight: float = _field(
+        0.0, "dpo and simpo: the weight of the chosen responses' cross-entropy (a token mean) added to the loss "
+        "(dpo: TRL's loss_type sft beside sigmoid in loss_weights; simpo: TRL CPO's cpo_alpha). ORPO always adds it, "
+        "weight 1.")
+    simpo_gamma: float = _field(0.5, "simpo: the target reward margin (TRL CPO's simpo_gamma).")
+    reference: ReferenceLogps = _field(
+        "each_step", "dpo: how the reference is had. each_step: run on every step, the base with the adapter off "
+        "for adapter methods (no second copy), a frozen copy of the starting weights for full fine-tuning. "
+        "precomputed: its log-probabilities of every pair computed once before the first step (TRL's "
+        "precompute_ref_log_probs): no copy, no reference forward while training.")
 
 
 @dataclass(frozen=True)
@@ -314,10 +342,16 @@ class RunConfig:
         "prefix_tuning / prompt_tuning: trained virtual tokens (keys and values of every layer / input "
         "embeddings); these cannot be merged into the weights."
     )
+    objective: Objective = _field(
+        "sft", "What training minimizes. sft: the cross-entropy of the response tokens. dpo, orpo, simpo: learn from "
+        "preference pairs (data.format preference), settings in the preference section."
+    )
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "The base model."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "The data."})
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"doc": "LoRA settings."})
     peft: PeftConfig = field(default_factory=PeftConfig, metadata={"doc": "Other PEFT methods' settings."})
+    preference: PreferenceConfig = field(
+        default_factory=PreferenceConfig, metadata={"doc": "The preference objectives' settings."})
     qat: QatConfig = field(default_factory=QatConfig, metadata={"doc": "Quantization-aware training."})
     quantization: QuantizationConfig = field(
         default_factory=QuantizationConfig, metadata={"doc": "Base-model quantization."}
@@ -368,6 +402,21 @@ class RunConfig:
         """Whether micro-batches are packed: padding_free, except for virtual-token methods (peft drops
         or shifts the position ids that keep packed examples apart, so they train padded)."""
         return self.data.packing == "padding_free" and not self.method_spec.trains_virtual_tokens
+
+    @property
+    def learns_preferences(self) -> bool:
+        """Whether the objective learns from preference pairs (dpo, orpo, simpo) rather than responses."""
+        return self.objective != "sft"
+
+    @property
+    def row_format(self) -> str:
+        """The rows' format as the data is read: the preference objectives read pairs (their auto), or say why not."""
+        return "preference" if self.learns_preferences and self.data.format == "auto" else self.data.format
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the objective compares the model with its reference (dpo)."""
+        return self.objective == "dpo"
 
     @property
     def effective_batch_size(self) -> int:

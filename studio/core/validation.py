@@ -30,6 +30,7 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     problems += _check_method(config)
     problems += _check_peft(config)
     problems += _check_qat(config)
+    problems += _check_preference(config)
     problems += _check_training(config)
     problems += _check_schedule(config)
     problems += _check_distributed(config, check_files)
@@ -177,6 +178,38 @@ def _check_qat(config: RunConfig) -> list[Problem]:
     if config.effective_load_in != "none":
         problems.append(Problem("qat.weights", "QAT needs full-precision base weights, not a bitsandbytes base",
                                 "set quantization.load_in to none (lora instead of qlora), or qat.weights to none"))
+    return problems
+
+
+def _check_preference(config: RunConfig) -> list[Problem]:
+    """The preference objectives' data and settings; a setting the objective ignores is refused, not silently unused."""
+    pref, objective, problems = config.preference, config.objective, []
+    if not config.learns_preferences:
+        if config.data.format == "preference":
+            problems.append(Problem("data.format", "preference pairs are for the preference objectives",
+                                    "set objective to dpo, orpo or simpo, or choose another data.format"))
+        return problems
+    if config.data.format not in ("auto", "preference"):
+        problems.append(Problem("data.format", f"objective {objective} learns from preference pairs, not "
+                                f"{config.data.format} rows", "set data.format to preference or auto"))
+    problems += _positive(pref.beta, "preference.beta", "beta such as 0.1")
+    smoothing_used = (objective == "dpo" and pref.dpo_loss == "robust") or objective == "simpo"
+    if not 0.0 <= pref.label_smoothing < 0.5:
+        problems.append(Problem("preference.label_smoothing", f"must be in [0, 0.5), got {pref.label_smoothing}"))
+    elif pref.label_smoothing and not smoothing_used:
+        what = f"dpo_loss {pref.dpo_loss}" if objective == "dpo" else f"objective {objective}"
+        problems.append(Problem("preference.label_smoothing", f"{what} does not use label smoothing",
+                                "set it to 0, or use dpo_loss robust (or objective simpo)"))
+    if pref.sft_weight < 0:
+        problems.append(Problem("preference.sft_weight", f"must be 0 or more, got {pref.sft_weight}"))
+    elif pref.sft_weight and objective == "orpo":
+        problems.append(Problem("preference.sft_weight", "ORPO always adds the chosen rows' cross-entropy, weight 1",
+                                "set it to 0 (preference.beta weighs ORPO's odds-ratio term)"))
+    if objective == "dpo" and pref.reference == "each_step" and not config.uses_adapter \
+            and config.distributed.shards_weights:
+        problems.append(Problem("preference.reference", f"a frozen copy of the reference would be whole on every GPU "
+                                f"while {config.distributed.sharding} shards the trained weights",
+                                "set preference.reference to precomputed"))
     return problems
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import DatasetReport, inspect_files
+from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config
@@ -35,15 +36,26 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
     Returns the (train, eval) data reports for studio.train.data.prepare.prepare_data.
     Raises ProblemsError (kind "data" or "model") naming the file and line.
     """
-    data = config.data
     load_hub_datasets(config)  # hub: entries become rows files that inspect_files reads
-    train = inspect_files(data.train_files, data.format, keep=0)
-    evaluation = inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None
+    train, evaluation = inspect_data(config)
     check_model(config)
     for message, hint in load_warnings(config):
         log.warning("%s (%s)", message, hint)
         events.emit("warning", message=message, hint=hint)
     return train, evaluation
+
+
+def inspect_data(config: RunConfig) -> DataReports:
+    """The (train, eval) reports of the run's data files, read as its objective reads them: every problem named
+    by file and line, and pairs refused for an objective that learns from responses."""
+    data = config.data
+    reports = (inspect_files(data.train_files, config.row_format, keep=0),
+               inspect_files(data.eval_files, config.row_format, keep=0) if data.eval_files else None)
+    for files, report in zip((data.train_files, data.eval_files), reports):
+        if report is not None and report.format == "preference" and not config.learns_preferences:
+            raise DataError(Path(files[0]).name, "the rows are preference pairs (chosen and rejected): objective sft "
+                            "learns from responses", "set objective to dpo, orpo or simpo")
+    return reports
 
 
 def check_model(config: RunConfig) -> None:

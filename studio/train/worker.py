@@ -49,7 +49,7 @@ from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
-from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared
+from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
 from studio.train.distributed.engine import leave_process_group, make_engine, process_rank
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
@@ -60,10 +60,11 @@ from studio.train.measure.metrics import describe_devices, device_readings, libr
 from studio.train.measure.oom import (consistent_after, oom_report, overflowed_part, release_memory,
                                       simulated_memory_limit)
 from studio.train.measure.trace import write_trace
-from studio.train.model.build import adapted_module_names, build_model, count_parameters, load_tokenizer
+from studio.train.model.build import adapted_module_names, build_model, count_parameters, load_base_model, load_tokenizer
 from studio.train.model.layersplit import placement_of, run_scale_out
 from studio.train.model.methods import adapter_regularization, after_optimizer_step
 from studio.train.objectives import objective_for
+from studio.train.objectives.preference import REFERENCE_COLUMNS
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
@@ -100,12 +101,12 @@ class BatchPlan:
     @classmethod
     def for_rows(cls, config: RunConfig, train_rows) -> "BatchPlan":
         grouped = config.data.packing == "length_grouped"
-        lengths = [len(ids) for ids in train_rows["input_ids"]] if grouped else None
+        lengths = sequence_lengths(train_rows) if grouped else None
         return cls(len(train_rows), config.training.micro_batch_size, config.training.seed, lengths)
 
     def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int, padded: bool) -> int:
         """The most tokens any micro-batch of the whole run holds (studio.core.memory.run_data)."""
-        lengths = [len(ids) for ids in train_rows["input_ids"]]
+        lengths = sequence_lengths(train_rows)
         batches = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
         return largest_micro_batch_tokens(lengths, (self.rows_of(i) for i in range(batches)), padded)
 
@@ -138,6 +139,7 @@ class Worker:
         self._build_model(resume_from)
         self._start_engine()
         self._restore(resume_from)
+        self._precompute_reference()
         self._announce(data, resume_from)
         self.sampler = self._sampler()
 
@@ -195,7 +197,17 @@ class Worker:
         self.raw_model = self.engine.load_model(build)  # for saving; accelerate's unwrap_model imports deepspeed
         self.parameters = count_parameters(self.raw_model)  # whole parameters, also of ZeRO-3's shards
         self.adapted = adapted_module_names(self.raw_model) if self.config.uses_adapter else []
-        self.objective = objective_for(self.config, self.raw_model, self.tokenizer.pad_token_id)
+        self.objective = objective_for(self.config, self.raw_model, self.tokenizer.pad_token_id, self._frozen_copy())
+
+    def _frozen_copy(self) -> torch.nn.Module | None:
+        """DPO's reference for full fine-tuning, each step: the starting weights loaded again, frozen (also when
+        resuming: the checkpoint's weights are the trained ones)."""
+        preference = self.config.preference
+        if not self.config.uses_reference or self.config.uses_adapter or preference.reference != "each_step":
+            return None
+        copy = load_base_model(self.config, self.device)
+        copy.requires_grad_(False)
+        return copy.eval()
 
     def _start_engine(self) -> None:
         """The optimizer and schedule, and the model and optimizer wrapped by the engine."""
@@ -210,6 +222,37 @@ class Worker:
             state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
             self.step = self.start_step = state["step"]
             log.info("resumed from %s at step %d", resume_from, self.step)
+
+    def _precompute_reference(self) -> None:
+        """DPO with precomputed reference log-probabilities: each pair's, computed before the first step and kept in
+        the run directory (a resumed run's weights are no longer the reference), then carried by the rows."""
+        if not (self.config.uses_reference and self.config.preference.reference == "precomputed"):
+            return
+        path = self.run_dir.path / "reference-logps.pt"
+        if path.is_file():
+            kept = torch.load(path, weights_only=True)
+        else:
+            started = time.perf_counter()
+            kept = {name: self._reference_of(rows) for name, rows in (("train", self.train_rows),
+                                                                      ("eval", self.eval_rows)) if rows is not None}
+            if self.engine.is_main:
+                torch.save(kept, path)
+            log.info("reference log-probabilities of every pair computed in %.1f s", time.perf_counter() - started)
+        self.train_rows = _with_reference(self.train_rows, kept["train"])
+        if self.eval_rows is not None:
+            self.eval_rows = _with_reference(self.eval_rows, kept["eval"])
+
+    @torch.no_grad()
+    def _reference_of(self, rows) -> torch.Tensor:
+        """(rows, 2): the reference's summed log-probabilities of each pair's chosen and rejected response."""
+        self.model.eval()
+        size, found = self.config.training.micro_batch_size, []
+        for start in range(0, len(rows), size):
+            batch = self.objective.batch([rows[i] for i in range(start, min(start + size, len(rows)))], packed=False)
+            with self.engine.autocast():
+                found.append(torch.stack(self.objective.reference_logps(
+                    self.model, {k: v.to(self.device) for k, v in batch.items()}), dim=1).float().cpu())
+        return torch.cat(found)
 
     def _announce(self, data: PreparedData, resume_from: Path | None) -> None:
         """The run_started event, and the estimate beside what the run will measure."""
@@ -372,6 +415,7 @@ class Worker:
             grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
         self.scheduler.step()
         seconds = time.perf_counter() - started
+        metrics = self._objective_metrics(target_tokens)
         loss_sum, tokens, samples = engine.all_sum([loss_sum, sum(real_tokens(b) for b in batches),
                                                     sum(example_count(b) for b in batches)])
         if not math.isfinite(loss_sum):
@@ -381,8 +425,16 @@ class Worker:
             "epoch": round((self.step + 1) * len(batches) * engine.world_size / self.plan.per_epoch, 4),
             "loss": loss_sum, "lr": lr, "grad_norm": float(grad_norm),
             "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
-            "target_tokens": target_tokens, "step_seconds": seconds,
+            "target_tokens": target_tokens, "step_seconds": seconds, **metrics,
         }
+
+    def _objective_metrics(self, units: int, prefix: str = "") -> dict[str, float]:
+        """The objective's metrics (TRL's names, eval ones prefixed eval_ as TRL's): each a mean over the units of
+        every rank."""
+        sums = self.objective.take_metric_sums()
+        names = self.objective.metric_names
+        totals = self.engine.all_sum([sums.get(name, 0.0) for name in names]) if names else []
+        return {f"{prefix}{name}": total / max(units, 1) for name, total in zip(names, totals)}
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -397,7 +449,10 @@ class Worker:
                 total_loss += float(objective.loss_sum(self.model, batch))
             total_tokens += objective.units(batch)
         eval_loss = total_loss / max(total_tokens, 1)
-        self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens)
+        # every rank evaluated every row: the metrics are this rank's alone (all_sum would count them N times)
+        sums = objective.take_metric_sums()
+        metrics = {f"eval_{name}": sums.get(name, 0.0) / max(total_tokens, 1) for name in objective.metric_names}
+        self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens, **metrics)
         return eval_loss
 
     def _sampler(self) -> Sampler | None:
@@ -425,6 +480,13 @@ class Worker:
             self.run_dir.prune_checkpoints(self.config.schedule.keep_checkpoints)
         self.events.emit("checkpoint", step=self.step, path=str(path))
         return path
+
+
+def _with_reference(rows, logps: torch.Tensor):
+    """The rows with their pairs' reference log-probabilities as columns (the objective's batches carry them)."""
+    for index, column in enumerate(REFERENCE_COLUMNS):
+        rows = rows.add_column(column, logps[:, index].tolist())
+    return rows
 
 
 def record_calibration(config: RunConfig, device_type: str, predicted: int, measured: int) -> None:

@@ -35,6 +35,8 @@ from studio.core.data.row_formats import (FORMATS, DataError, Example, describe_
 from studio.core.errors import Problem, ProblemsError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+PAIRS_HINT = ("the preference objectives learn from rows with prompt, chosen and rejected (TRL's preference rows); "
+              "to learn from these rows, set objective to sft")
 MAX_PROBLEMS = 20
 """inspect_files stops reading after this many problems: enough to see a pattern."""
 
@@ -397,9 +399,13 @@ class _Scanner:
                                f"{self.format} ({self.decided_at})", "use one row format per dataset")
             return to_messages(record, self.format, location)
         except DataError as exc:
-            if self.requested != "auto" and fits_no_format(record):  # "field 'instruction' is missing" hides why
+            if self.requested not in ("auto", "preference") and fits_no_format(record):  # "field 'instruction' is missing" hides why
                 self.wrong_format = not self.rows_checked
                 return unknown_format_error(record, location, self.format).problem
+            if self.format == "preference" and seen not in (None, "preference"):
+                self.wrong_format = not self.rows_checked
+                return Problem(exc.problem.where, f"the row looks like {seen or 'no row format'}, not a preference "
+                               f"pair ({exc.problem.message})", PAIRS_HINT)
             if self.requested != "auto" and seen and seen != self.format:
                 if not self.rows_checked:  # the first row already: the whole dataset is likely another format
                     self.wrong_format = True

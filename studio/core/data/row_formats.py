@@ -12,6 +12,9 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
   optional ``system``); becomes a user and an assistant message.
 - prompt_completion: ``prompt`` (may be empty) and ``completion``.
 - text: ``text``.
+- preference: TRL's preference rows, ``prompt``, ``chosen`` and ``rejected``: plain text, or each a list of
+  messages (conversational). Without ``prompt`` the prompt is implicit: what chosen and rejected share from their
+  start (their common turns, or characters), as TRL's ``extract_prompt`` takes it. For the preference objectives.
 
 ``studio.core.data.dataset`` reads the files and hands every record to ``to_messages``.
 """
@@ -24,17 +27,19 @@ from typing import Any
 
 from studio.core.errors import Problem, StudioError
 
-FORMATS = ("instruction", "chat", "prompt_completion", "text")
+FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference")
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 _ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
 _FORMAT_FIELDS = {  # the fields that make a row look like each format, in detection order
+    "preference": (("chosen", "rejected"),),
     "chat": (("messages",), ("conversations",)),
     "instruction": (("instruction", "output"),),
     "prompt_completion": (("prompt", "completion"),),
     "text": (("text",),),
 }
-_FORMAT_HINT = "rows need messages, conversations, instruction+output, prompt+completion or text; or set data.format"
+_FORMAT_HINT = ("rows need messages, conversations, instruction+output, prompt+completion, text, or chosen+rejected; "
+                "or set data.format")
 _MISSING = object()
 
 
@@ -53,6 +58,8 @@ class Example:
     ``kind`` is the row format. Instruction and chat rows carry ``messages``
     (dicts with ``role`` and ``content``, ready for a chat template);
     prompt_completion rows ``prompt`` and ``completion``; text rows ``text``.
+    Preference rows carry ``chosen`` and ``rejected``: plain, as text after the text ``prompt``; conversational,
+    as turns after the prompt's turns in ``messages``.
     """
 
     kind: str
@@ -61,6 +68,13 @@ class Example:
     completion: str = ""
     text: str = ""
     location: str = ""
+    chosen: str | tuple[dict[str, str], ...] = ""
+    rejected: str | tuple[dict[str, str], ...] = ""
+
+    @property
+    def conversational(self) -> bool:
+        """Whether a preference row's responses are turns (rendered through the chat template), not text."""
+        return isinstance(self.chosen, tuple)
 
 
 def detect_format(record: dict) -> str | None:
@@ -201,7 +215,54 @@ def _plain_text(record: dict, location: str) -> Example:
     return Example("text", text=_text(record, "text", location), location=location)
 
 
-_BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text}
+def _preference(record: dict, location: str) -> Example:
+    """A preference pair; its prompt given, or implicit in what chosen and rejected share."""
+    for key in ("chosen", "rejected"):
+        if key not in record:
+            raise DataError(location, f"field '{key}' is missing",
+                            "preference rows need prompt (or a shared start), chosen and rejected")
+    if isinstance(record["chosen"], list) or isinstance(record["rejected"], list):
+        return _conversational_preference(record, location)
+    chosen, rejected = _text(record, "chosen", location), _text(record, "rejected", location)
+    if "prompt" in record:
+        prompt = _text(record, "prompt", location, blank_ok=True)
+    else:
+        prompt, chosen, rejected = _shared_start(chosen, rejected)
+    for key, value in (("chosen", chosen), ("rejected", rejected)):
+        if not value.strip():
+            raise DataError(location, f"field '{key}' holds nothing beyond the prompt", "give it a response")
+    return Example("preference", prompt=prompt, chosen=chosen, rejected=rejected, location=location)
+
+
+def _conversational_preference(record: dict, location: str) -> Example:
+    turns = {}
+    for key in ("prompt", "chosen", "rejected"):
+        value = record.get(key, [])
+        if not isinstance(value, list):
+            raise DataError(location, f"field '{key}' must be a list of messages like the others, got "
+                            f"{describe_value(value)}")
+        turns[key] = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(value))
+    prompt, chosen, rejected = turns["prompt"], turns["chosen"], turns["rejected"]
+    if "prompt" not in record:
+        prompt, chosen, rejected = _shared_start(chosen, rejected)
+    for key, response in (("chosen", chosen), ("rejected", rejected)):
+        if not response:
+            raise DataError(location, f"field '{key}' holds no turn beyond the prompt", "give it an assistant turn")
+        _check_turn_order(prompt + response, f"prompt+{key}", location)
+    return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location)
+
+
+def _shared_start(chosen, rejected):
+    """(prompt, chosen, rejected) of an implicit prompt: the longest common start of chosen and rejected, as TRL's
+    ``extract_prompt`` cuts it (text: a space before the cut goes with the responses)."""
+    cut = next((i for i, (a, b) in enumerate(zip(chosen, rejected)) if a != b), min(len(chosen), len(rejected)))
+    if isinstance(chosen, str) and cut and chosen[cut - 1] == " ":
+        cut -= 1
+    return chosen[:cut], chosen[cut:], rejected[cut:]
+
+
+_BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text,
+             "preference": _preference}
 
 
 def _text(record: dict, key: str, location: str, *, path: str = "", required: bool = True,

@@ -9,6 +9,13 @@ loss mask follows the segment borders without character offsets.
 Labels are the input ids where the text is trainable and -100 elsewhere (the
 model shifts them by one position itself). Files are validated by
 studio.core.data.dataset first, so bad data is refused before any tokenizing.
+
+Preference pairs are tokenized as TRL's DPOTrainer tokenizes them, so that a pair trains on TRL's very tokens:
+the prompt (rendered with the generation prompt, for conversational rows) and prompt+response are tokenized whole,
+and the response starts where the two part (a template or a merge across the border may change the prompt's last
+tokens). Each of prompt+chosen and prompt+rejected is then cut to max_length keeping its start (TRL's keep_start:
+the prompt is kept, the response's end is cut), and a pair whose prompt alone fills max_length is left out, as TRL
+leaves it out. A pair's row holds input_ids/labels (prompt+chosen) and rejected_input_ids/rejected_labels.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ if TYPE_CHECKING:  # imported where a split is made or loaded: importing this mo
     import datasets
 
 IGNORE_INDEX = -100
-_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])
+_COLUMNS = ("input_ids", "labels")
+PAIR_COLUMNS = (*_COLUMNS, "rejected_input_ids", "rejected_labels")
 _BATCH_ROWS = 1000
 
 
@@ -161,6 +169,50 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     return ids, expected
 
 
+def encode_pair(example: Example, tokenizer: Any, template: str, max_length: int,
+                add_bos: bool | None = None) -> dict[str, Any]:
+    """A preference pair's two sequences (the module docstring says how, as TRL), each cut to ``max_length``;
+    ``response_start`` is the prompt's length (the pair is dropped when it is max_length or more)."""
+    prompt, chosen, rejected = _pair_texts(example, tokenizer, template)
+    if add_bos is None:
+        add_bos = adds_bos(tokenizer)
+    prompt_ids, chosen_ids, rejected_ids = (_whole_ids(text, tokenizer, add_bos) for text in (prompt, chosen, rejected))
+    start = min(_common_prefix(prompt_ids, chosen_ids), _common_prefix(prompt_ids, rejected_ids))
+    if start >= max_length:  # nothing of either response would be left: TRL drops the pair
+        return {"input_ids": [], "labels": [], "truncated": True, "response_start": start}
+    encoded: dict[str, Any] = {"truncated": max(len(chosen_ids), len(rejected_ids)) > max_length,
+                               "response_start": start}
+    for prefix, ids in (("", chosen_ids), ("rejected_", rejected_ids)):
+        encoded[f"{prefix}input_ids"] = ids[:max_length]
+        encoded[f"{prefix}labels"] = ([IGNORE_INDEX] * start + ids[start:])[:max_length]
+    return encoded
+
+
+def _pair_texts(example: Example, tokenizer: Any, template: str) -> tuple[str, str, str]:
+    """The prompt, prompt+chosen and prompt+rejected as text: plain ones with eos after each response (if it
+    lacks one), conversational ones through the chat template."""
+    if not example.conversational:
+        eos = tokenizer.eos_token or ""
+        ending = lambda text: text if text.endswith(eos) else text + eos  # noqa: E731
+        return example.prompt, example.prompt + ending(example.chosen), example.prompt + ending(example.rejected)
+    rendered = [render_segments(Example("chat", messages=example.messages + response, location=example.location),
+                                tokenizer, template) for response in (example.chosen, example.rejected)]
+    first_response = render_segments(Example("chat", messages=example.messages + example.chosen[:1],
+                                             location=example.location), tokenizer, template)
+    prompt = "".join(text for text, _ in templates.prompt_segments(first_response))
+    return prompt, *("".join(text for text, _ in segments) for segments in rendered)
+
+
+def _whole_ids(text: str, tokenizer: Any, add_bos: bool) -> list[int]:
+    """``text`` tokenized in one piece, with the bos token the tokenizer adds (unless the text starts with it)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [tokenizer.bos_token_id, *ids] if add_bos and not text.startswith(tokenizer.bos_token) else ids
+
+
+def _common_prefix(ids: list[int], other: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(ids, other)) if a != b), min(len(ids), len(other)))
+
+
 def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """A right-padded batch: input_ids (pad id), labels (-100) and attention_mask."""
     rows = [as_token_list(f["input_ids"]) for f in features]
@@ -188,9 +240,10 @@ class _SplitBuilder:
     def __init__(self, fmt: str, template: str):
         self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
                                       "dropped": 0, "format": fmt, "template": template}
+        self.columns = PAIR_COLUMNS if fmt == "preference" else _COLUMNS
+        self._schema = pa.schema([(name, pa.list_(pa.int32())) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
-        self._ids: list[list[int]] = []
-        self._labels: list[list[int]] = []
+        self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
         self.dropped: list[RowStart] = []  # the rows whose response lay beyond max_length, and where it started
 
     def add(self, encoded: dict[str, Any], location: str) -> None:
@@ -200,25 +253,34 @@ class _SplitBuilder:
             self.dropped.append((location, encoded["response_start"]))
             return
         self.stats["rows"] += 1
-        self.stats["tokens"] += len(encoded["input_ids"])
-        self.stats["target_tokens"] += targets
+        self.stats["tokens"] += sum(len(encoded[name]) for name in self.columns if name.endswith("input_ids"))
+        self.stats["target_tokens"] += sum(sum(label != IGNORE_INDEX for label in encoded[name])
+                                           for name in self.columns if name.endswith("labels"))
         self.stats["truncated"] += encoded["truncated"]
-        self._ids.append(encoded["input_ids"])
-        self._labels.append(encoded["labels"])
-        if len(self._ids) >= _BATCH_ROWS:
+        for name in self.columns:
+            self._rows[name].append(encoded[name])
+        if len(self._rows["input_ids"]) >= _BATCH_ROWS:
             self._flush()
 
     def _flush(self) -> None:
-        if self._ids:
-            self._batches.append(pa.record_batch([self._ids, self._labels], schema=_SCHEMA))
-            self._ids, self._labels = [], []
+        if self._rows["input_ids"]:
+            self._batches.append(pa.record_batch([self._rows[name] for name in self.columns], schema=self._schema))
+            self._rows = {name: [] for name in self.columns}
 
     def dataset(self) -> datasets.Dataset:
         import datasets
         from datasets.table import InMemoryTable
 
         self._flush()
-        return datasets.Dataset(InMemoryTable(pa.Table.from_batches(self._batches, schema=_SCHEMA)))
+        return datasets.Dataset(InMemoryTable(pa.Table.from_batches(self._batches, schema=self._schema)))
+
+
+def sequence_lengths(rows: datasets.Dataset) -> list[int]:
+    """The tokens each row puts into a micro-batch: a pair's two sequences together."""
+    lengths = [len(ids) for ids in rows["input_ids"]]
+    if "rejected_input_ids" in rows.column_names:
+        lengths = [length + len(ids) for length, ids in zip(lengths, rows["rejected_input_ids"])]
+    return lengths
 
 
 def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None) -> PreparedData:
@@ -231,11 +293,12 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     """
     data = config.data
     if reports is None:
-        reports = (inspect_files(data.train_files, data.format, keep=0),
-                   inspect_files(data.eval_files, data.format, keep=0) if data.eval_files else None)
+        reports = (inspect_files(data.train_files, config.row_format, keep=0),
+                   inspect_files(data.eval_files, config.row_format, keep=0) if data.eval_files else None)
     train_report, eval_report = reports
     formats = {report.format for report in (train_report, eval_report) if report}
-    template = resolve_template(data.template, tokenizer) if formats & {"instruction", "chat"} else "none"
+    # pairs may be conversational, known row by row: the template is resolved for them all
+    template = resolve_template(data.template, tokenizer) if formats & {"instruction", "chat", "preference"} else "none"
     encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt)
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
@@ -306,12 +369,17 @@ class _Encoder:
             if len(self.problems) >= MAX_PROBLEMS:
                 return
             try:
-                segments = render_segments(example, self.tokenizer, self.template)
+                encoded = self._encode(example)
             except DataError as exc:
                 self.problems.append(exc.problem)
                 continue
-            encoded = encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
             split_of(index).add(encoded, example.location)
+
+    def _encode(self, example: Example) -> dict[str, Any]:
+        if example.kind == "preference":
+            return encode_pair(example, self.tokenizer, self.template, self.max_length, self.add_bos)
+        segments = render_segments(example, self.tokenizer, self.template)
+        return encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
 
     def raise_problems(self) -> None:
         if self.problems:

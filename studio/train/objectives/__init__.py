@@ -1,11 +1,14 @@
 """What a training step minimizes, behind one small interface the loop calls (``Objective``).
 
 * ``next_token``: supervised fine-tuning, the summed next-token cross-entropy over the target tokens, with the
-  full logits or chunked (the lean loss).
+  full logits or chunked (the lean loss); and the target tokens' log-probabilities, chunked too.
+* ``preference``: learning from preference pairs (DPO, ORPO, SimPO), a pair's two sequences in one forward, with
+  TRL's losses and metrics.
 
 The loop (``studio.train.worker``) takes each micro-batch from ``batch``, divides each ``loss_sum`` by the
 ``units`` of the whole step (of every rank), so that gradient accumulation and several processes equal one
-bigger batch, and reports the mean as the step's loss; evaluation does the same over held-out rows.
+bigger batch, and reports the mean as the step's loss; evaluation does the same over held-out rows. The metrics an
+objective logs beside its loss (``metric_names``) are summed over its units and taken after each step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.train.objectives.next_token import NextToken
+from studio.train.objectives.preference import Preference
 
 
 class Objective(Protocol):
@@ -28,7 +32,15 @@ class Objective(Protocol):
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The loss of this micro-batch, summed over its units, in fp32."""
 
+    metric_names: tuple[str, ...]
+    """What the objective logs beside the loss (TRL's names), each a mean over the units."""
 
-def objective_for(config: RunConfig, model, pad_token_id: int) -> Objective:
-    """The run's objective, for its unwrapped model."""
+    def take_metric_sums(self) -> dict[str, float]:
+        """Each metric summed over the units of the micro-batches since the last call."""
+
+
+def objective_for(config: RunConfig, model, pad_token_id: int, frozen_copy=None) -> Objective:
+    """The run's objective, for its unwrapped model (``frozen_copy``: DPO's reference of full fine-tuning)."""
+    if config.learns_preferences:
+        return Preference.for_run(config, model, pad_token_id, frozen_copy)
     return NextToken.for_run(config, model, pad_token_id)

@@ -68,6 +68,11 @@ class NextToken:
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return token_loss_sum(model, batch, self.output_layer)
 
+    metric_names: tuple[str, ...] = ()
+
+    def take_metric_sums(self) -> dict[str, float]:
+        return {}
+
 
 def token_loss_sum(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None) -> torch.Tensor:
     """Summed cross-entropy over the target tokens (labels != -100); chunked when given the output layer."""
@@ -141,6 +146,69 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_la
     for start in range(0, hidden.shape[0], chunk):
         total = total + _chunk_loss(hidden[start:start + chunk], targets[start:start + chunk], project)
     return total
+
+
+def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
+                        chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """log_softmax(output_layer(hidden).float())[targets] per position, fp32, without all the logits at once.
+
+    Unlike the summed loss, each position's gradient is only known after the forward (the preference losses weigh
+    every sequence differently), so the backward projects each chunk again: one chunk's logits at a time, both
+    ways, for the cost of a second pass through the output layer."""
+    chunk = max(1, chunk_bytes // (4 * output_layer.weight.shape[0]))
+    trainable = [p for p in output_layer.parameters() if p.requires_grad]
+    project = _on_device(output_layer, hidden.device)
+    if torch.is_grad_enabled() and (hidden.requires_grad or trainable):
+        return _ChunkedTokenLogps.apply(hidden, targets, project, chunk, *trainable)
+    return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], project)
+                      for start in range(0, hidden.shape[0], chunk)])
+
+
+class _ChunkedTokenLogps(torch.autograd.Function):
+    """The per-position log-probabilities, each chunk projected again in the backward pass (see above)."""
+
+    @staticmethod
+    def forward(ctx, hidden, targets, output_layer, chunk, *trainable):
+        ctx.save_for_backward(hidden, targets)
+        ctx.output_layer, ctx.chunk, ctx.trainable = output_layer, chunk, trainable
+        with torch.no_grad():
+            return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], output_layer)
+                              for start in range(0, hidden.shape[0], chunk)])
+
+    @staticmethod
+    def backward(ctx, logps_grad):
+        hidden, targets = ctx.saved_tensors
+        chunk, trainable = ctx.chunk, ctx.trainable
+        hidden_grad = torch.zeros_like(hidden)
+        weight_grads = [torch.zeros_like(p) for p in trainable]
+        for start in range(0, hidden.shape[0], chunk):
+            with torch.enable_grad():
+                piece = hidden[start:start + chunk].detach().requires_grad_()
+                logps = _chunk_logps(piece, targets[start:start + chunk], ctx.output_layer)
+                grads = torch.autograd.grad(logps, [piece, *trainable], logps_grad[start:start + chunk],
+                                            allow_unused=True)
+            hidden_grad[start:start + chunk] = grads[0]
+            for kept, grad in zip(weight_grads, grads[1:]):
+                if grad is not None:
+                    kept += grad
+        return hidden_grad, None, None, None, *weight_grads
+
+
+def _chunk_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer) -> torch.Tensor:
+    logits = output_layer(hidden).float()
+    return -cross_entropy(logits, targets.to(logits.device), reduction="none").to(hidden.device)
+
+
+def token_logps(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None) -> torch.Tensor:
+    """The log-probability of each target token (labels != -100), in the order of ``labels[:, 1:]``'s targets,
+    fp32; chunked when given the output layer, else from the full logits."""
+    targets = batch["labels"][:, 1:]
+    keep = targets != IGNORE_INDEX
+    if output_layer is not None:
+        return chunked_token_logps(predicting_hidden_states(model, batch)[keep], targets[keep], output_layer)
+    logits = model(**model_inputs(batch)).logits
+    logits = logits[:, -batch["input_ids"].shape[1]:-1]  # prompt tuning prepends its virtual tokens' logits
+    return -cross_entropy(logits[keep].float(), targets[keep], reduction="none")
 
 
 def _on_device(output_layer: torch.nn.Module, device: torch.device):

@@ -1,0 +1,123 @@
+"""The preference objectives equal TRL's trainers: on the same tiny model, pairs and settings, the loss, every
+trained parameter's gradient (1e-5) and the metrics TRL logs; and the pairs are TRL's very tokens.
+
+DPO is compared with TRL's DPOTrainer as a whole (its tokenizing, collator, reference and compute_loss). ORPO and
+SimPO are compared with TRL's ORPOTrainer and CPOTrainer's get_batch_loss_metrics on a batch in their layout made of
+our tokens (their own tokenizing is TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import with_demo_tokenizer
+from model_factory import make_tiny_model
+from studio.core.presets import demo_config
+from studio.train.data.prepare import prepare_data
+from studio.train.model.build import build_model, load_base_model, load_tokenizer
+from studio.train.objectives import objective_for
+
+trl = pytest.importorskip("trl")
+
+PAIRS = [
+    {"prompt": "What color is the sky?", "chosen": " Blue, mostly.", "rejected": " Green."},
+    {"prompt": "Name a fruit:", "chosen": " apple", "rejected": " a chair, of course"},
+    {"prompt": [{"role": "user", "content": "Hi there"}], "chosen": [{"role": "assistant", "content": "Hello!"}],
+     "rejected": [{"role": "assistant", "content": "Go away, now."}]},
+]
+PLAIN, CONVERSATIONAL = PAIRS[:2], PAIRS[2:] * 2
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    return with_demo_tokenizer(make_tiny_model("llama", tmp_path_factory.mktemp("tiny"), vocab_size=1200))
+
+
+def _config(folder, data_file, objective, method, **preference):
+    return demo_config().replace(
+        model={"name_or_path": str(folder)}, method=method, objective=objective, preference=preference,
+        data={"train_files": (str(data_file),), "eval_files": (), "max_length": 24},
+        training={"precision": "fp32", "gradient_checkpointing": False},
+        lora={"dropout": 0.0})
+
+
+def _write(rows, path):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _policy(config):
+    """The trained model, its adapter (or weights) moved off the start, so that it differs from its reference."""
+    torch.manual_seed(0)
+    model = build_model(config, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                parameter += 0.05 * torch.randn(parameter.shape, generator=generator)
+    return model
+
+
+def _ours(config):
+    """Our loss, gradients and metrics on the whole data as one micro-batch, packed."""
+    tokenizer = load_tokenizer(config)
+    rows = prepare_data(config, tokenizer).train
+    model = _policy(config)
+    frozen = None
+    if not config.uses_adapter and config.uses_reference:
+        frozen = load_base_model(config, torch.device("cpu")).requires_grad_(False).eval()
+    objective = objective_for(config, model, tokenizer.pad_token_id, frozen)
+    model.train()
+    batch = objective.batch([rows[i] for i in range(len(rows))], packed=False)
+    loss = objective.loss_sum(model, batch) / objective.units(batch)
+    loss.backward()
+    metrics = {name: value / objective.units(batch) for name, value in objective.take_metric_sums().items()}
+    return rows, loss.detach(), _grads(model), metrics
+
+
+def _grads(model):
+    return {name.replace(".default", ""): p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _close(ours, theirs):
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "robust", "hinge"])
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_dpo_equals_trl(model_folder, tmp_path, method, loss_type):
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    smoothing = 0.2 if loss_type == "robust" else 0.0
+    rows = PLAIN if loss_type != "ipo" else CONVERSATIONAL
+    config = _config(model_folder, _write(rows, tmp_path / "pairs.jsonl"), "dpo", method, beta=0.5,
+                     dpo_loss=loss_type, label_smoothing=smoothing)
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model = _policy(config)
+    reference = None if config.uses_adapter else load_base_model(config, torch.device("cpu"))
+    args = DPOConfig(output_dir=str(tmp_path / "trl"), beta=0.5, loss_type=[loss_type], label_smoothing=smoothing,
+                     max_length=24, report_to=[], bf16=False, gradient_checkpointing=False,
+                     per_device_train_batch_size=len(rows), use_cpu=True)
+    trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=load_tokenizer(config))
+    if "ref" in getattr(trainer.model, "peft_config", {}):
+        # TRL copies an adapter it is given as the reference ("ref"); a new adapter's reference is the base with the
+        # adapter off, TRL's own path without that copy, and ours (the moved adapter makes the two differ)
+        trainer.model.delete_adapter("ref")
+    examples = [trainer.train_dataset[i] for i in range(len(rows))]
+    for ours, theirs in zip(tokenized, examples):  # TRL's very tokens, cut as its collator cuts them (keep_start)
+        assert ours["input_ids"] == (theirs["prompt_ids"] + theirs["chosen_ids"])[:24]
+        assert ours["rejected_input_ids"] == (theirs["prompt_ids"] + theirs["rejected_ids"])[:24]
+    trainer.model.train()
+    trl_loss = trainer.compute_loss(trainer.model, trainer.data_collator(examples))
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+    for name, value in metrics.items():
+        assert value == pytest.approx(logged[name], abs=1e-5), name

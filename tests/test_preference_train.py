@@ -1,0 +1,59 @@
+"""``studio train`` with a preference objective: a short real run learns the pairs (their reward accuracy rises,
+the loss falls) and logs TRL's metrics in its step and eval events; data that does not fit is refused by line."""
+
+import json
+
+import pytest
+
+from helpers import quick_config
+from studio.core.errors import StudioError
+from studio.core.run.commands import EXIT_OK
+from studio.core.run.events import read_events
+from studio.train.preflight import inspect_data
+from studio.train.worker import run
+
+COLORS = ["red", "blue", "green", "yellow", "black", "white", "pink", "brown"]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    rows = [{"prompt": f"Name a color like {c}:", "chosen": f" {c}", "rejected": f" {COLORS[(i + 3) % 8]} and more"}
+            for i, c in enumerate(COLORS * 4)]
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _events(config, tmp_path):
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_OK
+    return list(read_events(run_dir.events))
+
+
+@pytest.mark.parametrize("objective, method, reference", [("dpo", "lora", "each_step"), ("dpo", "full", "precomputed"),
+                                                         ("orpo", "lora", "each_step"), ("simpo", "lora", "each_step")])
+def test_a_short_run_learns_the_pairs(pairs, tmp_path, objective, method, reference):
+    config = quick_config(pairs, objective=objective, method=method, preference={"reference": reference},
+                          data={"eval_fraction": 0.125},
+                          training={"max_steps": 6, "micro_batch_size": 4, "learning_rate": 1e-3})
+    events = _events(config, tmp_path)
+    steps = [e for e in events if e["type"] == "step"]
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]
+    assert steps[-1]["rewards/accuracies"] == 1.0 and steps[0]["rewards/accuracies"] <= 0.75
+    evaluation = [e for e in events if e["type"] == "eval"][-1]
+    assert evaluation["tokens"] == 4 and evaluation["eval_rewards/accuracies"] == 1.0  # the held-out pairs
+
+
+def test_rows_that_do_not_fit_the_objective_are_refused_by_line_and_field(pairs, tmp_path):
+    responses = tmp_path / "sft.jsonl"
+    responses.write_text(json.dumps({"instruction": "a", "output": "b"}) + "\n")
+    with pytest.raises(StudioError, match=r"sft.jsonl:1: the row looks like instruction, not a preference pair "
+                                          r"\(field 'chosen' is missing\)"):
+        inspect_data(quick_config(responses, objective="dpo"))
+    half = tmp_path / "half.jsonl"
+    half.write_text(pairs.read_text().splitlines()[0] + "\n" + json.dumps({"prompt": "a", "chosen": "b"}) + "\n")
+    with pytest.raises(StudioError, match=r"half.jsonl:2: field 'rejected' is missing"):
+        inspect_data(quick_config(half, objective="dpo"))
+    with pytest.raises(StudioError, match="pairs.jsonl: the rows are preference pairs"):
+        inspect_data(quick_config(pairs, objective="sft"))
