@@ -118,10 +118,13 @@ class Case:
     # traced with these settings instead (RunConfig sections) and the case's own recounted from that trace with no
     # new trace: the toggles a pick-time trace answers (studio.core.memory.derived)
     traced_as: dict = field(default_factory=dict)
+    objective: str = "sft"  # a preference objective's rows are pairs: micro_batch pairs of two sequences
 
     @property
     def name(self) -> str:
         parts = [self.model, self.method, self.precision, f"b{self.micro_batch}x{self.sequence}", self.optimizer]
+        if self.objective != "sft":
+            parts.insert(1, self.objective)
         if self.derived:
             parts.insert(0, "derived:")
         if self.traced_as:
@@ -137,7 +140,7 @@ class Case:
     def run_config(self, model_folder: Path):
         from studio.core.config import RunConfig
 
-        config = RunConfig(method=self.method).replace(
+        config = RunConfig(method=self.method, objective=self.objective).replace(
             model={"name_or_path": str(model_folder)}, data={"max_length": self.sequence},
             training={"precision": self.precision, "micro_batch_size": self.micro_batch, "optimizer": self.optimizer,
                       "gradient_checkpointing": self.checkpointing, "gradient_accumulation_steps": self.accumulation})
@@ -276,6 +279,23 @@ FORWARD_END_CASES = [
     Case("llama-deep-19M", "qlora", "bf16", 1, 4096, checkpointing=True, changes={"training": {
         "embedding_on_cpu": True, "output_layer_on_cpu": True, "activation_offload": True}}),
     Case("llama-deep-19M", "full", "fp32", 1, 2048, checkpointing=True, changes=OFFLOAD),
+]
+
+# Preference steps (issue 27): pairs of sequences in one forward, the reference with the adapter off, a frozen copy
+# (full fine-tuning) or precomputed; the per-token log-probabilities a chunk at a time (``--only dpo`` and so on).
+PRECOMPUTED = {"preference": {"reference": "precomputed"}}
+PREFERENCE_CASES = [
+    Case("llama-7M", "lora", "bf16", 2, 256, objective="dpo", quick=True),
+    Case("llama-7M", "lora", "bf16", 2, 256, checkpointing=True, objective="dpo"),
+    Case("llama-7M", "full", "fp32", 2, 128, objective="dpo", quick=True),
+    Case("llama-7M", "full", "fp32", 2, 128, objective="dpo", changes=PRECOMPUTED),
+    Case("llama-7M", "qlora", "bf16", 2, 256, objective="dpo"),
+    Case("llama-7M", "lora", "bf16", 2, 256, objective="orpo"),
+    Case("llama-55M", "lora", "bf16", 1, 256, objective="simpo"),
+    Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True, accumulation=2, objective="dpo"),
+    Case("llama-7M", "lora", "bf16", 2, 256, objective="dpo", derived=True),
+    Case("llama-7M", "full", "fp32", 2, 128, objective="dpo", derived=True),
+    Case("gpt2-17M", "lora", "bf16", 2, 256, checkpointing=True, objective="orpo", derived=True),
 ]
 
 # The derived estimate: traced on 2- and 3-block copies at other batch sizes and lengths, then scaled. On
@@ -509,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     wanted = args.only.split(",") if args.only else []
-    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + FORWARD_END_CASES + DERIVED_CASES + TOGGLE_CASES
+    cases = [c for c in CASES + OFFLOAD_CASES + TILED_CASES + FORWARD_END_CASES + PREFERENCE_CASES + DERIVED_CASES
+             + TOGGLE_CASES
              if (c.quick or not args.quick) and (not wanted or any(w in c.name for w in wanted))]
     cache = args.models or Path(tempfile.mkdtemp(prefix="studio-memory-models-"))
     print(f"{len(cases)} configurations on {device}; models in {cache}", file=sys.stderr)

@@ -419,6 +419,18 @@ class RunConfig:
         return self.objective == "dpo"
 
     @property
+    def sequences_per_row(self) -> int:
+        """The sequences a training row puts through the model with gradients: a pair's two (chosen and rejected,
+        one forward), else one."""
+        return 2 if self.objective in ("dpo", "orpo", "simpo") else 1
+
+    @property
+    def frozen_reference(self) -> bool:
+        """Whether DPO keeps a frozen copy of the starting weights beside the trained ones: full fine-tuning with
+        its reference run on every step (an adapter method's reference is the base with the adapter off)."""
+        return self.uses_reference and not self.uses_adapter and self.preference.reference == "each_step"
+
+    @property
     def effective_batch_size(self) -> int:
         return self.training.micro_batch_size * self.training.gradient_accumulation_steps
 

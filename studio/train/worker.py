@@ -202,8 +202,7 @@ class Worker:
     def _frozen_copy(self) -> torch.nn.Module | None:
         """DPO's reference for full fine-tuning, each step: the starting weights loaded again, frozen (also when
         resuming: the checkpoint's weights are the trained ones)."""
-        preference = self.config.preference
-        if not self.config.uses_reference or self.config.uses_adapter or preference.reference != "each_step":
+        if not self.config.frozen_reference:
             return None
         copy = load_base_model(self.config, self.device)
         copy.requires_grad_(False)

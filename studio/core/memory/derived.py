@@ -378,8 +378,9 @@ def _states(step: TracedStep, config: RunConfig, device_type: str) -> ModelState
     full = config.method_spec.trains_every_weight
     model_bytes = round(step.at_depth(lambda d: d["model_bytes"], step.layers)) + step.adapter_change()[1]
     shared = optimizer.shared_state if groups else 0
+    frozen_copy = model_bytes if config.frozen_reference else 0  # DPO's reference of full fine-tuning
     return ModelStates(
-        weights=model_bytes - (0 if full else trainable_bytes), adapters=0 if full else trainable_bytes,
+        weights=model_bytes - (0 if full else trainable_bytes) + frozen_copy, adapters=0 if full else trainable_bytes,
         gradients=trainable_bytes, optimizer_state=sum(optimizer.state(g) * g.count for g in groups) + shared,
         master_weights=0, optimizer_temporaries=optimizer.step_temporaries(groups, device_type),
         trainable_parameters=sum(g.elements * g.count for g in groups),
@@ -396,13 +397,14 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
     step = trace.step(config)
     t = config.training
     states = _states(step, config, device_type)
-    inputs = 3 * 8 * t.micro_batch_size * config.data.max_length * t.gradient_accumulation_steps
+    sequences = t.micro_batch_size * config.sequences_per_row  # a traced next-token step of as many sequences
+    inputs = 3 * 8 * sequences * config.data.max_length * t.gradient_accumulation_steps
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state}
     accumulated = states.gradients if t.gradient_accumulation_steps > 1 else 0
     phases = {}
     for phase, moments in PHASE_MOMENTS.items():
-        fixed, blocks = max((step.excess(moment, t.micro_batch_size, config.data.max_length) for moment in moments),
+        fixed, blocks = max((step.excess(moment, sequences, config.data.max_length) for moment in moments),
                             key=sum)
         phases[phase] = {**persistent, "gradients": accumulated, "activations": inputs + blocks, "logits_loss": fixed}
     phases["optimizer"] = {**persistent, "gradients": states.gradients, "activations": inputs,

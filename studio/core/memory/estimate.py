@@ -53,7 +53,7 @@ from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_
 from studio.core.memory.parts.logits import logits_loss_bytes
 from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
 from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_notes, host_weight_ram,
-                                             model_states)
+                                             model_states, weight_bytes)
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.memory.placement import split_devices
@@ -77,9 +77,13 @@ def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activa
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state, "master_weights": states.master_weights}
     in_step = inputs + acts.shared
+    backward = _backward_moment(shape, regime, states, acts, in_step)
+    if regime.token_logps:  # the loss's gradients come in the backward pass, beside every saved activation
+        backward = max(backward, _loss_end(shape, regime, states, acts, in_step, in_forward=False),
+                       key=lambda parts: sum(parts.values()))
     return {
         "forward": {**persistent, **_forward_moment(shape, regime, states, acts, in_step)},
-        "backward": {**persistent, **_backward_moment(shape, regime, states, acts, in_step)},
+        "backward": {**persistent, **backward},
         "optimizer": {**persistent, "gradients": states.gradients, "activations": inputs,
                       "temporaries": states.optimizer_temporaries},
     }
@@ -90,16 +94,26 @@ def _forward_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts
     loss at their largest), or the last block's forward (what the blocks keep by then and what it computes)."""
     gradients = states.gradients if regime.accumulation > 1 else 0
     loss_forward, loss_backward = logits_loss_bytes(shape, regime, acts.logits_dtype)
-    # autocast's cache (checkpointed blocks' weight copies) lives until the forward pass leaves autocast
-    in_forward = loss_forward + acts.autocast_cache > loss_backward
-    # an output layer kept in CPU RAM is on the device while the loss runs
-    loss_end = {"weights": states.weights + host_head_bytes(shape, regime),
-                "gradients": gradients, "activations": acts.saved - acts.weight_copies + inputs,
-                "logits_loss": loss_forward if in_forward else loss_backward,
-                "temporaries": acts.weight_copies + (acts.autocast_cache if in_forward else 0)}
+    # autocast's cache (checkpointed blocks' weight copies) lives until the forward pass leaves autocast; the
+    # per-token log-probabilities' backward is the backward pass's (_phases)
+    in_forward = regime.token_logps or loss_forward + acts.autocast_cache > loss_backward
+    loss_end = _loss_end(shape, regime, states, acts, inputs, in_forward)
     last_block = {"weights": states.weights, "gradients": gradients, "activations": acts.forward_block + inputs,
                   "logits_loss": 0, "temporaries": acts.autocast_cache}
     return max(loss_end, last_block, key=lambda parts: sum(parts.values()))
+
+
+def _loss_end(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int,
+              in_forward: bool) -> dict:
+    """The moment the loss is at its largest, every saved activation alive: in its forward (with autocast's
+    cache), or in its backward."""
+    loss_forward, loss_backward = logits_loss_bytes(shape, regime, acts.logits_dtype)
+    # an output layer kept in CPU RAM is on the device while the loss runs
+    return {"weights": states.weights + host_head_bytes(shape, regime),
+            "gradients": states.gradients if regime.accumulation > 1 else 0,
+            "activations": acts.saved - acts.weight_copies + inputs,
+            "logits_loss": loss_forward if in_forward else loss_backward,
+            "temporaries": acts.weight_copies + (acts.autocast_cache if in_forward else 0)}
 
 
 def _backward_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:
@@ -229,7 +243,26 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
     notes += host_weight_notes(shape, regime, config)
     if config.schedule.sample_every:
         notes.append(_samples_note(shape, regime, config))
+    if config.learns_preferences:
+        notes.append(_preference_note(shape, regime, config))
     return tuple(notes)
+
+
+def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
+    """What a preference step holds beside an SFT step's, and what its reference costs."""
+    pairs = (f"{config.objective}: each micro-batch's {config.training.micro_batch_size} pairs are "
+             f"{regime.micro_batch} sequences in one forward (counted)")
+    if not config.uses_reference:
+        return pairs + "; no reference model"
+    if config.preference.reference == "precomputed":
+        return pairs + ("; the reference's log-probabilities are computed once before the first step: no copy, "
+                        "no reference forward while training")
+    if regime.frozen_reference:
+        copy = format_bytes(weight_bytes(shape, regime))
+        return pairs + (f"; the reference is a frozen copy of the weights, {copy} (counted as weights); "
+                        "preference.reference precomputed needs no copy")
+    return pairs + ("; the reference is the base with the adapter off: no second copy, its forward runs without "
+                    "gradients before the model's and never adds to the peak")
 
 
 def _samples_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:

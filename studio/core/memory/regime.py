@@ -36,7 +36,7 @@ class Regime:
     checkpointing: bool
     attention: str  # "sdpa" or "eager"
     optimizer: str
-    micro_batch: int
+    micro_batch: int  # sequences: a preference pair's chosen and rejected are two
     accumulation: int
     sequence: int
     loss_impl: str
@@ -51,6 +51,8 @@ class Regime:
     head_on_host: bool = False  # the frozen output layer too, on the device only in the loss (output_layer_on_cpu)
     activation_offload: bool = False  # checkpointed block inputs wait in host RAM (studio.core.memory.parts.offload)
     tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.parts.tiled)
+    token_logps: bool = False  # a preference objective: per-token log-probabilities, each chunk projected again in backward
+    frozen_reference: bool = False  # DPO of full fine-tuning: a frozen copy of the weights beside the trained ones
 
     @property
     def kbit_prepared(self) -> bool:
@@ -212,7 +214,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         adapted=adapted, rank=config.lora.r, lora_dropout=lora_dropout_for(config, adapted),
         dora=config.lora.use_dora and DORA in spec.settings,
         checkpointing=training.gradient_checkpointing, attention=attention_for(config, shape),
-        optimizer=training.optimizer, micro_batch=training.micro_batch_size,
+        optimizer=training.optimizer, micro_batch=training.micro_batch_size * config.sequences_per_row,
         accumulation=training.gradient_accumulation_steps, sequence=config.data.max_length + prompt,
         loss_impl=loss_impl, method=spec, virtual_tokens=virtual, feedforward_width=shape.intermediate,
         qat=config.qat.enabled, qat_activations=config.qat.activations != "none",
@@ -220,6 +222,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         embedding_on_host=embedding_on_host(config, shape.tie_embeddings),
         head_on_host=output_layer_on_host(config, shape.tie_embeddings, loss_impl == "chunked"),
         activation_offload=training.activation_offload and training.gradient_checkpointing,
-        tiled_mlp=training.tiled_mlp,
+        tiled_mlp=training.tiled_mlp, token_logps=config.learns_preferences,
+        frozen_reference=config.frozen_reference,
     )
 

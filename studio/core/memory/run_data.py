@@ -25,9 +25,9 @@ def largest_micro_batch_tokens(lengths: Sequence[int], batches: Iterable[Sequenc
 
 
 def config_for_tokens(config: RunConfig, tokens: int) -> RunConfig:
-    """The config whose worst case is a micro-batch of ``tokens``: its rows ``tokens / micro_batch_size`` long
+    """The config whose worst case is a micro-batch of ``tokens``: its sequences ``tokens / sequences`` long
     (never longer than ``max_length``). The estimate of it is the run's own peak."""
-    rows = config.training.micro_batch_size
+    rows = config.training.micro_batch_size * config.sequences_per_row
     return config.replace(data={"max_length": max(1, min(config.data.max_length, math.ceil(tokens / rows)))})
 
 

@@ -31,10 +31,13 @@ from pathlib import Path
 import torch
 
 from studio.core.config import RunConfig
+from studio.core.errors import StudioError
 from studio.core.memory.regime import loss_impl_for
 from studio.train.measure.memtrack import LiveTensorTracker, tracker_for
 from studio.train.model import build as model_module
-from studio.train.model.build import build_model, compute_dtype, hub_config
+from studio.train.data.prepare import IGNORE_INDEX
+from studio.train.model.build import build_model, compute_dtype, hub_config, load_base_model
+from studio.train.objectives import objective_for
 from studio.train.objectives.next_token import (chunked_cross_entropy, lean_output_layer, predicting_hidden_states,
                                                 token_loss_sum)
 from studio.train.optim import build_optimizer
@@ -70,15 +73,44 @@ def full_length_batches(config: RunConfig, vocab_size: int, device: torch.device
     return batches
 
 
+def pair_batches(config: RunConfig, objective, vocab_size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """One optimizer step's micro-batches of preference pairs, chosen and rejected each data.max_length long after
+    a one-token prompt (every other position a target: the estimate's worst case), padded."""
+    t, length = config.training, config.data.max_length
+    generator = torch.Generator().manual_seed(t.seed)
+
+    def sequence() -> tuple[list[int], list[int]]:
+        ids = torch.randint(3, vocab_size, (length,), generator=generator).tolist()
+        return ids, [IGNORE_INDEX] + ids[1:]
+    batches = []
+    for _ in range(t.gradient_accumulation_steps):
+        rows = []
+        for _ in range(t.micro_batch_size):
+            (chosen, chosen_labels), (rejected, rejected_labels) = sequence(), sequence()
+            rows.append({"input_ids": chosen, "labels": chosen_labels, "rejected_input_ids": rejected,
+                         "rejected_labels": rejected_labels})
+        batches.append({k: v.to(device) for k, v in objective.batch(rows, packed=False).items()})
+    return batches
+
+
+def frozen_reference(config: RunConfig, device: torch.device):
+    """DPO's frozen copy of the starting weights (full fine-tuning), as the worker loads it."""
+    copy = load_base_model(config, device)
+    copy.requires_grad_(False)
+    return copy.eval()
+
+
 def target_tokens(batches) -> int:
     """Tokens that carry a loss in one optimizer step (the worker divides each micro-batch's loss sum by it)."""
     return sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
 
 
-def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, steps: int, targets: int) -> None:
+def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, steps: int, targets: int,
+                        objective_loss=None) -> None:
     """The worker's optimizer step (Worker._optimizer_step), ``steps`` times, phases marked for the tracker.
 
-    ``targets`` comes from ``target_tokens``, computed before any fake mode is entered.
+    ``targets`` (the step's units) comes from ``target_tokens``, computed before any fake mode is entered;
+    ``objective_loss``: a preference objective's ``loss_sum`` instead of the next-token loss.
     """
     device_type = batches[0]["input_ids"].device.type  # not a parameter's: the embedding may stay on the CPU
     precision = config.training.precision
@@ -89,7 +121,9 @@ def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, s
     for _ in range(steps):
         for batch in batches:
             with tracker.phase("forward"), autocast:
-                loss = loss_sum(model, batch, output_layer) / max(targets, 1)
+                summed = objective_loss(model, batch) if objective_loss else loss_sum(model, batch, output_layer)
+                loss = summed / max(targets, 1)
+                del summed
             with tracker.phase("backward"):
                 loss.backward()
             del loss
@@ -113,18 +147,26 @@ def _trainable(model) -> list[torch.nn.Parameter]:
 
 
 def measure_step(config: RunConfig, device: torch.device | None = None, steps: int = STEPS) -> StepMemory:
-    """Build the real model and measure the peak of real optimizer steps on ``device``."""
+    """Build the real model and measure the peak of real optimizer steps on ``device`` (a preference objective's
+    with its reference, as the worker has it)."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(config.training.seed)
     model = build_model(config, device)
     keep_weights_on_cpu(model, config, device)
     optimizer = build_optimizer(config, _trainable(model))
-    batches = full_length_batches(config, model.config.get_text_config().vocab_size, device)
+    vocab = model.config.get_text_config().vocab_size
+    frozen = frozen_reference(config, device) if config.frozen_reference else None
+    objective = objective_for(config, model, 0, frozen) if config.learns_preferences else None
+    batches = pair_batches(config, objective, vocab, device) if objective else full_length_batches(config, vocab, device)
+    units = sum(objective.units(b) for b in batches) if objective else target_tokens(batches)
     started = time.perf_counter()
     with tracker_for(device) as tracker:
         tracker.add_module(model, host=host_weights(model))
+        if frozen is not None:
+            tracker.add_module(frozen)
         tracker.add(batches)
-        run_optimizer_steps(model, optimizer, batches, config, tracker, steps, target_tokens(batches))
+        run_optimizer_steps(model, optimizer, batches, config, tracker, steps, units,
+                            objective.loss_sum if objective else None)
     report = tracker.report
     return StepMemory(report.peak_bytes, report.peak_phase, report.phase_peaks, time.perf_counter() - started,
                       getattr(tracker, "peak_reserved_bytes", 0), tracker.host_report.peak_bytes)
@@ -140,6 +182,9 @@ def simulate_step(config: RunConfig, steps: int = STEPS) -> StepMemory:
     cache or the Hub). Tensors are placed on the CPU, so CUDA-only kernels are
     not what runs; the estimate's ``device_type="cpu"`` is the comparable one.
     """
+    if config.learns_preferences:  # its per-sequence gathers have shapes fake tensors cannot know
+        raise StudioError(f"the simulation runs next-token steps, not {config.objective}'s",
+                          "the estimate counts a preference step (measured: docs/memory-accuracy.md)", kind="config")
     model, fake_mode = fake_model(config)
     batches = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))
     targets = target_tokens(batches)

@@ -171,6 +171,10 @@ class _ChunkedTokenLogps(torch.autograd.Function):
     def forward(ctx, hidden, targets, output_layer, chunk, *trainable):
         ctx.save_for_backward(hidden, targets)
         ctx.output_layer, ctx.chunk, ctx.trainable = output_layer, chunk, trainable
+        # the backward projects again as the forward did: under its autocast (fp32 hidden states of a k-bit model
+        # meet a 16-bit output layer there), which backward passes run outside of
+        device = hidden.device.type
+        ctx.autocast = torch.autocast(device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         with torch.no_grad():
             return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], output_layer)
                               for start in range(0, hidden.shape[0], chunk)])
@@ -182,7 +186,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         hidden_grad = torch.zeros_like(hidden)
         weight_grads = [torch.zeros_like(p) for p in trainable]
         for start in range(0, hidden.shape[0], chunk):
-            with torch.enable_grad():
+            with torch.enable_grad(), ctx.autocast:
                 piece = hidden[start:start + chunk].detach().requires_grad_()
                 logps = _chunk_logps(piece, targets[start:start + chunk], ctx.output_layer)
                 grads = torch.autograd.grad(logps, [piece, *trainable], logps_grad[start:start + chunk],

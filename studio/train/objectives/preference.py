@@ -88,10 +88,12 @@ class Preference:
 
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         pairs = int(batch["pairs"])
+        # the reference first: its no-grad forward then never stands beside the activations the model saves
+        reference_chosen, reference_rejected = self._reference_logps(model, batch) if self.objective == "dpo" \
+            else (None, None)
         logps = SequenceLogps(token_logps(model, batch, self.output_layer), batch)
         chosen, rejected = logps.responses(average=self.objective != "dpo")
         if self.objective == "dpo":
-            reference_chosen, reference_rejected = self._reference_logps(model, batch)
             losses, chosen_rewards, rejected_rewards = dpo_losses(
                 chosen - reference_chosen, rejected - reference_rejected, logps.response_lengths(), self.settings)
         elif self.objective == "simpo":

@@ -18,7 +18,8 @@ def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> t
     width = DTYPE_BYTES[logits_dtype]
     if regime.loss_impl == "chunked":
         positions = b * (s - 1)  # the last position of a row predicts nothing
-        return _chunked_loss_bytes(shape, regime, positions, 8 * positions)
+        chunked = _chunked_logps_bytes if regime.token_logps else _chunked_loss_bytes
+        return chunked(shape, regime, positions, 8 * positions)
     positions = b * s
     targets = 8 * positions  # int64 labels, shifted (a copy)
     fp32_copy = 0 if width == 4 else 4 * positions * v
@@ -43,3 +44,22 @@ def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targe
     backward = 2 * kept + outer * positions * h
     return forward + targets, backward + targets
 
+
+
+def _chunked_logps_bytes(shape: ModelShape, regime: Regime, positions: int, targets: int) -> tuple[int, int]:
+    """The preference objectives' chunked log-probabilities (next_token.chunked_token_logps): at worst every
+    position a target.
+
+    Forward (no gradients yet): the gathered hidden states and one chunk's fp32 logits with their log-softmax (a
+    16-bit projection is gone by then). Backward (the loss's, before the blocks'): the gathered hidden states,
+    their gradient, a trainable output layer's gradient, and one chunk projected again: its fp32 logits, the saved
+    log-softmax and its gradient.
+    """
+    v, h = shape.vocab, shape.hidden
+    chunk = min(positions, max(1, CHUNKED_LOSS_BYTES // (4 * v)))
+    outer = DTYPE_BYTES[regime.outer_dtype]
+    gathered = positions * h * outer
+    head_grad = 4 * v * h if regime.full else 0
+    forward = gathered + 8 * chunk * v + 4 * positions
+    backward = 2 * gathered + head_grad + 12 * chunk * v + 4 * positions
+    return forward + targets, backward + targets

@@ -229,7 +229,7 @@ def model_states(shape: ModelShape, regime: Regime) -> ModelStates:
     optimizer = OPTIMIZERS[regime.optimizer]
     state = _total(groups, optimizer.state) + (optimizer.shared_state if groups else 0)
     return ModelStates(
-        weights=weight_bytes(shape, regime),
+        weights=weight_bytes(shape, regime) * (2 if regime.frozen_reference else 1),
         adapters=0 if regime.full else _total(groups, lambda g: g.nbytes),
         gradients=_total(groups, lambda g: g.nbytes),
         optimizer_state=state,
