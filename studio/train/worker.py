@@ -67,7 +67,7 @@ from studio.train.objectives import objective_for
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
-from studio.train.tracking.tensorboard import tracked_events
+from studio.train.tracking.writer import tracked_events
 
 log = logging.getLogger("studio.train")
 
