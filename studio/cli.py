@@ -81,10 +81,18 @@ def _add_eval(commands) -> None:
 
 
 def _add_track(commands) -> None:
-    p = commands.add_parser("track", help="write a run's TensorBoard files again from its events",
-                            description="Write RUN_DIR/tensorboard from RUN_DIR/events.jsonl, replacing what is there: "
-                            "for a run trained without schedule.tensorboard, or whose files were deleted.")
+    from studio.core.config import choice_values
+
+    p = commands.add_parser("track", help="send a run's figures to TensorBoard or a tracker again, from its events",
+                            description="Feed RUN_DIR/events.jsonl to a tracker: by default write RUN_DIR/tensorboard "
+                            "anew (for a run trained without schedule.tensorboard, or whose files were deleted); with "
+                            "--to trackio, wandb or mlflow add the whole run to that tracker's run named after "
+                            "RUN_DIR (for a run trained without it, or while it could not be reached), with the "
+                            "tracker's own login and schedule.tracker_project of the run's config.")
     p.add_argument("run_dir", type=Path)
+    p.add_argument("--to", nargs="+", choices=("tensorboard", *choice_values("schedule.trackers")),
+                   default=["tensorboard"], metavar="TRACKER",
+                   help="tensorboard (the default), trackio, wandb or mlflow; several are fed one after the other")
     p.set_defaults(handler=_track)
 
 
@@ -227,12 +235,13 @@ def _eval(args) -> int:
 
 def _track(args) -> int:
     from studio.core.run.directory import RunDir
-    from studio.train.tracking.tensorboard import replay
+    from studio.train.tracking.writer import replay
 
     if not RunDir(args.run_dir).events.is_file():
         raise StudioError(f"{args.run_dir} has no events.jsonl", "pick a run directory (it holds config.yaml and "
                           "events.jsonl)", kind="usage")
-    print(f"wrote {replay(args.run_dir)}: tensorboard --logdir \"{Path(args.run_dir) / 'tensorboard'}\"")
+    for tracker in args.to:
+        print(f"{tracker}: {replay(args.run_dir, tracker)}")
     return 0
 
 

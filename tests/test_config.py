@@ -103,3 +103,20 @@ def test_every_choice_field_has_words_for_exactly_its_values():
     for path, words in CHOICE_WORDS.items():
         assert list(words) == list(choice_values(path)), path
     assert choice_label("distributed.sharding", "zero3") == "ZeRO-3"
+
+
+def test_trackers_are_a_list_of_choices_each_named_when_wrong():
+    assert parse_config("schedule: {trackers: [wandb, mlflow]}").schedule.trackers == ("wandb", "mlflow")
+    assert parse_config("schedule: {trackers: trackio}").schedule.trackers == ("trackio",)
+    with pytest.raises(ProblemsError) as caught:
+        parse_config("schedule:\n  trackers: [wandb, mlfow]\n", "my.yaml")
+    assert "schedule.trackers[1]" in str(caught.value) and "did you mean 'mlflow'" in str(caught.value)
+    assert choice_values("schedule.trackers") == ("trackio", "wandb", "mlflow")
+
+
+def test_validation_names_a_tracker_listed_twice_and_a_project_no_tracker_takes():
+    config = demo_config().replace(schedule={"trackers": ("wandb", "wandb"), "tracker_project": "team/project"})
+    problems = {p.where: p.message for p in validate(config)}
+    assert "wandb is listed twice" in problems["schedule.trackers"]
+    assert "team/project" in problems["schedule.tracker_project"]
+    assert validate(demo_config().replace(schedule={"tracker_project": ""})) == []  # no tracker: no project needed

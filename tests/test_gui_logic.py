@@ -15,6 +15,7 @@ from studio.core.data.row_formats import Example
 from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
 from studio.core.run.directory import RunDir
 from studio.gui.state import memory, settings
+from studio.gui.state.changes import value_words
 from studio.gui.state.console import console_error, loading_detail
 from studio.gui.state.data_preview import TokenizerInfo, build_preview, render_example
 from studio.gui.state.job_state import Job, State, status_text
@@ -379,3 +380,9 @@ def test_samples_are_kept_per_prompt_and_a_resumed_run_drops_the_lost_steps():
     assert history.every == 10 and first.base_answer == "drink ." and first.location == "held.jsonl:1"
     assert first.newest_first() == [(20, "a kind of fruit"), (10, "a kind of")]  # step 20 trained again, once
     assert history.prompts[1].newest_first()[0] == (20, "a kind of fruit")
+
+
+def test_a_list_of_choices_reads_as_its_labels():
+    assert value_words("schedule.trackers", ("wandb", "mlflow")) == "Weights & Biases, MLflow"
+    assert value_words("schedule.trackers", ()) == "none"
+    assert value_words("training.precision", "bf16") == "bf16 (mixed)"

@@ -1,6 +1,7 @@
 """The run config's choices: each choice field's values (a ``Literal``) and the words users read for them.
 
-``config.py`` types its choice fields with the ``Literal``s here. ``CHOICE_WORDS`` gives, by field path, each
+``config.py`` types its choice fields with the ``Literal``s here (a list of choices, ``schedule.trackers``, with a
+tuple of one). ``CHOICE_WORDS`` gives, by field path, each
 value's label and its one line on what it saves and what it costs: the window's drop-downs show them, and the
 worker names a choice with its label. ``tests/test_config.py`` holds the words to exactly the values the
 schema allows. The methods' words are their table's (``studio.core.methods.METHOD_SPECS``).
@@ -153,6 +154,16 @@ OFFLOAD_WORDS: ChoiceWords = {
     "nvme": ("NVMe SSD", "Kept on a fast SSD: for what CPU RAM cannot hold; the slowest."),
 }
 
+Tracker = Literal["trackio", "wandb", "mlflow"]
+TRACKER_WORDS: ChoiceWords = {
+    "trackio": ("Trackio", "Hugging Face's tracker: a dashboard on this machine (trackio show), or a Space named by "
+                           "TRACKIO_SPACE_ID with the login of HF_TOKEN or hf auth login."),
+    "wandb": ("Weights & Biases", "wandb.ai or your W&B server, with the login of wandb login or WANDB_API_KEY; "
+                                  "WANDB_MODE=offline keeps the run on this machine (wandb sync uploads it later)."),
+    "mlflow": ("MLflow", "The tracking server MLFLOW_TRACKING_URI names, with its own login variables; without one, a "
+                         "database in studio's data folder (mlflow ui shows it)."),
+}
+
 # Choices whose words are elsewhere or need none: what each method trains and allows is its row of
 # studio.core.methods.METHOD_SPECS, keyed by these values; a schedule's name says what it does.
 Method = Literal["full", "lora", "qlora", "ia3", "adalora", "loha", "lokr", "prefix_tuning", "prompt_tuning"]
@@ -175,6 +186,7 @@ CHOICE_WORDS: dict[str, ChoiceWords] = {
     "distributed.sharding": SHARDING_WORDS,
     "distributed.offload_optimizer": OFFLOAD_WORDS,
     "distributed.offload_params": OFFLOAD_WORDS,
+    "schedule.trackers": TRACKER_WORDS,
 }
 
 

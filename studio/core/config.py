@@ -20,7 +20,7 @@ import yaml
 
 from studio.core.choices import (DataFormat, DpoLoss, LoadIn, Method, Objective, Offload, Optimizer, Packing, Precision,
                                  QatActivations, QatWeights, QuantType, ReferenceLogps, Scheduler, Sharding, Template,
-                                 WeightDtype)
+                                 Tracker, WeightDtype)
 from studio.core.data.hub import is_hub_spec
 from studio.core.errors import Problem, ProblemsError
 from studio.core.methods import METHOD_SPECS, MethodSpec
@@ -279,6 +279,16 @@ class ScheduleConfig:
     tensorboard: bool = _field(True, "Also write the run's figures (losses, learning rate, throughput, memory, "
                                "samples, evaluations) as TensorBoard files in RUN/tensorboard: "
                                "tensorboard --logdir RUN/tensorboard.")
+    trackers: tuple[Tracker, ...] = _field(
+        (), "Also send the same figures to these experiment trackers (trackio, wandb, mlflow), each an optional "
+        "extra: pip install \"finetune-studio[wandb]\". Their logins stay theirs (wandb login or WANDB_API_KEY; "
+        "MLFLOW_TRACKING_URI and its variables, else a database in studio's data folder; HF_TOKEN for a Trackio "
+        "Space), never in the config or the run directory. Each names the run after its directory; a resumed run, "
+        "studio eval and studio track RUN --to TRACKER add to it. One that cannot start or fails is dropped with a "
+        "warning: the run trains on.")
+    tracker_project: str = _field(
+        "finetune-studio", "The project (Weights & Biases, Trackio) or experiment (MLflow) the trackers file the run "
+        "under.")
     keep_checkpoints: int = _field(2, "Keep the newest this many complete checkpoints.")
 
 
@@ -467,6 +477,8 @@ def choice_values(path: str) -> tuple[Any, ...]:
     for section in sections:
         owner = get_type_hints(owner)[section]
     hint = get_type_hints(owner)[name]
+    if get_origin(hint) is tuple:  # a list of choices: schedule.trackers
+        hint = get_args(hint)[0]
     if get_origin(hint) is not Literal:
         raise TypeError(f"{path} is not a choice field")
     return get_args(hint)
@@ -568,19 +580,17 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem], where) -> 
             return _INVALID
         return _build(tp, value, path + ".", problems, where)
     if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f"did you mean '{close[0]}'?" if close else "choose one of: " + ", ".join(map(str, choices))
-            problems.append(Problem(where(path), f"{value!r} is not one of {', '.join(map(str, choices))}", hint))
-            return _INVALID
-        return value
+        return _choice(get_args(tp), value, path, problems, where)
     if origin is tuple:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             problems.append(Problem(where(path), f"expected a list of strings, got {value!r}", "write it as [a, b]"))
             return _INVALID
+        item = get_args(tp)[0]
+        if get_origin(item) is Literal:
+            value = [_choice(get_args(item), v, f"{path}[{i}]", problems, where) for i, v in enumerate(value)]
+            return _INVALID if _INVALID in value else tuple(value)
         return tuple(value)
     if tp is bool:
         if not isinstance(value, bool):
@@ -608,6 +618,15 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem], where) -> 
             return _INVALID
         return value
     raise TypeError(f"unsupported config type {tp} at {path}")  # schema bug, not user input
+
+
+def _choice(choices: tuple[Any, ...], value: Any, path: str, problems: list[Problem], where) -> Any:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f"did you mean '{close[0]}'?" if close else "choose one of: " + ", ".join(map(str, choices))
+        problems.append(Problem(where(path), f"{value!r} is not one of {', '.join(map(str, choices))}", hint))
+        return _INVALID
+    return value
 
 
 def key_lines(path: Path) -> dict[str, int]:
@@ -659,7 +678,8 @@ def _type_text(tp: Any) -> str:
     if origin is Literal:
         return ", ".join(map(str, get_args(tp)))
     if origin is tuple:
-        return "list of text"
+        item = get_args(tp)[0]
+        return f"list of: {_type_text(item)}" if get_origin(item) is Literal else "list of text"
     if isinstance(tp, type):
         return {"str": "text", "int": "integer", "float": "number", "bool": "true/false"}.get(tp.__name__, tp.__name__)
     if isinstance(tp, types.UnionType) or origin is typing.Union:

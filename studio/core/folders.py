@@ -5,6 +5,9 @@
     <data folder>/memory-calibration.jsonl  each run's predicted and measured peak (the worker appends)
     <data folder>/gpu-calibration.json      this machine's CUDA overheads as ``studio doctor`` measured them
     <data folder>/self-test/                ``studio doctor``'s reports
+    <data folder>/trackers/                 the opt-in experiment trackers' local files (wandb's run files, MLflow's
+                                            database without MLFLOW_TRACKING_URI): never in a run directory, which
+                                            is copied and shared, while a tracker's debug files may name its login
 """
 
 from __future__ import annotations
@@ -22,3 +25,8 @@ def data_folder() -> Path:
 
     return platformdirs.user_data_path("finetune-studio")
 
+
+
+def trackers_folder(tracker: str) -> Path:
+    """Where the experiment tracker ``tracker`` (wandb, mlflow) keeps its local files."""
+    return data_folder() / "trackers" / tracker

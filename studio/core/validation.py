@@ -7,6 +7,7 @@ and combinations. The GUI calls it on every change to disable impossible choices
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -246,6 +247,21 @@ def _check_schedule(config: RunConfig) -> list[Problem]:
         if getattr(s, name) < 0:
             problems.append(Problem(f"schedule.{name}", "must be 0 or more"))
     problems += _positive(s.keep_checkpoints, "schedule.keep_checkpoints", "number of checkpoints to keep")
+    return problems + _check_trackers(config)
+
+
+# What every tracker takes as a project name: W&B refuses / \ # ? % : and more than 128 characters, Trackio
+# makes a file name of it.
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def _check_trackers(config: RunConfig) -> list[Problem]:
+    s = config.schedule
+    problems = [Problem("schedule.trackers", f"{name} is listed twice", "list each tracker once")
+                for name in sorted(set(s.trackers)) if s.trackers.count(name) > 1]
+    if s.trackers and not _PROJECT_NAME.fullmatch(s.tracker_project):
+        problems.append(Problem("schedule.tracker_project", f"{s.tracker_project!r} is not a project name every "
+                                "tracker takes", "use 1 to 128 letters, digits, '-', '_' or '.'"))
     return problems
 
 

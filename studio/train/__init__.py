@@ -24,7 +24,7 @@ and the sub-packages, one concern each (their ``__init__`` names their files):
 * ``distributed``: the engines (one process, DDP, FSDP, ZeRO), the launcher and the ranks' failure watch;
 * ``measure``: memory measured, simulated and traced, and what an out-of-memory error says;
 * ``evaluation``: asking the model: side-by-side answers, base vs tuned on held-out rows, samples while training;
-* ``tracking``: the run's events also as TensorBoard files;
+* ``tracking``: the run's events also as TensorBoard files and to the opt-in experiment trackers;
 * ``export``: the Hugging Face and GGUF exports, their chat template, model card and Hub upload.
 """
 

@@ -25,6 +25,7 @@ NOISY_WARNINGS = (
     ("`is_gradient_checkpointing` is deprecated", FutureWarning),  # peft asks transformers the old name
     ("`gradient_checkpointing_enable` is deprecated", FutureWarning),  # the name peft (QLoRA) and older releases use
     ("`torch.jit.script_method` is deprecated", DeprecationWarning),
+    ("The ``noload`` loader strategy is deprecated", DeprecationWarning),  # MLflow's database tables, SQLAlchemy 2.1
 )
 
 

@@ -68,7 +68,7 @@ from studio.train.objectives.preference import REFERENCE_COLUMNS
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
-from studio.train.tracking.tensorboard import tracked_events
+from studio.train.tracking.writer import tracked_events
 
 log = logging.getLogger("studio.train")
 

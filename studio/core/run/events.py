@@ -1,7 +1,7 @@
 """The event protocol between the worker and everything that watches it.
 
 The worker appends one JSON object per line to ``events.jsonl`` in its run
-directory (and, through studio.train.tracking, the same figures to TensorBoard files); each has a ``type`` and a ``time`` (Unix seconds). The file is the
+directory (and, through studio.train.tracking, the same figures to TensorBoard files and the opt-in trackers); each has a ``type`` and a ``time`` (Unix seconds). The file is the
 truth: a viewer that starts late, or after a crash, rebuilds the whole history
 from it. Types and their main fields:
 

@@ -19,7 +19,8 @@ def value_words(path: str, value: Any) -> str:
     if path == "method":
         return METHOD_SPECS[value].label
     if path in CHOICE_WORDS:
-        return CHOICE_WORDS[path][value][0]
+        labels = [CHOICE_WORDS[path][item][0] for item in (value if isinstance(value, (list, tuple)) else [value])]
+        return ", ".join(labels) or "none"  # a list of choices: schedule.trackers
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, (list, tuple)):

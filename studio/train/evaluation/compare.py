@@ -27,7 +27,7 @@ from studio.train.data.prepare import IGNORE_INDEX, collate, encode, encode_prom
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import base_model, load_run_model
 from studio.train.objectives.next_token import token_loss_sum
-from studio.train.tracking.tensorboard import tracked_events
+from studio.train.tracking.writer import tracked_events
 
 ANSWER_BATCH = 8
 SPARE_NEW_TOKENS = 16  # generated beyond the longest reference of a batch, so a longer answer shows as longer
