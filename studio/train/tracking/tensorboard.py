@@ -13,7 +13,6 @@ from studio.core.config import RunConfig
 from studio.core.run.directory import RunDir
 from studio.train.tracking.figures import Tracker, sample_markdown
 
-FOLDER = "tensorboard"
 
 
 class TensorBoard(Tracker):
@@ -29,7 +28,7 @@ class TensorBoard(Tracker):
 
     @classmethod
     def open(cls, rd: RunDir, config: RunConfig, step: int = 0) -> TensorBoard:
-        return cls(rd.path / FOLDER, step)
+        return cls(rd.tensorboard_dir, step)
 
     @classmethod
     def install_hint(cls) -> str:

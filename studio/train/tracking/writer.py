@@ -20,7 +20,7 @@ from studio.core.run.directory import RunDir
 from studio.core.run.events import EventWriter, read_events, summarize
 from studio.train.tracking.bridges import BRIDGES, without_secrets
 from studio.train.tracking.figures import Tracker
-from studio.train.tracking.tensorboard import FOLDER, TensorBoard
+from studio.train.tracking.tensorboard import TensorBoard
 
 log = logging.getLogger("studio.train")
 TRACKERS: dict[str, type[Tracker]] = {TensorBoard.name: TensorBoard, **BRIDGES}
@@ -96,7 +96,7 @@ def replay(run_dir: Path, to: str = "tensorboard") -> str:
     rd = RunDir(run_dir)
     config = load_config(rd.config)
     if to == TensorBoard.name:
-        shutil.rmtree(rd.path / FOLDER, ignore_errors=True)
+        shutil.rmtree(rd.tensorboard_dir, ignore_errors=True)
     tracker = open_tracker(to, rd, config)
     try:
         for event in read_events(rd.events):
