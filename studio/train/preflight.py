@@ -18,7 +18,7 @@ from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import DatasetReport, inspect_files
-from studio.core.data.row_formats import DataError
+from studio.core.data.row_formats import objective_refusal
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config
@@ -52,9 +52,9 @@ def inspect_data(config: RunConfig) -> DataReports:
     reports = (inspect_files(data.train_files, config.row_format, keep=0),
                inspect_files(data.eval_files, config.row_format, keep=0) if data.eval_files else None)
     for files, report in zip((data.train_files, data.eval_files), reports):
-        if report is not None and report.format == "preference" and not config.learns_preferences:
-            raise DataError(Path(files[0]).name, "the rows are preference pairs (chosen and rejected): objective sft "
-                            "learns from responses", "set objective to dpo, orpo or simpo")
+        refusal = objective_refusal(report.format, config.learns_preferences, Path(files[0]).name) if report else None
+        if refusal is not None:
+            raise refusal
     return reports
 
 

@@ -215,6 +215,15 @@ def _plain_text(record: dict, location: str) -> Example:
     return Example("text", text=_text(record, "text", location), location=location)
 
 
+def objective_refusal(fmt: str, learns_preferences: bool, where: str) -> DataError | None:
+    """Why rows of ``fmt`` cannot train the run's objective (``where``: their file), or None: pairs are for the
+    preference objectives alone (those read every file as pairs, and refuse other rows by line)."""
+    if fmt == "preference" and not learns_preferences:
+        return DataError(where, "the rows are preference pairs (chosen and rejected): objective sft learns from "
+                         "responses", "set objective to dpo, orpo or simpo")
+    return None
+
+
 def _preference(record: dict, location: str) -> Example:
     """A preference pair; its prompt given, or implicit in what chosen and rejected share."""
     for key in ("chosen", "rejected"):

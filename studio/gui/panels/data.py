@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGro
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES, beyond_max_length_problems, beyond_max_length_warning
-from studio.core.data.row_formats import DataError
+from studio.core.data.row_formats import DataError, objective_refusal
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN, train_files_changes
 from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview, tokenizer_of
@@ -25,6 +25,7 @@ from studio.gui.widgets.histogram import LengthHistogram
 
 # The input fields whose change needs the files read again; max_length only moves the cut line.
 _PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt")
+_PREVIEW_SETTINGS = ("row_format", "learns_preferences")  # the objective's: pairs, or rows of a response
 
 
 class DataPanel(VerticalScroll):
@@ -153,7 +154,8 @@ class DataPanel(VerticalScroll):
         self.eval_fraction.setEnabled(not data.eval_files)
         self.eval_fraction.setToolTip("Rows of the held-out file(s) measure eval loss instead" if data.eval_files
                                       else self.eval_fraction.explain.text())
-        inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + (self.tokenizer,)
+        inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + tuple(getattr(config, key) for key in
+                                                                           _PREVIEW_SETTINGS) + (self.tokenizer,)
         if inputs != self._preview_inputs:
             self._preview_inputs = inputs
             self._start_preview(config)
@@ -170,12 +172,17 @@ class DataPanel(VerticalScroll):
             self.task.cancel()  # a preview of the files just removed must not arrive after this message
             self._show_error(StudioError("no training data", "add a data file or use the demo dataset"))
             return
-        tokenizer = self.tokenizer
+        tokenizer, row_format = self.tokenizer, config.row_format
         self.summary.setText(f"<span style='color:{MUTED}'>Reading {len(data.train_files)} file(s)…</span>")
-        self.task.submit(lambda: build_preview(data.train_files, data.format, data.template, tokenizer,
+        self.task.submit(lambda: build_preview(data.train_files, row_format, data.template, tokenizer,
                                                data.train_on_prompt))
 
     def _show_preview(self, preview: Preview) -> None:
+        config = self.store.config
+        refusal = objective_refusal(preview.format, config.learns_preferences, Path(config.data.train_files[0]).name)
+        if refusal is not None:  # what the worker would refuse at Start
+            self._show_error(refusal)
+            return
         self.preview = preview
         self._set_problems([])
         self.banner.hide()
@@ -260,12 +267,26 @@ def examples_html(preview: Preview) -> str:
         head += "</div>"
         if example.error:
             body = f"<div style='color:{BAD}'>{html.escape(example.error)}</div>"
+        elif example.rejected:
+            body = _pair_html(example)
         else:
-            body = "".join(_segment_html(text, trainable) for text, trainable in example.segments)
-            body = f"<div style='font-family:monospace; white-space:pre-wrap'>{body}</div>"
+            body = _sequence_html(example.segments)
         blocks.append(head + body)
     return "".join(f"<div style='margin-bottom:10px'>{block}</div>" for block in blocks) or \
         f"<p style='color:{MUTED}'>No rows.</p>"
+
+
+def _sequence_html(segments) -> str:
+    body = "".join(_segment_html(text, trainable) for text, trainable in segments)
+    return f"<div style='font-family:monospace; white-space:pre-wrap'>{body}</div>"
+
+
+def _pair_html(example) -> str:
+    """A preference pair: the chosen sequence beside the rejected one, each as the model reads it."""
+    cells = "".join(f"<td width='50%' valign='top'><div style='color:{MUTED}; font-size:11px'>{label}</div>"
+                    f"{_sequence_html(segments)}</td>"
+                    for label, segments in (("chosen ✓", example.segments), ("rejected ✗", example.rejected)))
+    return f"<table width='100%' cellspacing='4'><tr>{cells}</tr></table>"
 
 
 def _segment_html(text: str, trainable: bool) -> str:

@@ -1,4 +1,4 @@
-"""The techniques: method, LoRA, precision, memory savers, batch and length, optimizer, training length.
+"""The techniques: method, objective, LoRA, precision, memory savers, batch and length, optimizer, training length.
 
 Each control says in one line what it saves and what it costs; choices that
 core validation rejects in the current combination are disabled with the
@@ -30,10 +30,11 @@ class TechniquesPanel(SettingsColumn):
         self.savers: dict[str, ToggleControl] = {}  # the memory savers' switches, by their table's names
         self.method = RadioChoice(store, "method", METHODS, "Method")
         method_group = group_box("Method", self.method, self._quantization())
+        self.objective_group = self._objective_group()
         self.lora_group = self._lora_group()
         self.virtual_group = self._virtual_tokens_group()
         self.adalora_group = self._adalora_group()
-        for group in (method_group, self.lora_group, self.virtual_group, self.adalora_group, self._qat_group(),
+        for group in (method_group, self.objective_group, self.lora_group, self.virtual_group, self.adalora_group, self._qat_group(),
                       self._precision_group(), self._batch_group(), self._speed_group(), self._length_group()):
             self.column.addWidget(group)
         self.finish(self._refresh_groups)
@@ -55,6 +56,40 @@ class TechniquesPanel(SettingsColumn):
         for widget in (self.load_in, self.quant_type, self.double_quant, *self._saver_toggles(BASE_WEIGHTS_GROUP)):
             layout.addWidget(widget)
         return box
+
+    def _objective_group(self) -> QGroupBox:
+        """What training minimizes: the responses (SFT), or preference pairs with their few settings."""
+        store = self.store
+        self.objective = ChoiceControl(store, "objective", "Learn from")
+        self.beta = NumberControl(store, "preference.beta", "Beta", "DPO: how far the model may move from the "
+                                  "reference (higher: less). ORPO: the odds-ratio term's weight. SimPO: the margin's "
+                                  "scale.", 0.001, 100.0, decimals=3, step=0.05)
+        self.dpo_loss = ChoiceControl(store, "preference.dpo_loss", "DPO loss")
+        self.label_smoothing = NumberControl(store, "preference.label_smoothing", "Label smoothing", "The chance that "
+                                             "a pair's label is wrong (robust DPO, SimPO).", 0.0, 0.49, decimals=2,
+                                             step=0.05)
+        self.sft_weight = NumberControl(store, "preference.sft_weight", "SFT weight", "Also learn the chosen "
+                                        "responses by cross-entropy, with this weight (DPO, SimPO; ORPO always does).",
+                                        0.0, 100.0, decimals=2, step=0.1)
+        self.simpo_gamma = NumberControl(store, "preference.simpo_gamma", "Target margin", "SimPO: the margin of "
+                                         "average log-likelihoods the chosen response must win by.", 0.0, 100.0,
+                                         decimals=2, step=0.1)
+        self.reference = ChoiceControl(store, "preference.reference", "Reference")
+        return group_box("Objective", self.objective, self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight,
+                         self.simpo_gamma, self.reference)
+
+    def _show_objective_settings(self, config: RunConfig) -> None:
+        """Only the settings the objective reads; those its loss ignores stay shown, greyed, with the reason."""
+        objective, loss = config.objective, config.preference.dpo_loss
+        shown = {"dpo": (self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight, self.reference),
+                 "orpo": (self.beta,), "simpo": (self.beta, self.label_smoothing, self.sft_weight, self.simpo_gamma)}
+        visible = shown.get(objective, ())
+        for control in (self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight, self.simpo_gamma,
+                        self.reference):
+            control.setVisible(control in visible)
+        smoothing = objective == "simpo" or loss == "robust"
+        self.label_smoothing.setEnabled(smoothing)
+        self.label_smoothing.setToolTip("" if smoothing else "Only robust DPO and SimPO smooth their labels.")
 
     def _lora_group(self) -> QGroupBox:
         store = self.store
@@ -156,6 +191,7 @@ class TechniquesPanel(SettingsColumn):
 
     def _refresh_groups(self, config: RunConfig) -> None:
         """Sections that do not apply to the current method are disabled, and say why."""
+        self._show_objective_settings(config)
         spec = config.method_spec
         adapts_linears = spec.adapts_linears
         for control in (self.rank, self.alpha, self.dropout, self.targets, self.rslora, self.dora):

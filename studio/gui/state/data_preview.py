@@ -64,9 +64,10 @@ def tokenizer_of(summary: ModelSummary | None) -> TokenizerInfo:
 @dataclass(frozen=True)
 class RenderedExample:
     location: str
-    segments: tuple[Segment, ...]
-    tokens: int | None  # None when there is no tokenizer (length in characters then)
+    segments: tuple[Segment, ...]  # a preference pair's: the chosen sequence
+    tokens: int | None  # None when there is no tokenizer (length in characters then); a pair's: its longer sequence
     error: str = ""
+    rejected: tuple[Segment, ...] = ()  # a preference pair's rejected sequence, beside the chosen one
 
 
 @dataclass(frozen=True)
@@ -102,20 +103,24 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
     """
     report = inspect_files(files, fmt, keep=LENGTH_SAMPLE)
     encoder = _load_encoder(tokenizer)
-    resolved = resolve_template(template, tokenizer) if report.format in ("instruction", "chat") else "none"
+    resolved = resolve_template(template, tokenizer) if _templated(report.format) else "none"
     rendered, lengths, locations, starts = [], [], [], []
     for index, example in enumerate(report.examples):
         try:
-            segments, length, start = _measure(example, resolved, tokenizer, train_on_prompt, encoder)
+            sequences = [_measure(segments, tokenizer, train_on_prompt, encoder)
+                         for segments in sequences_of(example, resolved, tokenizer, train_on_prompt)]
         except DataError as exc:
             if index < PREVIEW_EXAMPLES:
                 rendered.append(RenderedExample(example.location, (), None, str(exc)))
             continue
+        length, start = max(length for _, length, _ in sequences), min(start for _, _, start in sequences)
         lengths.append(length)
         locations.append(example.location)
         starts.append(start)
         if index < PREVIEW_EXAMPLES:
-            rendered.append(RenderedExample(example.location, tuple(segments), length if encoder else None))
+            shown = [tuple(segments) for segments, _, _ in sequences]
+            rendered.append(RenderedExample(example.location, shown[0], length if encoder else None,
+                                            rejected=shown[1] if len(shown) > 1 else ()))
     np = _numpy()
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
                    np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
@@ -133,7 +138,7 @@ def rows_beyond(files: Sequence[str], fmt: str, template: str, tokenizer: Tokeni
     encoder = _load_encoder(tokenizer)
     if encoder is None:
         return None
-    resolved = resolve_template(template, tokenizer) if fmt in ("instruction", "chat") else "none"
+    resolved = resolve_template(template, tokenizer) if _templated(fmt) else "none"
     beyond, rows = [], 0
     for example in iter_examples(files, fmt):
         rows += 1
@@ -151,11 +156,35 @@ def _may_reach(texts: Sequence[str], tokens: int) -> bool:
     return sum(len(text.encode()) + 1 for text in texts) >= tokens
 
 
-def _measure(example: Example, template: str, tokenizer: TokenizerInfo, train_on_prompt: bool,
+def _templated(fmt: str) -> bool:
+    """Whether rows of this format go through a chat template (preference pairs: their conversational ones)."""
+    return fmt in ("instruction", "chat", "preference")
+
+
+def sequences_of(example: Example, template: str, tokenizer: TokenizerInfo,
+                 train_on_prompt: bool = False) -> list[list[Segment]]:
+    """What the model reads of a row, as (text, trainable) segments: one sequence, or a pair's chosen and rejected
+    ones (its prompt masked, every token after it learned, as studio.train.data.prepare.encode_pair learns them)."""
+    if example.kind != "preference":
+        return [render_example(example, template, tokenizer, train_on_prompt)]
+    if not example.conversational:
+        eos = tokenizer.eos
+        return [[(example.prompt, False), (response if response.endswith(eos) else response + eos, True)]
+                for response in (example.chosen, example.rejected)]
+    asked = render_example(Example("chat", messages=example.messages + example.chosen[:1]), template, tokenizer)
+    prompt = "".join(text for text, _ in templates.prompt_segments(asked))
+    pair = []
+    for response in (example.chosen, example.rejected):
+        whole = "".join(text for text, _ in render_example(Example("chat", messages=example.messages + response),
+                                                           template, tokenizer))
+        pair.append([(prompt, False), (whole[len(prompt):], True)] if whole.startswith(prompt) else [(whole, True)])
+    return [[segment for segment in segments if segment[0]] for segments in pair]
+
+
+def _measure(segments: list[Segment], tokenizer: TokenizerInfo, train_on_prompt: bool,
              encoder: _Encoder | None) -> tuple[list[Segment], int, int]:
-    """The example's segments as the worker sees them, its length (tokens; characters without an encoder)
+    """A sequence's segments as the worker sees them, its length (tokens; characters without an encoder)
     and the tokens before its first learned one (0 without an encoder)."""
-    segments = render_example(example, template, tokenizer, train_on_prompt)
     if encoder is None:
         return segments, sum(len(text) for text, _ in segments), 0
     segments = _with_bos(segments, encoder, tokenizer, train_on_prompt)

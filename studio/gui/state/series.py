@@ -4,7 +4,8 @@ Buffers are preallocated and double when full, so appending a point is O(1)
 amortized and a chart redraw hands pyqtgraph views, never copies of lists.
 ``RunSeries`` turns ``step`` and ``eval`` events into the series the charts
 show, and ``samples`` events into each sample prompt's answers over the steps
-(the Samples tab) and the pauses they cost training (the throughput chart); a resumed run whose ``run_started`` says it restarts at step k drops
+(the Samples tab) and the pauses they cost training (the throughput chart); a preference run's reward margin
+and accuracy go beside the loss; a resumed run whose ``run_started`` says it restarts at step k drops
 any points after k (the steps a crash lost are trained again).
 """
 
@@ -19,6 +20,7 @@ from studio.core.sizes import GIB
 if TYPE_CHECKING:
     import numpy as np
 
+MARGIN, ACCURACY = "rewards/margins", "rewards/accuracies"  # a preference run's step metrics, as TRL names them
 SMOOTHING = 0.8  # weight of the loss's exponential moving average (debiased, as TensorBoard does); lags ~5 steps
 
 
@@ -209,6 +211,10 @@ class RunSeries:
         self.started = False  # a run_started event was seen (the model is loaded)
         self.samples = SampleHistory()  # the Samples tab's answers, from the same events
         self.sample_pauses = Series()  # (step, seconds) the worker stopped training to answer the sample prompts
+        # a preference run's reward margin and accuracy (TRL's rewards/margins, rewards/accuracies), on training
+        # and held-out pairs
+        self.margin, self.accuracy = Series(), Series()
+        self.eval_margin, self.eval_accuracy = Series(), Series()
 
     @classmethod
     def from_events(cls, events: list[dict[str, Any]], name: str = "") -> "RunSeries":
@@ -225,9 +231,18 @@ class RunSeries:
     def version(self) -> int:
         return sum(s.version for s in self.all_series()) + (self.estimate_bytes or 0)
 
+    @property
+    def preference_series(self) -> tuple[Series, ...]:
+        return self.margin, self.accuracy, self.eval_margin, self.eval_accuracy
+
+    @property
+    def learns_preferences(self) -> bool:
+        """Whether the run's steps say how its rewards separate chosen from rejected (a preference objective)."""
+        return len(self.margin) > 0
+
     def all_series(self) -> list[Series]:
         found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s, self.tokens_per_s_smoothed,
-                 self.sample_pauses]
+                 self.sample_pauses, *self.preference_series]
         return found + [s for trace in self.memory.values() for s in trace.series.values()]
 
     def add(self, event: dict[str, Any]) -> bool:
@@ -245,6 +260,9 @@ class RunSeries:
             return True
         if kind == "eval" and _finite(event.get("eval_loss")):
             self.eval_loss.append(event["step"], event["eval_loss"])
+            for key, series in ((f"eval_{MARGIN}", self.eval_margin), (f"eval_{ACCURACY}", self.eval_accuracy)):
+                if _finite(event.get(key)):
+                    series.append(event["step"], float(event[key]))
             return True
         if kind == "estimate":  # the worker's prediction, drawn as a dashed line on GPU memory charts
             devices = [d for d in event.get("devices") or () if d.get("device") != "host" and d.get("total_bytes")]
@@ -258,7 +276,8 @@ class RunSeries:
         step = event.get("step")
         if step is None:
             return False
-        for key, series in (("loss", self._loss), ("lr", self.lr), ("tokens_per_s", self._tokens_per_s)):
+        for key, series in (("loss", self._loss), ("lr", self.lr), ("tokens_per_s", self._tokens_per_s),
+                            (MARGIN, self.margin), (ACCURACY, self.accuracy)):
             if _finite(event.get(key)):
                 series.append(step, float(event[key]))
         for entry in event.get("memory") or ():
@@ -284,7 +303,7 @@ class RunSeries:
         """A (resumed) run starts at ``step``: points after it belong to a lost attempt."""
         for smoothed in (self._loss, self._tokens_per_s):
             smoothed.truncate_after(step)
-        for series in (self.eval_loss, self.lr, self.sample_pauses,
+        for series in (self.eval_loss, self.lr, self.sample_pauses, *self.preference_series,
                        *(s for t in self.memory.values() for s in t.series.values())):
             series.truncate_after(step)
 

@@ -86,8 +86,12 @@ class ChartCard(QWidget):
             self.stack.addWidget(self._plot)
         return self._plot
 
-    def set_title(self, title: str) -> None:
+    def set_title(self, title: str, y_label: str | None = None) -> None:
         self.title.setText(f"<b>{title}</b>")
+        if y_label is not None and y_label != self.y_label:
+            self.y_label = y_label
+            if self._plot is not None:
+                self._plot.getPlotItem().setLabel("left", y_label)
 
     def show_placeholder(self, text: str) -> None:
         self.placeholder.setText(text)
@@ -179,6 +183,7 @@ class ChartsPanel(QWidget):
         for card in self.cards:
             card.clear()
         self.memory.set_title("Memory")  # until the first step says GPU or CPU
+        self.lr.set_title("Learning rate", "lr")  # until a first step shows preference metrics
         self.redraw()
 
     def set_waiting_text(self, text: str) -> None:
@@ -212,7 +217,10 @@ class ChartsPanel(QWidget):
         if len(run.eval_loss):
             self._update(index, "eval", run.eval_loss,
                          self.loss.curve(f"{index}.eval", f"{prefix}eval loss", palette.eval, symbol="o"))
-        self._update(index, "lr", run.lr, self.lr.curve(f"{index}.lr", f"{prefix}learning rate", palette.main))
+        if self.runs[0].learns_preferences:
+            self._draw_preference(index, run, palette, prefix)
+        else:
+            self._update(index, "lr", run.lr, self.lr.curve(f"{index}.lr", f"{prefix}learning rate", palette.main))
         self._update(index, "tps", run.tokens_per_s, self.throughput.curve(f"{index}.tps", None if prefix else "tokens/s",
                                                                       palette.raw))
         self._update(index, "tps_smooth", run.tokens_per_s_smoothed,
@@ -220,6 +228,21 @@ class ChartsPanel(QWidget):
         if index == 0:
             self._draw_sample_pauses(run)
         self._draw_memory(index, run, palette, prefix)
+
+    def _draw_preference(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
+        """Beside the loss, instead of the learning rate: how far the rewards put chosen above rejected, and how
+        often (TRL's rewards/margins and rewards/accuracies), on the training pairs and the held-out ones."""
+        if index == 0:
+            self.lr.set_title("Preference: reward margin and accuracy (0 to 1)", "margin · accuracy")
+        card = self.lr
+        self._update(index, "margin", run.margin, card.curve(f"{index}.margin", f"{prefix}margin", palette.main, 2))
+        self._update(index, "accuracy", run.accuracy, card.curve(f"{index}.accuracy", f"{prefix}accuracy",
+                                                                 palette.other, style=Qt.PenStyle.DashLine))
+        for key, series, name, symbol in (("eval_margin", run.eval_margin, "held-out margin", "o"),
+                                          ("eval_accuracy", run.eval_accuracy, "held-out accuracy", "t")):
+            if len(series):
+                self._update(index, key, series, card.curve(f"{index}.{key}", f"{prefix}{name}", palette.eval,
+                                                            symbol=symbol))
 
     def _draw_sample_pauses(self, run: RunSeries) -> None:
         """A dotted line where training paused to answer the sample prompts; the title says what they cost (tokens/s
