@@ -24,6 +24,9 @@ def _add_demo(commands) -> None:
                             description="Fine-tune the embedded tiny model with LoRA on a task it fails, "
                                         "report held-out accuracy before and after, and export the adapter. No network or GPU needed.")
     p.add_argument("--run-dir", type=Path, help="where the run goes")
+    p.add_argument("--objective", choices=("sft", "dpo"), default="sft",
+                   help="sft (default): learn to answer; dpo: learn to prefer a style of answer from preference pairs, "
+                        "reporting the preference accuracy on held-out pairs before and after")
     p.set_defaults(handler=_demo)
 
 
@@ -139,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args) -> int:
     from studio.train.demo import run_demo
 
-    return run_demo(args.run_dir)
+    return run_demo(args.run_dir, args.objective)
 
 
 def _export(args) -> int:
