@@ -66,8 +66,9 @@ def _add_eval(commands) -> None:
     p = commands.add_parser("eval", help="compare the base and the fine-tuned model on held-out rows",
                             description="Score the run's base model and its newest checkpoint on held-out rows: loss "
                             "and perplexity over completion tokens, and for rows with a reference answer exact match, "
-                            "contains and token F1 of greedy answers. Writes RUN_DIR/evaluation.json (every row, "
-                            "worst first) and an event the model card shows.")
+                            "contains and token F1 of greedy answers; for a preference run, held-out pairs ranked as "
+                            "its objective ranks them: the preference accuracy and the mean margin. Writes "
+                            "RUN_DIR/evaluation.json (every row, worst first) and an event the model card shows.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--data", nargs="+", metavar="FILE", help="rows to evaluate on (default: the run's eval_files, "
                    "else the rows its eval_fraction held out)")
