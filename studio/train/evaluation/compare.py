@@ -2,9 +2,10 @@
 
 For each row, both models' loss over its completion tokens (rendered and cut exactly as in training) and,
 where the row has a reference answer, their greedy answers scored by exact match, contains and token F1
-(studio.core.run.evaluation). A run of a preference objective is scored on pairs instead: both models'
+(studio.core.run.evaluation). A run of a preference objective is scored on pairs: both models'
 log-probabilities of each pair's chosen and rejected responses (tokenized as training tokenizes pairs), ranked as the
-objective ranks them (``Preference.ranked``), and the chosen response's loss. The rows are the run's held-out ones (data.eval_files, else the rows its
+objective ranks them (``Preference.ranked``), the chosen response's loss, and the greedy answer to the pair's
+prompt scored against the chosen response. The rows are the run's held-out ones (data.eval_files, else the rows its
 eval_fraction held out) or files the user names. Nothing is written until both models are done: a cancelled
 or failed evaluation leaves the run as it was.
 """
