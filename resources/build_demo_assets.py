@@ -3,8 +3,9 @@
     python resources/build_demo_assets.py      # about 3 minutes on 2 CPU cores
 
 writes ``resources/models/studio-tiny/`` (a ~1 M parameter Llama with its own
-byte-level BPE tokenizer and a ChatML chat template) and the demo task in every
-dataset format under ``resources/datasets/``.
+byte-level BPE tokenizer and a ChatML chat template), the demo task in every
+dataset format under ``resources/datasets/`` and the preference demo's pairs
+(``build_preference_pairs.py``).
 
 The story the demo tells: the model learns facts during pretraining ("a plum is a
 kind of fruit .") but has never been asked a question. The demo fine-tune teaches
@@ -195,6 +196,9 @@ def main() -> None:
     model.save_pretrained(MODEL_DIR, safe_serialization=True)
     tokenizer.save_pretrained(MODEL_DIR)
     write_datasets(train_words, held_out_words, corpus)
+    import build_preference_pairs  # beside this file (it imports this one: so here, once this one is loaded)
+
+    build_preference_pairs.main()  # the preference demo's pairs of the same words
     print(f"wrote {MODEL_DIR} ({sum(p.numel() for p in model.parameters()):,} parameters) and {DATA_DIR}")
 
 

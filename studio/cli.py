@@ -24,6 +24,9 @@ def _add_demo(commands) -> None:
                             description="Fine-tune the embedded tiny model with LoRA on a task it fails, "
                                         "report held-out accuracy before and after, and export the adapter. No network or GPU needed.")
     p.add_argument("--run-dir", type=Path, help="where the run goes")
+    p.add_argument("--objective", choices=("sft", "dpo"), default="sft",
+                   help="sft (default): learn to answer; dpo: learn to prefer a style of answer from preference pairs, "
+                        "reporting the preference accuracy on held-out pairs before and after")
     p.set_defaults(handler=_demo)
 
 
@@ -63,8 +66,9 @@ def _add_eval(commands) -> None:
     p = commands.add_parser("eval", help="compare the base and the fine-tuned model on held-out rows",
                             description="Score the run's base model and its newest checkpoint on held-out rows: loss "
                             "and perplexity over completion tokens, and for rows with a reference answer exact match, "
-                            "contains and token F1 of greedy answers. Writes RUN_DIR/evaluation.json (every row, "
-                            "worst first) and an event the model card shows.")
+                            "contains and token F1 of greedy answers; for a preference run, held-out pairs ranked as "
+                            "its objective ranks them: the preference accuracy and the mean margin. Writes "
+                            "RUN_DIR/evaluation.json (every row, worst first) and an event the model card shows.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--data", nargs="+", metavar="FILE", help="rows to evaluate on (default: the run's eval_files, "
                    "else the rows its eval_fraction held out)")
@@ -147,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args) -> int:
     from studio.train.demo import run_demo
 
-    return run_demo(args.run_dir)
+    return run_demo(args.run_dir, args.objective)
 
 
 def _export(args) -> int:

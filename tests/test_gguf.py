@@ -6,12 +6,13 @@ import json
 
 import pytest
 
+from conftest import first_lines
 from helpers import quick_config
 from model_factory import FAMILIES, make_tiny_model
 from studio.cli import main
 from studio.core.errors import StudioError
 from studio.core.export.gguf import MIN_AGREEMENT
-from studio.core.presets import DEMO_TRAIN
+from studio.core.presets import DEMO_TRAIN, PREFERENCE_TRAIN
 from studio.core.run.commands import EXIT_OK, read_export_record
 from studio.train.export import gguf as gguf_export
 from studio.train.export.gguf import export_gguf
@@ -77,6 +78,21 @@ def test_f16_and_q8_0_are_converted_by_llama_cpp_and_verified(llama_run, capsys)
     assert 'PARAMETER stop "<|im_end|>"' in modelfile and "<|im_start|>assistant\n" in modelfile
     card = (out / "README.md").read_text()
     assert "library_name: gguf" in card and "ollama create" in card and record["files"]["f16"]["file"] in card
+
+
+def test_a_dpo_run_is_converted_and_verified_on_its_chosen_answers(tmp_path_factory, capsys):
+    model = sentencepiece_llama(tmp_path_factory.mktemp("model") / "dpo-llama")
+    pairs = first_lines(PREFERENCE_TRAIN, 16, tmp_path_factory.mktemp("data") / "pairs.jsonl")
+    config = quick_config(pairs, model={"name_or_path": str(model)}, objective="dpo",
+                          training={"max_steps": 4, "learning_rate": 1e-2})
+    code, run_dir = run(config, tmp_path_factory.mktemp("dpo") / "run", watch_stdin=False)
+    assert code == EXIT_OK
+    assert main(["export", str(run_dir.path), "--gguf", "--quant", "f16"]) == EXIT_OK
+    out = run_dir.exports_dir / "gguf"
+    check = read_export_record(out)["files"]["f16"]["verification"]
+    assert check["passed"] and check["top1_agreement"] >= MIN_AGREEMENT["f16"]
+    assert "objective `dpo`" in (out / "README.md").read_text()
+    assert f"exported GGUF to {out}" in capsys.readouterr().out
 
 
 def test_check_says_a_gguf_can_be_made_before_any_work(llama_run, capsys):

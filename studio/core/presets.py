@@ -1,4 +1,4 @@
-"""Ready-made run configs: the embedded demo that works offline on any machine."""
+"""Ready-made run configs: the embedded demos (answering, and preferring a style) that work offline on any machine."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ DEMO_MODEL = RESOURCES / "models" / "studio-tiny"
 DEMO_DATASETS = RESOURCES / "datasets"
 DEMO_TRAIN = DEMO_DATASETS / "categories_instruction.jsonl"
 DEMO_HELDOUT = DEMO_DATASETS / "categories_heldout.jsonl"
+PREFERENCE_TRAIN = DEMO_DATASETS / "preference_train.jsonl"
+PREFERENCE_HELDOUT = DEMO_DATASETS / "preference_heldout.jsonl"
 
 
 # The data choices the demo model keeps when it is picked for data of the user's own (with its held-out rows go
@@ -28,6 +30,18 @@ def demo_config() -> RunConfig:
                   "max_steps": 60, "learning_rate": 3e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05},
         schedule={"log_every": 1, "save_every": 20, "sample_every": 20},
     )
+
+
+def preference_demo_config() -> RunConfig:
+    """DPO with LoRA on the embedded tiny Llama: teaches it to prefer one phrasing of the facts it knows ("a plum is
+    a kind of fruit .") to the other ("a plum is a fruit ."), both right and both in its pretraining
+    (resources/build_preference_pairs.py); held-out pairs of words it was never shown measure the preference."""
+    return demo_config().replace(
+        name="preference-demo", objective="dpo",
+        data={"train_files": (str(PREFERENCE_TRAIN),), "eval_files": (str(PREFERENCE_HELDOUT),)},
+        # 15 steps: every held-out pair learned and answered so; beyond 20 the likelihood of the shared end
+        # " ." + eos falls with the rejected answers' (DPO lowers both responses), and answers run on
+        training={"max_steps": 15}, preference={"beta": 0.1}, schedule={"save_every": 0, "sample_every": 5})
 
 
 def with_demo_model(config: RunConfig) -> RunConfig:

@@ -4,6 +4,10 @@ The base model was pretrained on plain facts ("a plum is a kind of fruit .") but
 never been asked a question (resources/build_demo_assets.py). The demo trains an
 adapter like any other run, evaluates the base and the tuned model on held-out
 questions ("What kind of thing is a guava?", `studio eval`) and exports the adapter.
+
+``studio demo --objective dpo`` teaches a preference instead: DPO on pairs of two phrasings of a fact the base knows
+("a guava is a" + " kind of fruit ." chosen, + " fruit ." rejected; resources/build_preference_pairs.py), measured
+by the preference accuracy on held-out pairs and the greedy answers to their prompts, base vs tuned.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from studio.core.presets import demo_config
+from studio.core.presets import demo_config, preference_demo_config
 from studio.core.run.commands import EXIT_OK
 from studio.core.run.evaluation import comparison_lines
 from studio.train.evaluation.compare import evaluate_run
@@ -21,15 +25,23 @@ from studio.train.worker import run
 log = logging.getLogger("studio.train")
 
 
-def run_demo(run_dir: Path | None = None) -> int:
-    """Train, measure and export the demo; returns the exit code."""
-    config = demo_config()
-    print("Finetune Studio demo: teach the embedded tiny model to answer questions about what it knows (LoRA)")
+DEMOS = {  # objective: (its config, what it teaches)
+    "sft": (demo_config, "teach the embedded tiny model to answer questions about what it knows (LoRA)"),
+    "dpo": (preference_demo_config, 'teach the embedded tiny model to prefer saying "a plum is a kind of fruit" '
+                                    'to "a plum is a fruit" (DPO, LoRA)'),
+}
+
+
+def run_demo(run_dir: Path | None = None, objective: str = "sft") -> int:
+    """Train, measure and export the demo of ``objective`` (a key of DEMOS); returns the exit code."""
+    make_config, teaches = DEMOS[objective]
+    config = make_config()
+    print(f"Finetune Studio demo: {teaches}")
     code, rd = run(config, run_dir, watch_stdin=False)
     if code != EXIT_OK or rd.latest_checkpoint() is None:
         print(f"training did not finish; see {rd.log}")
         return code or 1
-    print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions
+    print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions or pairs
     export_run(rd.path, "adapter")  # logs where it went and how it verified
     print(f"run directory: {rd.path}")
     return 0

@@ -76,6 +76,13 @@ class Example:
         """Whether a preference row's responses are turns (rendered through the chat template), not text."""
         return isinstance(self.chosen, tuple)
 
+    def chosen_row(self) -> "Example":
+        """A preference pair as the response row of its chosen answer (chat, or prompt_completion for plain text):
+        what is rendered, prompted and shown of a pair where one response is wanted."""
+        if self.conversational:
+            return Example("chat", messages=self.messages + self.chosen, location=self.location)
+        return Example("prompt_completion", prompt=self.prompt, completion=self.chosen, location=self.location)
+
 
 def detect_format(record: dict) -> str | None:
     """The row format the record's fields point to, or None when they fit none."""

@@ -13,10 +13,11 @@ from typing import Any
 
 import yaml
 
+from studio.core.choices import OBJECTIVE_WORDS
 from studio.core.config import RunConfig
 from studio.core.data.hub import hub_dataset_id
 from studio.core.methods import RANK
-from studio.core.run.evaluation import benchmark_rows, comparison_rows
+from studio.core.run.evaluation import benchmark_rows, comparison_rows, held_out_words
 from studio.core.sizes import format_bytes
 
 CARD_FILE = "README.md"
@@ -90,7 +91,7 @@ def _metadata(config: RunConfig, kind: str, license_: str) -> str:
         meta["license"] = license_
     meta["library_name"] = {"adapter": "peft", "gguf": "gguf"}.get(kind, "transformers")
     meta["pipeline_tag"] = "text-generation"
-    meta["tags"] = ["finetune-studio", config.method] + (["gguf"] if kind == "gguf" else []) + (["base_model:adapter:" + base] if adapter and is_hub_id(base) else [])
+    meta["tags"] = ["finetune-studio", config.method] + ([config.objective] if config.learns_preferences else []) + (["gguf"] if kind == "gguf" else []) + (["base_model:adapter:" + base] if adapter and is_hub_id(base) else [])
     datasets = [hub_dataset_id(name) for name in config.data.train_files + config.data.eval_files]
     if any(datasets):
         meta["datasets"] = sorted({name for name in datasets if name})
@@ -103,9 +104,10 @@ def _summary(config: RunConfig, record: dict[str, Any]) -> str:
         record["kind"], "A merged model")
     details = (record.get("form", "") if record["kind"] == "gguf" else f"{record.get('dtype')} weights"
                + (f"; {record.get('form')}" if config.qat.enabled else ""))
+    taught = f", objective `{config.objective}` (learning from preference pairs)" if config.learns_preferences else ""
     return (f"{what} ({details}) fine-tuned with "
             f"Finetune Studio from `{config.model.name_or_path}`{revision} by method `{config.method}` "
-            f"({config.method_spec.label}).")
+            f"({config.method_spec.label}){taught}.")
 
 
 def _table(rows: list[tuple[str, Any]], head: tuple[str, str] = ("setting", "value")) -> str:
@@ -115,7 +117,7 @@ def _table(rows: list[tuple[str, Any]], head: tuple[str, str] = ("setting", "val
 
 def _training(config: RunConfig, events: list[dict[str, Any]]) -> str:
     training = config.training
-    rows: list[tuple[str, Any]] = [("method", config.method)]
+    rows: list[tuple[str, Any]] = [("objective", objective_words(config)), ("method", config.method)]
     if RANK in config.method_spec.settings:
         lora = config.lora
         rows += [("LoRA rank / alpha / dropout", f"{lora.r} / {lora.alpha:g} / {lora.dropout:g}"),
@@ -131,6 +133,17 @@ def _training(config: RunConfig, events: list[dict[str, Any]]) -> str:
         rows += [("planned steps", started.get("total_steps")),
                  ("trainable parameters", f"{started.get('trainable_params', 0):,} of {started.get('total_params', 0):,}")]
     return "## Training\n\n" + _table(rows)
+
+
+def objective_words(config: RunConfig) -> str:
+    """The objective by its label, with the settings it trained with: "DPO (sigmoid loss, beta 0.1, ...)"."""
+    settings = config.preference
+    cross_entropy = f", chosen cross-entropy weight {settings.sft_weight:g}" if settings.sft_weight else ""
+    details = {"dpo": f"{settings.dpo_loss} loss, beta {settings.beta:g}, reference {settings.reference}{cross_entropy}",
+               "simpo": f"beta {settings.beta:g}, gamma {settings.simpo_gamma:g}{cross_entropy}",
+               "orpo": f"odds-ratio weight (beta) {settings.beta:g}"}.get(config.objective)
+    label = OBJECTIVE_WORDS.get(config.objective, (config.objective,))[0]
+    return f"{label} ({details})" if details else label
 
 
 def _data(config: RunConfig, events: list[dict[str, Any]]) -> str:
@@ -152,6 +165,8 @@ def _results(events: list[dict[str, Any]]) -> str:
         rows.append(("final train loss", f"{step['loss']:.4f}"))
     if evaluation:
         rows.append(("final eval loss", f"{evaluation['eval_loss']:.4f} (step {evaluation['step']})"))
+    if evaluation and "eval_rewards/accuracies" in evaluation:  # a preference objective's held-out pairs
+        rows.append(("final eval reward accuracy", f"{evaluation['eval_rewards/accuracies']:.1%}"))
     return "## Results\n\n" + _table(rows, ("", ""))
 
 
@@ -163,7 +178,7 @@ def _evaluation(events: list[dict[str, Any]]) -> str:
     lines = ["| measure | base | fine-tuned |", "|---|---|---|"]
     lines += [f"| {label} | {base} | {tuned} |" for label, base, tuned in comparison_rows(found)]
     where = ", ".join(f"`{Path(name).name}`" for name in found["data"])
-    return (f"## Evaluation\n\nOn {found['tuned']['rows']} held-out rows ({where}), checkpoint "
+    return (f"## Evaluation\n\nOn {held_out_words(found['tuned'])} ({where}), checkpoint "
             f"`{found['checkpoint']}`:\n\n" + "\n".join(lines))
 
 

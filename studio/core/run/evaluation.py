@@ -3,6 +3,10 @@
 `studio eval` (studio.train.evaluation.compare) writes ``RUN/evaluation.json``: a summary per model
 ("base", "tuned") and one entry per held-out row, worst first; the summary also goes to the run's events
 (type "evaluation"), so the model card and the window show it. Pure Python: the window reads it too.
+
+A held-out row is a response to score, or (a run of a preference objective) a preference pair: both models'
+log-probabilities of its chosen and rejected responses, ranked as the objective ranks them, their difference the
+pair's margin; the preference accuracy is the fraction of pairs where the chosen response ranks higher.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def answer_scores(answer: str, reference: str) -> dict[str, float]:
 
 
 def summary(rows: Iterable[dict[str, Any]], model: str) -> dict[str, Any]:
-    """One model's figures over the rows: loss and perplexity over completion tokens, mean answer scores."""
+    """One model's figures over the rows: loss and perplexity over completion tokens (a pair's: its chosen
+    response's), mean answer scores, and over preference pairs the preference accuracy and the mean margin."""
     rows = list(rows)
     tokens = sum(row["tokens"] for row in rows)
     loss = sum(row[model]["loss_sum"] for row in rows) / tokens if tokens else None
@@ -52,14 +57,19 @@ def summary(rows: Iterable[dict[str, Any]], model: str) -> dict[str, Any]:
     for name in ANSWER_SCORES:
         result[name] = sum(scores[name] for scores in answered) / len(answered) if answered else None
     result["answered"] = len(answered)
+    ranked = [row[model]["margin"] for row in rows if "margin" in row[model]]
+    result["pairs"] = len(ranked)
+    result["preference_accuracy"] = sum(margin > 0 for margin in ranked) / len(ranked) if ranked else None
+    result["margin"] = sum(ranked) / len(ranked) if ranked else None
     return result
 
 
 def worst_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tuned model's weakest rows first: lowest F1 (where there is an answer), then highest loss per token."""
-    def badness(row: dict[str, Any]) -> tuple[float, float]:
+    """The tuned model's weakest rows first: lowest margin (of a pair), lowest F1 (where there is an answer), then
+    highest loss per token."""
+    def badness(row: dict[str, Any]) -> tuple[float, float, float]:
         tuned = row["tuned"]
-        return (tuned.get("f1", 1.0), -tuned["loss_sum"] / max(row["tokens"], 1))
+        return (tuned.get("margin", 0.0), tuned.get("f1", 1.0), -tuned["loss_sum"] / max(row["tokens"], 1))
     return sorted(rows, key=badness)
 
 
@@ -78,23 +88,38 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[tuple[str, str
     def number(value):
         return "-" if value is None else f"{value:.4g}"
 
-    measures = [("loss (completion tokens)", "loss", number), ("perplexity", "perplexity", number)]
+    pairs = summaries["tuned"].get("pairs")
+    measures = [("loss (chosen responses)" if pairs else "loss (completion tokens)", "loss", number),
+                ("perplexity", "perplexity", number)]
     if summaries["tuned"].get("answered"):
         measures += [("exact match", "exact_match", percent), ("contains the reference", "contains", percent),
                      ("token F1", "f1", percent)]
+    if pairs:
+        measures += [("preference accuracy", "preference_accuracy", percent), ("mean margin (log-prob)", "margin", number)]
     return [(label, shown(summaries["base"][key]), shown(summaries["tuned"][key])) for label, key, shown in measures]
 
 
 def comparison_lines(result: dict[str, Any], run_dir: Path) -> list[str]:
-    """What `studio eval` prints: the rows and tokens, the two models side by side, the weakest answers."""
+    """What `studio eval` prints: the rows and tokens, the two models side by side, the weakest answers (or the
+    pairs whose rejected response the tuned model ranks higher)."""
     tuned = result["summary"]["tuned"]
-    lines = [f"{tuned['rows']} held-out rows, {tuned['tokens']} completion tokens; checkpoint {result['checkpoint']}",
-             f"{'':26}{'base':>12}{'fine-tuned':>12}"]
+    lines = [f"{held_out_words(tuned)}; checkpoint {result['checkpoint']}", f"{'':26}{'base':>12}{'fine-tuned':>12}"]
     lines += [f"{label:26}{base:>12}{tuned_value:>12}" for label, base, tuned_value in comparison_rows(result["summary"])]
-    for row in [row for row in result["rows"][:3] if row["tuned"].get("f1", 1.0) < 1.0]:
-        lines.append(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned']['answer'][:60]!r}")
+    for row in result["rows"][:3]:
+        if row["tuned"].get("margin", 1.0) <= 0:
+            lines.append(f"weakest: {row['location']}: ranks the rejected {row['rejected'][:60]!r} above the chosen "
+                         f"{row['reference'][:60]!r} (margin {row['tuned']['margin']:.3g})")
+        elif row["tuned"].get("f1", 1.0) < 1.0:
+            lines.append(f"weakest: {row['location']}: wanted {row['reference'][:60]!r}, got {row['tuned']['answer'][:60]!r}")
     lines.append(f"every row: {Path(run_dir) / EVALUATION_FILE}")
     return lines
+
+
+def held_out_words(figures: dict[str, Any]) -> str:
+    """"80 held-out pairs, 640 chosen-response tokens": what a model's summary was measured on."""
+    if figures.get("pairs"):
+        return f"{figures['rows']} held-out pairs, {figures['tokens']} chosen-response tokens"
+    return f"{figures['rows']} held-out rows, {figures['tokens']} completion tokens"
 
 
 def progress_line(what: str, done: int, total: int, seconds_left: float | None) -> str:

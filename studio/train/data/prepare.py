@@ -86,8 +86,10 @@ def render_segments(example: Example, tokenizer: Any, template: str) -> list[Seg
 
     Instruction and chat rows go through the template; prompt_completion rows
     are the prompt then the completion with eos; text rows are wholly trainable
-    text with eos. Raises DataError naming the example's location.
+    text with eos; a preference pair as its chosen answer. Raises DataError naming the example's location.
     """
+    if example.kind == "preference":
+        return render_segments(example.chosen_row(), tokenizer, template)
     eos = tokenizer.eos_token or ""
     if example.kind == "prompt_completion":
         return [(example.prompt, False), (example.completion + eos, True)]
@@ -158,8 +160,10 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     """The tokens before the last response, exactly as in training, and that response's text.
 
     For generation-based evaluation: the model continues the prompt ids and
-    its answer is compared to the expected response (without end marker).
+    its answer is compared to the expected response (without end marker): a pair's chosen one.
     """
+    if example.kind == "preference":
+        example = example.chosen_row()
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")

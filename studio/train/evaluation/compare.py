@@ -2,7 +2,10 @@
 
 For each row, both models' loss over its completion tokens (rendered and cut exactly as in training) and,
 where the row has a reference answer, their greedy answers scored by exact match, contains and token F1
-(studio.core.run.evaluation). The rows are the run's held-out ones (data.eval_files, else the rows its
+(studio.core.run.evaluation). A run of a preference objective is scored on pairs: both models'
+log-probabilities of each pair's chosen and rejected responses (tokenized as training tokenizes pairs), ranked as the
+objective ranks them (``Preference.ranked``), the chosen response's loss, and the greedy answer to the pair's
+prompt scored against the chosen response. The rows are the run's held-out ones (data.eval_files, else the rows its
 eval_fraction held out) or files the user names. Nothing is written until both models are done: a cancelled
 or failed evaluation leaves the run as it was.
 """
@@ -23,10 +26,12 @@ from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir, write_atomically
 from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
-from studio.train.data.prepare import IGNORE_INDEX, collate, encode, encode_prompt, held_out_rows, render_segments
+from studio.train.data.prepare import (IGNORE_INDEX, collate, encode, encode_pair, encode_prompt, held_out_rows,
+                                       render_segments)
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import base_model, load_run_model
-from studio.train.objectives.next_token import token_loss_sum
+from studio.train.objectives.next_token import token_logps, token_loss_sum
+from studio.train.objectives.preference import Preference, SequenceLogps
 from studio.train.tracking.writer import tracked_events
 
 ANSWER_BATCH = 8
@@ -37,12 +42,11 @@ def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int =
     """Evaluate the run's newest checkpoint against its base; write RUN/evaluation.json and an event."""
     config, tokenizer, model, checkpoint = load_run_model(run_dir)
     examples, source = held_out_examples(config, files)
-    rows = [row_text(example) for example in examples]
-    encoded = [encode(render_segments(e, tokenizer, config.data.template), tokenizer, config.data.max_length)
-               for e in examples]
-    for row, tokens in zip(rows, encoded):
-        row["tokens"] = sum(label != IGNORE_INDEX for label in tokens["labels"][1:])
-    scorer = _Scorer(tokenizer, config, examples, encoded, max_new_tokens)
+    if config.learns_preferences:
+        scorer = _PairScorer(tokenizer, config, examples, max_new_tokens)
+    else:
+        scorer = _AnswerScorer(tokenizer, config, examples, max_new_tokens)
+    rows = [{**row_text(example), "tokens": tokens} for example, tokens in zip(scorer.examples, scorer.tokens)]
     for row, scores in zip(rows, scorer.score(model, "tuned")):
         row["tuned"] = scores
     with base_model(model, config) as base:
@@ -60,10 +64,10 @@ def held_out_examples(config: RunConfig, files: Sequence[str] = ()) -> tuple[lis
     data = config.data
     chosen = tuple(files) or data.eval_files
     if chosen:
-        report = inspect_files(chosen, data.format, keep=0)  # every problem, by file and line
+        report = inspect_files(chosen, config.row_format, keep=0)  # every problem, by file and line
         return list(iter_examples(chosen, report.format)), chosen
     if data.eval_fraction > 0:
-        report = inspect_files(data.train_files, data.format, keep=0)
+        report = inspect_files(data.train_files, config.row_format, keep=0)
         held = held_out_rows(report.rows, data.eval_fraction, config.training.seed)
         rows = [e for i, e in enumerate(iter_examples(data.train_files, report.format)) if i in held]
         return rows, tuple(f"{name} (held out: {data.eval_fraction:g})" for name in data.train_files)
@@ -73,7 +77,11 @@ def held_out_examples(config: RunConfig, files: Sequence[str] = ()) -> tuple[lis
 
 
 def row_text(example: Example) -> dict[str, Any]:
-    """Where the row is and what it asks and answers, to show beside the scores."""
+    """Where the row is and what it asks and answers (a pair: its chosen answer, and the rejected one), to show
+    beside the scores."""
+    if example.kind == "preference":
+        rejected = example.rejected if isinstance(example.rejected, str) else example.rejected[-1]["content"]
+        return {**row_text(example.chosen_row()), "rejected": rejected}
     if example.kind == "text":
         return {"location": example.location, "prompt": example.text[:200], "reference": None}
     if example.kind == "prompt_completion":
@@ -83,23 +91,23 @@ def row_text(example: Example) -> dict[str, Any]:
             "reference": example.messages[-1]["content"]}
 
 
-class _Scorer:
+class _AnswerScorer:
     """One model's loss and answers on every row, with a progress line on stderr."""
 
-    def __init__(self, tokenizer, config: RunConfig, examples: list[Example], encoded: list[dict[str, Any]],
-                 max_new_tokens: int):
-        self.tokenizer, self.encoded, self.max_new_tokens = tokenizer, encoded, max_new_tokens
+    def __init__(self, tokenizer, config: RunConfig, examples: list[Example], max_new_tokens: int,
+                 encoded: list[dict[str, Any]] | None = None):
+        self.tokenizer, self.examples, self.max_new_tokens = tokenizer, examples, max_new_tokens
+        self.encoded = encoded if encoded is not None else [
+            encode(render_segments(e, tokenizer, config.data.template), tokenizer, config.data.max_length)
+            for e in examples]
+        self.tokens = [target_tokens(tokens["labels"]) for tokens in self.encoded]
         self.prompts = {i: encode_prompt(e, tokenizer, config.data.template)
                         for i, e in enumerate(examples) if e.kind != "text"}
 
     @torch.no_grad()
     def score(self, model, name: str) -> list[dict[str, Any]]:
         progress = Progress(f"{name} model", len(self.encoded) + len(self.prompts))
-        scores = []
-        for tokens in self.encoded:
-            batch = {k: v.to(model.device) for k, v in collate([tokens], self.tokenizer.pad_token_id).items()}
-            scores.append({"loss_sum": float(token_loss_sum(model, batch))})
-            progress.advance(1)
+        scores = self.losses(model, progress)
         for indices in _batches(sorted(self.prompts), ANSWER_BATCH):
             for index, answer in zip(indices, self._answers(model, indices)):
                 reference = self.prompts[index][1]
@@ -108,10 +116,53 @@ class _Scorer:
         progress.done()
         return scores
 
+    def losses(self, model, progress: "Progress") -> list[dict[str, Any]]:
+        """Each row's summed loss over its completion tokens."""
+        scores = []
+        for tokens in self.encoded:
+            batch = {k: v.to(model.device) for k, v in collate([tokens], self.tokenizer.pad_token_id).items()}
+            scores.append({"loss_sum": float(token_loss_sum(model, batch))})
+            progress.advance(1)
+        return scores
+
     def _answers(self, model, indices: list[int]) -> list[str]:
         longest = max(len(self.tokenizer(self.prompts[i][1], add_special_tokens=False)["input_ids"]) for i in indices)
         budget = min(self.max_new_tokens, longest + SPARE_NEW_TOKENS)
         return generate_answers(model, self.tokenizer, [self.prompts[i][0] for i in indices], budget)
+
+
+class _PairScorer(_AnswerScorer):
+    """One model's log-probabilities of every pair's two responses, tokenized as training tokenizes pairs and ranked
+    as the run's objective ranks them, the chosen response's loss, and the greedy answer to the pair's prompt scored
+    against the chosen response (the preference as the model shows it). A pair whose prompt fills max_length has no
+    response to rank: training leaves it out, and so does this."""
+
+    def __init__(self, tokenizer, config: RunConfig, examples: list[Example], max_new_tokens: int):
+        self.objective = Preference(config, None, tokenizer.pad_token_id)
+        pairs = [encode_pair(e, tokenizer, config.data.template, config.data.max_length) for e in examples]
+        kept = [i for i, pair in enumerate(pairs) if pair["input_ids"]]
+        super().__init__(tokenizer, config, [examples[i] for i in kept], max_new_tokens, [pairs[i] for i in kept])
+
+    def losses(self, model, progress: "Progress") -> list[dict[str, Any]]:
+        """Each pair's ranked log-probabilities, their margin, and the chosen response's summed loss."""
+        scores = []
+        for indices in _batches(list(range(len(self.encoded))), ANSWER_BATCH):
+            batch = self.objective.batch([self.encoded[i] for i in indices], packed=False)
+            batch = {key: value.to(model.device) for key, value in batch.items()}
+            logps = SequenceLogps(token_logps(model, batch), batch)
+            chosen, rejected = self.objective.ranked(logps)
+            chosen_sums = logps.responses(average=False)[0]
+            for ranked_chosen, ranked_rejected, chosen_sum in zip(chosen.tolist(), rejected.tolist(),
+                                                                  chosen_sums.tolist()):
+                scores.append({"loss_sum": -chosen_sum, "chosen_logp": ranked_chosen,
+                               "rejected_logp": ranked_rejected, "margin": ranked_chosen - ranked_rejected})
+            progress.advance(len(indices))
+        return scores
+
+
+def target_tokens(labels: list[int]) -> int:
+    """The tokens a row's loss is over: its labels' targets (the first token predicts nothing)."""
+    return sum(label != IGNORE_INDEX for label in labels[1:])
 
 
 def _batches(items: list[int], size: int) -> Iterable[list[int]]:

@@ -92,7 +92,7 @@ class Preference:
         reference_chosen, reference_rejected = self._reference_logps(model, batch) if self.objective == "dpo" \
             else (None, None)
         logps = SequenceLogps(token_logps(model, batch, self.output_layer), batch)
-        chosen, rejected = logps.responses(average=self.objective != "dpo")
+        chosen, rejected = self.ranked(logps)
         if self.objective == "dpo":
             losses, chosen_rewards, rejected_rewards = dpo_losses(
                 chosen - reference_chosen, rejected - reference_rejected, logps.response_lengths(), self.settings)
@@ -106,6 +106,11 @@ class Preference:
             total = total + sft_weight * pairs * logps.chosen_cross_entropy()
         self._tally(chosen, rejected, chosen_rewards, rejected_rewards)
         return total
+
+    def ranked(self, logps: "SequenceLogps") -> tuple[torch.Tensor, torch.Tensor]:
+        """Each chosen and rejected response's log-probability as the objective ranks them: summed (DPO), their
+        per-token mean (SimPO and ORPO)."""
+        return logps.responses(average=self.objective != "dpo")
 
     def take_metric_sums(self) -> dict[str, float]:
         """The metrics' sums over the pairs since the last call (the loop divides them by the pairs)."""
