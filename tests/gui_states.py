@@ -484,10 +484,17 @@ def evaluated(window, qtbot, tmp_path):
     qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
 
 
+def preference_setup(window, qtbot, tmp_path):
+    """Setup ▸ New preference setup: the Objective section with DPO's settings, the pairs side by side."""
+    window.new_preference_setup()
+    window.setup_tabs.setCurrentWidget(window.data_panel)
+    qtbot.waitUntil(lambda: not window.data_panel.task.busy and window.data_panel.preview is not None, timeout=10000)
+
+
 STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
           hub_id_offline, folder_without_weights, remote_code_on, data_problems, rows_beyond_max_length,
           unknown_columns, does_not_fit, fit_to_gpu, eight_b_fit_with_problems, long_estimate_notes, minimum_size,
           simulated, simulation_dropped, unreadable_last_choices,
           loading_model, training, training_two_gpus, completed, run_failed, history_compare, history_empty,
-          export_verified, gguf_published, gguf_refused, try_it, evaluated)
+          export_verified, gguf_published, gguf_refused, try_it, evaluated, preference_setup)
 TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus, long_estimate_notes)

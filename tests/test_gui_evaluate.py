@@ -54,3 +54,40 @@ def test_a_resumed_run_keeps_only_the_sample_pauses_of_the_steps_it_kept():
                                  *({"type": "samples", "step": s, "seconds": 2.0, "samples": []} for s in (0, 10, 20)),
                                  {"type": "run_started", "start_step": 10}])
     assert list(run.sample_pauses.x) == [0, 10]
+
+
+def test_a_preference_setup_shows_its_settings_its_pairs_side_by_side_and_refuses_pairs_for_sft(qtbot, app_dirs,
+                                                                                                tmp_path):
+    from gui_states import preference_setup
+
+    window = open_window(qtbot)
+    preference_setup(window, qtbot, tmp_path)
+    techniques = window.techniques_panel
+    assert techniques.beta.isVisibleTo(techniques) and techniques.reference.isVisibleTo(techniques)
+    assert not techniques.simpo_gamma.isVisibleTo(techniques)  # SimPO's alone
+    assert not techniques.label_smoothing.isEnabled()  # the sigmoid loss does not smooth
+    html = window.data_panel.examples.toHtml()
+    assert "chosen ✓" in html and "rejected ✗" in html and " kind of " in window.data_panel.examples.toPlainText()
+    assert "preference pairs" in window.data_panel.summary.text() or "preference" in window.data_panel.summary.text()
+    window.store.update(objective="sft")
+    qtbot.waitUntil(lambda: bool(window.data_panel.problems), timeout=10000)
+    assert "objective sft learns from responses" in str(window.data_panel.problems[0])
+    assert not window.start_action.isEnabled()
+
+
+def test_a_preference_run_charts_its_reward_margin_and_accuracy_beside_the_loss(qtbot):
+    from studio.gui.state.series import RunSeries
+    from studio.gui.widgets.charts import ChartsPanel
+
+    steps = [{"type": "step", "step": s, "loss": 0.69 - s / 100, "lr": 1e-4, "tokens_per_s": 900,
+              "rewards/margins": s / 10, "rewards/accuracies": min(1.0, s / 10)} for s in range(1, 11)]
+    run = RunSeries.from_events([{"type": "run_started", "start_step": 0}, *steps,
+                                 {"type": "eval", "step": 10, "eval_loss": 0.5, "eval_rewards/margins": 0.8,
+                                  "eval_rewards/accuracies": 0.9}])
+    charts = ChartsPanel()
+    qtbot.addWidget(charts)
+    charts.show_runs([run])
+    assert "Reward margin" in charts.lr.title.text() and "preference accuracy" in charts.loss.title.text()
+    assert list(charts.lr.curves) == ["0.margin", "0.eval_margin"]
+    assert {"0.accuracy", "0.eval_accuracy"} <= set(charts.loss.curves)
+    assert list(charts.loss.curves["0.eval_accuracy"].getData()[1]) == [0.9]

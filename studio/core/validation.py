@@ -191,8 +191,8 @@ def _check_preference(config: RunConfig) -> list[Problem]:
                                     "set objective to dpo, orpo or simpo, or choose another data.format"))
         return problems
     if config.data.format not in ("auto", "preference"):
-        problems.append(Problem("data.format", f"objective {objective} learns from preference pairs, not "
-                                f"{config.data.format} rows", "set data.format to preference or auto"))
+        problems.append(Problem("data.format", f"objective {objective} learns from preference pairs",
+                                "set data.format to preference or auto"))
     problems += _positive(pref.beta, "preference.beta", "beta such as 0.1")
     smoothing_used = (objective == "dpo" and pref.dpo_loss == "robust") or objective == "simpo"
     if not 0.0 <= pref.label_smoothing < 0.5:

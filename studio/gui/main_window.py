@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, Q
 
 from studio.core.config import RunConfig, differences
 from studio.core.errors import Problem
-from studio.core.presets import RESOURCES, demo_config, with_demo_model
+from studio.core.presets import RESOURCES, demo_config, preference_demo_config, with_demo_model
 from studio.core.run.directory import default_runs_root
 from studio.core.runtime.self_test import SelfTestReport, latest_report
 from studio.core.validation import machine_problems
@@ -158,6 +158,8 @@ class MainWindow(QMainWindow):
         setup_menu = self.menuBar().addMenu("&Setup")
         self.new_setup_action = setup_menu.addAction("New setup (the demo's settings and data)", self.new_setup)
         self.new_setup_action.setShortcut(QKeySequence.StandardKey.New)
+        self.preference_setup_action = setup_menu.addAction("New preference setup (DPO on the demo's pairs)",
+                                                            self.new_preference_setup)
         runtime_menu = self.menuBar().addMenu("&Runtime")
         self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
         self.self_test_action = runtime_menu.addAction("GPU self-test…", self.open_self_test)
@@ -299,6 +301,10 @@ class MainWindow(QMainWindow):
     def new_setup(self) -> None:
         """Start over from the demo preset: its model, data and settings."""
         self._apply_preset(demo_config(), "A new setup: the demo's model, data and settings.")
+
+    def new_preference_setup(self) -> None:
+        """Start over from the preference demo: the demo model learns a style of answer from chosen/rejected pairs."""
+        self._apply_preset(preference_demo_config(), "A new setup: DPO on the demo's preference pairs.")
 
     def _apply_preset(self, config: RunConfig, title: str) -> None:
         """Set ``config`` and say what that changed, in the window's words."""

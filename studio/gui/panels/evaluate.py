@@ -27,8 +27,9 @@ from studio.gui.state.console import console_error
 from studio.gui.widgets.common import ACCENT, BAD, MUTED, explanation
 from studio.gui.widgets.plotting import pg, plot_widget
 
-ROW_COLUMNS = ("Row", "Prompt", "Reference", "Fine-tuned answer", "Base answer", "F1 (tuned)")
-BAR_MEASURES = (("exact_match", "exact match"), ("contains", "contains"), ("f1", "token F1"))
+ROW_COLUMNS = ("Row", "Prompt", "Reference", "Fine-tuned answer", "Base answer", "Fine-tuned score")
+BAR_MEASURES = (("exact_match", "exact match"), ("contains", "contains"), ("f1", "token F1"),
+                ("preference_accuracy", "preference accuracy"))
 BARS = ((-0.2, "base", MUTED), (0.2, "tuned", ACCENT))  # offset, model, colour
 
 
@@ -228,9 +229,8 @@ class EvaluatePanel(QWidget):
                 self.table.setItem(row, column, QTableWidgetItem(text))
         for row in result["rows"]:
             tuned, base = row["tuned"], row["base"]
-            f1 = f"{tuned['f1']:.0%}" if "f1" in tuned else "-"
-            texts = [row["location"], row["prompt"], row["reference"] or "-", tuned.get("answer", "-"),
-                     base.get("answer", "-"), f1]
+            texts = [row["location"], row["prompt"], _reference_text(row), tuned.get("answer", "-"),
+                     base.get("answer", "-"), _score_text(tuned)]
             item = QTreeWidgetItem(texts)
             for column, text in enumerate(texts):
                 item.setToolTip(column, text)  # a long prompt or answer, whole
@@ -266,3 +266,17 @@ class EvaluatePanel(QWidget):
                                                  width=0.38, brush=color))
         self.chart.getAxis("bottom").setTicks([[(i, label) for i, (_, label) in enumerate(measures)]])
         self.chart.setYRange(0, 100)
+
+
+def _reference_text(row: dict) -> str:
+    """The reference answer; a preference pair's chosen and rejected responses."""
+    if "rejected" in row:
+        return f"✓ {row['reference']}   ✗ {row['rejected']}"
+    return row["reference"] or "-"
+
+
+def _score_text(scores: dict) -> str:
+    """A pair's margin (log-probability of chosen less rejected), else the answer's token F1."""
+    if "margin" in scores:
+        return f"margin {scores['margin']:+.3g}"
+    return f"F1 {scores['f1']:.0%}" if "f1" in scores else "-"

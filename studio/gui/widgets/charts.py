@@ -184,6 +184,7 @@ class ChartsPanel(QWidget):
             card.clear()
         self.memory.set_title("Memory")  # until the first step says GPU or CPU
         self.lr.set_title("Learning rate", "lr")  # until a first step shows preference metrics
+        self.loss.set_title("Training loss")
         self.redraw()
 
     def set_waiting_text(self, text: str) -> None:
@@ -230,19 +231,21 @@ class ChartsPanel(QWidget):
         self._draw_memory(index, run, palette, prefix)
 
     def _draw_preference(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
-        """Beside the loss, instead of the learning rate: how far the rewards put chosen above rejected, and how
-        often (TRL's rewards/margins and rewards/accuracies), on the training pairs and the held-out ones."""
+        """Beside the loss, instead of the learning rate: how far the rewards put chosen above rejected (TRL's
+        rewards/margins); how often (rewards/accuracies, 0 to 1) on the loss chart, whose scale it shares."""
         if index == 0:
-            self.lr.set_title("Preference: reward margin and accuracy (0 to 1)", "margin · accuracy")
-        card = self.lr
-        self._update(index, "margin", run.margin, card.curve(f"{index}.margin", f"{prefix}margin", palette.main, 2))
-        self._update(index, "accuracy", run.accuracy, card.curve(f"{index}.accuracy", f"{prefix}accuracy",
-                                                                 palette.other, style=Qt.PenStyle.DashLine))
-        for key, series, name, symbol in (("eval_margin", run.eval_margin, "held-out margin", "o"),
-                                          ("eval_accuracy", run.eval_accuracy, "held-out accuracy", "t")):
+            self.lr.set_title("Reward margin (chosen − rejected)", "margin")
+            self.loss.set_title("Training loss and preference accuracy (0 to 1)")
+        curves = (("margin", run.margin, self.lr, "margin", None), ("eval_margin", run.eval_margin, self.lr,
+                                                                    "held-out margin", "o"),
+                  ("accuracy", run.accuracy, self.loss, "accuracy", None),
+                  ("eval_accuracy", run.eval_accuracy, self.loss, "held-out accuracy", "t"))
+        for key, series, card, name, symbol in curves:
             if len(series):
-                self._update(index, key, series, card.curve(f"{index}.{key}", f"{prefix}{name}", palette.eval,
-                                                            symbol=symbol))
+                color = palette.eval if symbol else (palette.main if card is self.lr else palette.other)
+                style = Qt.PenStyle.DashLine if key == "accuracy" else Qt.PenStyle.SolidLine
+                self._update(index, key, series, card.curve(f"{index}.{key}", f"{prefix}{name}", color, 2 - bool(symbol),
+                                                            style=style, symbol=symbol))
 
     def _draw_sample_pauses(self, run: RunSeries) -> None:
         """A dotted line where training paused to answer the sample prompts; the title says what they cost (tokens/s
