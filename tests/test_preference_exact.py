@@ -2,8 +2,9 @@
 trained parameter's gradient (1e-5) and the metrics TRL logs; and the pairs are TRL's very tokens.
 
 DPO is compared with TRL's DPOTrainer as a whole (its tokenizing, collator, reference and compute_loss). ORPO and
-SimPO are compared with TRL's ORPOTrainer and CPOTrainer's get_batch_loss_metrics on a batch in their layout made of
-our tokens (their own tokenizing is TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
+SimPO are compared with TRL's ORPOTrainer and CPOTrainer (loss_type simpo, cpo_alpha our sft_weight) in
+trl.experimental: their get_batch_loss_metrics on a batch in their layout made of our tokens (their own tokenizing is
+TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
 
 import json
 
@@ -59,7 +60,7 @@ def _policy(config):
 
 
 def _ours(config):
-    """Our loss, gradients and metrics on the whole data as one micro-batch, packed."""
+    """Our loss, gradients and metrics on the whole data as one micro-batch, padded as TRL pads."""
     tokenizer = load_tokenizer(config)
     rows = prepare_data(config, tokenizer).train
     model = _policy(config)
@@ -118,6 +119,55 @@ def test_dpo_equals_trl(model_folder, tmp_path, method, loss_type):
 
     torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
     _close(grads, _grads(model))
-    logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
-    for name, value in metrics.items():
+    _same_metrics(metrics, {name: values[-1] for name, values in trainer._metrics["train"].items()})
+
+
+def _same_metrics(ours, logged):
+    for name, value in ours.items():
         assert value == pytest.approx(logged[name], abs=1e-5), name
+
+
+def _trl_pair_batch(tokenized, pad_token_id):
+    """Our pairs in the layout of TRL's ORPO and CPO trainers: each side padded on the right, response labels."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    batch = {}
+    for side, prefix in (("chosen", ""), ("rejected", "rejected_")):
+        padded = lambda key, fill: pad_sequence([torch.tensor(r[key]) for r in tokenized],  # noqa: E731
+                                                batch_first=True, padding_value=fill)
+        batch[f"{side}_input_ids"] = padded(f"{prefix}input_ids", pad_token_id)
+        batch[f"{side}_labels"] = padded(f"{prefix}labels", -100)
+        batch[f"{side}_attention_mask"] = pad_sequence(
+            [torch.ones(len(r[f"{prefix}input_ids"]), dtype=torch.long) for r in tokenized], batch_first=True)
+    return batch
+
+
+@pytest.mark.parametrize("objective", ["orpo", "simpo"])
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_orpo_and_simpo_equal_trl(model_folder, tmp_path, method, objective):
+    from datasets import Dataset
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    simpo = {"simpo_gamma": 0.4, "label_smoothing": 0.1, "sft_weight": 0.3}
+    config = _config(model_folder, _write(PLAIN, tmp_path / "pairs.jsonl"), objective, method, beta=0.5,
+                     **(simpo if objective == "simpo" else {}))
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model, tokenizer = _policy(config), load_tokenizer(config)
+    common = dict(output_dir=str(tmp_path / "trl"), beta=0.5, max_length=24, report_to=[], bf16=False,
+                  use_cpu=True, per_device_train_batch_size=len(PLAIN))
+    if objective == "orpo":
+        trainer_class, args = ORPOTrainer, ORPOConfig(**common)
+    else:
+        trainer_class, args = CPOTrainer, CPOConfig(loss_type="simpo", simpo_gamma=0.4, label_smoothing=0.1,
+                                                    cpo_alpha=0.3, **common)
+    trainer = trainer_class(model=model, args=args, train_dataset=Dataset.from_list(PLAIN),
+                            processing_class=tokenizer)
+    trainer.model.train()
+    trl_loss, logged = trainer.get_batch_loss_metrics(trainer.model, _trl_pair_batch(tokenized, tokenizer.pad_token_id))
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    _same_metrics(metrics, logged)
