@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.data.dataset import DatasetReport, inspect_files
+from studio.core.data.dataset import PREFERENCE_ROWS, DatasetReport, inspect_files
 from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
@@ -52,9 +52,10 @@ def inspect_data(config: RunConfig) -> DataReports:
     reports = (inspect_files(data.train_files, config.row_format, keep=0),
                inspect_files(data.eval_files, config.row_format, keep=0) if data.eval_files else None)
     for files, report in zip((data.train_files, data.eval_files), reports):
-        if report is not None and report.format == "preference" and not config.learns_preferences:
-            raise DataError(Path(files[0]).name, "the rows are preference pairs (chosen and rejected): objective sft "
-                            "learns from responses", "set objective to dpo, orpo or simpo")
+        if report is not None and report.format in PREFERENCE_ROWS and not config.learns_preferences:
+            rows = PREFERENCE_ROWS[report.format]
+            raise DataError(Path(files[0]).name, f"the rows are {rows.rows}: objective sft learns from responses",
+                            f"set objective to {rows.objectives}")
     return reports
 
 
