@@ -27,6 +27,15 @@ PAIRS = [
      "rejected": [{"role": "assistant", "content": "Go away, now."}]},
 ]
 PLAIN, CONVERSATIONAL = PAIRS[:2], PAIRS[2:] * 2
+UNPAIRED = [  # KTO's rows: both labels, plain and conversational
+    {"prompt": "What color is the sky?", "completion": " Blue, mostly.", "label": True},
+    {"prompt": "Name a fruit:", "completion": " a chair, of course", "label": False},
+    {"prompt": "Two and two make", "completion": " four", "label": True},
+    {"prompt": "Say hello:", "completion": " Go away, now.", "label": False},
+]
+UNPAIRED_CONVERSATIONAL = [{"prompt": [{"role": "user", "content": row["prompt"]}],
+                            "completion": [{"role": "assistant", "content": row["completion"].strip()}],
+                            "label": row["label"]} for row in UNPAIRED]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +47,8 @@ def _config(folder, data_file, objective, method, **preference):
     return demo_config().replace(
         model={"name_or_path": str(folder)}, method=method, objective=objective, preference=preference,
         data={"train_files": (str(data_file),), "eval_files": (), "max_length": 24},
-        training={"precision": "fp32", "gradient_checkpointing": False},
+        # a micro-batch holds every row: KTO pairs its mismatched completions within it, as TRL within its batch
+        training={"precision": "fp32", "gradient_checkpointing": False, "micro_batch_size": 8},
         lora={"dropout": 0.0})
 
 
@@ -47,11 +57,12 @@ def _write(rows, path):
     return path
 
 
-def _policy(config):
-    """The trained model, its adapter (or weights) moved off the start, so that it differs from its reference."""
+def _policy(config, seed=1):
+    """The trained model, its adapter (or weights) moved off the start (by a seeded random step), so that it differs
+    from its reference."""
     torch.manual_seed(0)
     model = build_model(config, torch.device("cpu"))
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.requires_grad:
@@ -59,11 +70,11 @@ def _policy(config):
     return model
 
 
-def _ours(config):
+def _ours(config, seed=1):
     """Our loss, gradients and metrics on the whole data as one micro-batch, padded as TRL pads."""
     tokenizer = load_tokenizer(config)
     rows = prepare_data(config, tokenizer).train
-    model = _policy(config)
+    model = _policy(config, seed)
     frozen = None
     if not config.uses_adapter and config.uses_reference:
         frozen = load_base_model(config, torch.device("cpu")).requires_grad_(False).eval()
@@ -72,7 +83,7 @@ def _ours(config):
     batch = objective.batch([rows[i] for i in range(len(rows))], packed=False)
     loss = objective.loss_sum(model, batch) / objective.units(batch)
     loss.backward()
-    metrics = {name: value / objective.units(batch) for name, value in objective.take_metric_sums().items()}
+    metrics = objective.metrics(objective.take_metric_sums(), objective.units(batch))
     return rows, loss.detach(), _grads(model), metrics
 
 
@@ -170,4 +181,41 @@ def test_orpo_and_simpo_equal_trl(model_folder, tmp_path, method, objective):
 
     torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
     _close(grads, _grads(model))
+    _same_metrics(metrics, logged)
+
+
+@pytest.mark.parametrize("rows", [UNPAIRED, UNPAIRED_CONVERSATIONAL], ids=["plain", "conversational"])
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_kto_equals_trl(model_folder, tmp_path, method, rows):
+    """KTO, its KL term from mismatched completions included: TRL rotates the completions by one within each batch of
+    its data's order (per_device_train_batch_size), we within each group of micro_batch_size rows of ours; with every
+    row in one batch (and one micro-batch), both pair each prompt with the completion of the row before it."""
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    settings = {"beta": 0.5, "desirable_weight": 0.8, "undesirable_weight": 1.3}
+    config = _config(model_folder, _write(rows, tmp_path / "unpaired.jsonl"), "kto", method, **settings)
+    seed = 5  # a step after which the plain rows' KL estimate is above 0 (not clamped) for both methods
+    tokenized, loss, grads, metrics = _ours(config, seed)
+
+    model = _policy(config, seed)
+    reference = None if config.uses_adapter else load_base_model(config, torch.device("cpu"))
+    args = KTOConfig(output_dir=str(tmp_path / "trl"), max_length=24, report_to=[], bf16=False, use_cpu=True,
+                     gradient_checkpointing=False, per_device_train_batch_size=len(rows), **settings)
+    trainer = KTOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=load_tokenizer(config))
+    if "ref" in getattr(trainer.model, "peft_config", {}):  # as for DPO: the reference is the adapter off
+        trainer.model.delete_adapter("ref")
+    examples = [trainer.train_dataset[i] for i in range(len(rows))]
+    for ours, theirs in zip(tokenized, examples):  # TRL's very tokens, its mismatched completions too
+        assert ours["input_ids"] == (theirs["prompt_ids"] + theirs["completion_ids"])[:24]
+        assert ours["kl_completion_ids"] == theirs["KL_completion_ids"][:24]
+    trainer.model.train()
+    trl_loss = trainer.compute_loss(trainer.model, trainer.data_collator(examples))
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+    assert metrics["kl"] > 0 or rows is UNPAIRED_CONVERSATIONAL  # plain rows: the KL term is in the loss
     _same_metrics(metrics, logged)

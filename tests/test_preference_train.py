@@ -24,6 +24,19 @@ def pairs(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def unpaired(tmp_path_factory):
+    """KTO's rows: each prompt with a desirable completion and an undesirable one, as two rows."""
+    rows = []
+    for i, c in enumerate(COLORS * 2):
+        rows += [{"prompt": f"Name a color like {c}:", "completion": f" {c}", "label": True},
+                 {"prompt": f"Name a color like {c}:", "completion": f" {COLORS[(i + 3) % 8]} and more", "label": False}]
+    folder = tmp_path_factory.mktemp("unpaired")
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:4]))  # both labels
+    return folder
+
+
 def _events(config, tmp_path):
     code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
     assert code == EXIT_OK
@@ -45,6 +58,22 @@ def test_a_short_run_learns_the_pairs(pairs, tmp_path, objective, method, refere
     assert evaluation["tokens"] == 4 and evaluation["eval_rewards/accuracies"] == 1.0  # the held-out pairs
 
 
+@pytest.mark.parametrize("method, reference", [("lora", "each_step"), ("full", "precomputed")])
+def test_a_short_kto_run_raises_the_desirable_completions(unpaired, tmp_path, method, reference):
+    config = quick_config(unpaired / "train.jsonl", objective="kto", method=method,
+                          preference={"reference": reference}, data={"eval_files": (str(unpaired / "eval.jsonl"),)},
+                          training={"max_steps": 6, "micro_batch_size": 4, "learning_rate": 1e-3})
+    events = _events(config, tmp_path)
+    steps = [e for e in events if e["type"] == "step"]
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    gap = [step["logps/chosen"] - step["logps/rejected"] for step in steps if "rewards/margins" in step]
+    assert gap[-1] > gap[0]  # the desirable completions' log-probability rises against the undesirable ones'
+    assert steps[-1]["rewards/margins"] > 0 and steps[0]["rewards/margins"] < steps[-1]["rewards/margins"]
+    assert all(step["kl"] >= 0 for step in steps)
+    evaluation = [e for e in events if e["type"] == "eval"][-1]
+    assert evaluation["tokens"] == 4 and evaluation["eval_rewards/margins"] > 0
+
+
 def test_rows_that_do_not_fit_the_objective_are_refused_by_line_and_field(pairs, tmp_path):
     responses = tmp_path / "sft.jsonl"
     responses.write_text(json.dumps({"instruction": "a", "output": "b"}) + "\n")
@@ -57,3 +86,16 @@ def test_rows_that_do_not_fit_the_objective_are_refused_by_line_and_field(pairs,
         inspect_data(quick_config(half, objective="dpo"))
     with pytest.raises(StudioError, match="pairs.jsonl: the rows are preference pairs"):
         inspect_data(quick_config(pairs, objective="sft"))
+
+
+def test_rows_that_do_not_fit_kto_are_refused_by_line_and_field(pairs, unpaired, tmp_path):
+    with pytest.raises(StudioError, match=r"pairs.jsonl:1: the row looks like preference, not an unpaired preference "
+                                          r"row \(field 'label' is missing\)"):
+        inspect_data(quick_config(pairs, objective="kto"))
+    unsure = tmp_path / "unsure.jsonl"
+    unsure.write_text((unpaired / "eval.jsonl").read_text().splitlines()[0] + "\n"
+                      + json.dumps({"prompt": "a", "completion": "b", "label": "maybe"}) + "\n")
+    with pytest.raises(StudioError, match=r"unsure.jsonl:2: field 'label' must be true or false, got text 'maybe'"):
+        inspect_data(quick_config(unsure, objective="kto"))
+    with pytest.raises(StudioError, match=r"train.jsonl: the rows are unpaired preference rows"):
+        inspect_data(quick_config(unpaired / "train.jsonl", objective="sft"))
