@@ -14,6 +14,7 @@ import torch
 from helpers import with_demo_tokenizer
 from model_factory import make_tiny_model
 from studio.core.presets import demo_config
+from studio.train.data.packed_attention import attend_packed
 from studio.train.data.prepare import prepare_data
 from studio.train.model.build import build_model, load_base_model, load_tokenizer
 from studio.train.objectives import objective_for
@@ -70,17 +71,20 @@ def _policy(config, seed=1):
     return model
 
 
-def _ours(config, seed=1):
-    """Our loss, gradients and metrics on the whole data as one micro-batch, padded as TRL pads."""
+def _ours(config, seed=1, packed=False):
+    """Our loss, gradients and metrics on the whole data as one micro-batch: padded as TRL pads, or packed (the
+    model attending per sequence, as the worker switches it)."""
     tokenizer = load_tokenizer(config)
     rows = prepare_data(config, tokenizer).train
     model = _policy(config, seed)
+    if packed:
+        attend_packed(model)
     frozen = None
     if not config.uses_adapter and config.uses_reference:
         frozen = load_base_model(config, torch.device("cpu")).requires_grad_(False).eval()
     objective = objective_for(config, model, tokenizer.pad_token_id, frozen)
     model.train()
-    batch = objective.batch([rows[i] for i in range(len(rows))], packed=False)
+    batch = objective.batch([rows[i] for i in range(len(rows))], packed=packed)
     loss = objective.loss_sum(model, batch) / objective.units(batch)
     loss.backward()
     metrics = objective.metrics(objective.take_metric_sums(), objective.units(batch))
@@ -219,3 +223,15 @@ def test_kto_equals_trl(model_folder, tmp_path, method, rows):
     logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
     assert metrics["kl"] > 0 or rows is UNPAIRED_CONVERSATIONAL  # plain rows: the KL term is in the loss
     _same_metrics(metrics, logged)
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo", "simpo", "kto"])
+def test_a_packed_batch_gives_the_padded_loss_gradients_and_metrics(model_folder, tmp_path, objective):
+    rows = UNPAIRED if objective == "kto" else PAIRS  # rows of several lengths, plain and conversational pairs
+    config = _config(model_folder, _write(rows, tmp_path / "rows.jsonl"), objective, "lora", beta=0.5)
+    _, padded_loss, padded_grads, padded_metrics = _ours(config, seed=5)
+    _, packed_loss, packed_grads, packed_metrics = _ours(config, seed=5, packed=True)
+    torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
+    _close(packed_grads, padded_grads)
+    assert packed_metrics.keys() == padded_metrics.keys()
+    _same_metrics(packed_metrics, padded_metrics)
