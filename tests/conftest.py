@@ -35,3 +35,11 @@ def small_data(tmp_path_factory) -> Path:
 def story_data(tmp_path_factory) -> Path:
     """8 lines of plain text, one micro-batch: every technique must start memorizing them in 12 steps."""
     return first_lines(DEMO_DATASETS / "facts.txt", 8, tmp_path_factory.mktemp("data") / "facts.txt")
+
+
+@pytest.fixture
+def app_dirs(tmp_path, monkeypatch):
+    """The window's settings and runs in the test's own folder, never the user's."""
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("STUDIO_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path

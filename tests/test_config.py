@@ -70,6 +70,23 @@ def test_validation_collects_value_and_combination_problems(tmp_path):
             "quantization.load_in", "training.micro_batch_size", "training.learning_rate"} <= where
 
 
+def test_preference_settings_are_checked_for_their_objective():
+    def problems(**sections):
+        return {p.where: p.message for p in validate(demo_config().replace(**sections), check_files=False)}
+
+    kto = problems(objective="kto", data={"format": "preference"},
+                   preference={"desirable_weight": 0.0, "sft_weight": 0.5, "label_smoothing": 0.1})
+    assert kto["data.format"] == "objective kto learns from unpaired_preference rows, not preference rows"
+    assert {"preference.desirable_weight", "preference.sft_weight", "preference.label_smoothing"} <= kto.keys()
+    assert "preference.undesirable_weight" not in kto
+    dpo = problems(objective="dpo", preference={"undesirable_weight": 2.0})
+    assert dpo == {"preference.undesirable_weight": "objective dpo does not weigh rows by their label"}
+    assert problems(objective="sft", data={"format": "unpaired_preference"})["data.format"] == \
+        "unpaired_preference rows are for the preference objectives"
+    assert problems(objective="kto") == {}
+    assert demo_config().replace(objective="kto").row_format == "unpaired_preference"
+
+
 def test_qlora_defaults_to_a_4bit_base():
     assert RunConfig(method="qlora").effective_load_in == "4bit"
     assert RunConfig(method="lora").effective_load_in == "none"

@@ -35,13 +35,6 @@ from studio.gui.widgets.controls import ChoiceControl, RadioChoice, options_for
 ML_STACK = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "accelerate", "torchao", "datasets")
 
 
-@pytest.fixture
-def app_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("STUDIO_RUNS_DIR", str(tmp_path / "runs"))
-    return tmp_path
-
-
 def open_window(qtbot) -> MainWindow:
     window = MainWindow()
     window.ask_close_choice = lambda: "stop"

@@ -7,7 +7,7 @@ from gui_states import evaluated, training
 from PySide6.QtWidgets import QApplication
 
 from studio.core.run.evaluation import progress_of
-from test_gui import app_dirs, open_window  # noqa: F401 (app_dirs: a fixture)
+from test_gui import open_window
 
 
 def test_the_throughput_chart_marks_the_pauses_for_sample_answers_and_the_tensorboard_command_copies(qtbot, app_dirs,

@@ -19,7 +19,7 @@ from studio.gui.main_window import MainWindow
 from studio.gui.panels import estimate as estimate_panel
 from studio.gui.state.hardware import Gpu
 from studio.gui.widgets.common import apply_app_style
-from test_gui import app_dirs, open_window, wait_for_preview, window  # noqa: F401 (fixtures)
+from test_gui import open_window, wait_for_preview, window  # noqa: F401 (fixtures)
 
 SCREENS = ((1280, 720), (1366, 768))
 CASES = [(state, 1) for state in STATES] + [(state, 2) for state in TWO_GPU_STATES]

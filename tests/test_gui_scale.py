@@ -4,7 +4,7 @@ import pytest
 
 from studio.core.config import load_config
 from studio.core.sizes import format_bytes
-from test_gui import app_dirs, open_window  # noqa: F401 (fixture)
+from test_gui import open_window
 
 
 @pytest.fixture

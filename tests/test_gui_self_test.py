@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 from test_doctor import NO_BITSANDBYTES, ROOT, gpu_found
-from test_gui import app_dirs, open_window  # noqa: F401 (fixture)
+from test_gui import open_window
 
 from studio.core.memory.sharding import save_calibration
 from studio.core.run.commands import self_test_command

@@ -6,7 +6,7 @@ import json
 import sys
 
 from studio.core.presets import DEMO_TRAIN
-from test_gui import app_dirs, wait_for_preview, window, write_run  # noqa: F401 (fixtures)
+from test_gui import wait_for_preview, window, write_run  # noqa: F401 (fixtures)
 
 SLOW = "import time, json, sys; time.sleep({seconds}); "
 

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QAbstractSlider, QAbstractSpinBox, QApplication, 
                                QWidget)
 
 from studio.core.config import differences
-from test_gui import app_dirs, open_window, wait_for_preview  # noqa: F401 (fixture)
+from test_gui import open_window, wait_for_preview
 
 NOTCH = 120  # one step of a mouse wheel
 

@@ -2,8 +2,9 @@
 trained parameter's gradient (1e-5) and the metrics TRL logs; and the pairs are TRL's very tokens.
 
 DPO is compared with TRL's DPOTrainer as a whole (its tokenizing, collator, reference and compute_loss). ORPO and
-SimPO are compared with TRL's ORPOTrainer and CPOTrainer's get_batch_loss_metrics on a batch in their layout made of
-our tokens (their own tokenizing is TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
+SimPO are compared with TRL's ORPOTrainer and CPOTrainer (loss_type simpo, cpo_alpha our sft_weight) in
+trl.experimental: their get_batch_loss_metrics on a batch in their layout made of our tokens (their own tokenizing is
+TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
 
 import json
 
@@ -13,6 +14,7 @@ import torch
 from helpers import with_demo_tokenizer
 from model_factory import make_tiny_model
 from studio.core.presets import demo_config
+from studio.train.data.packed_attention import attend_packed
 from studio.train.data.prepare import prepare_data
 from studio.train.model.build import build_model, load_base_model, load_tokenizer
 from studio.train.objectives import objective_for
@@ -26,6 +28,15 @@ PAIRS = [
      "rejected": [{"role": "assistant", "content": "Go away, now."}]},
 ]
 PLAIN, CONVERSATIONAL = PAIRS[:2], PAIRS[2:] * 2
+UNPAIRED = [  # KTO's rows: both labels, plain and conversational
+    {"prompt": "What color is the sky?", "completion": " Blue, mostly.", "label": True},
+    {"prompt": "Name a fruit:", "completion": " a chair, of course", "label": False},
+    {"prompt": "Two and two make", "completion": " four", "label": True},
+    {"prompt": "Say hello:", "completion": " Go away, now.", "label": False},
+]
+UNPAIRED_CONVERSATIONAL = [{"prompt": [{"role": "user", "content": row["prompt"]}],
+                            "completion": [{"role": "assistant", "content": row["completion"].strip()}],
+                            "label": row["label"]} for row in UNPAIRED]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +48,8 @@ def _config(folder, data_file, objective, method, **preference):
     return demo_config().replace(
         model={"name_or_path": str(folder)}, method=method, objective=objective, preference=preference,
         data={"train_files": (str(data_file),), "eval_files": (), "max_length": 24},
-        training={"precision": "fp32", "gradient_checkpointing": False},
+        # a micro-batch holds every row: KTO pairs its mismatched completions within it, as TRL within its batch
+        training={"precision": "fp32", "gradient_checkpointing": False, "micro_batch_size": 8},
         lora={"dropout": 0.0})
 
 
@@ -46,11 +58,12 @@ def _write(rows, path):
     return path
 
 
-def _policy(config):
-    """The trained model, its adapter (or weights) moved off the start, so that it differs from its reference."""
+def _policy(config, seed=1):
+    """The trained model, its adapter (or weights) moved off the start (by a seeded random step), so that it differs
+    from its reference."""
     torch.manual_seed(0)
     model = build_model(config, torch.device("cpu"))
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.requires_grad:
@@ -58,20 +71,23 @@ def _policy(config):
     return model
 
 
-def _ours(config):
-    """Our loss, gradients and metrics on the whole data as one micro-batch, packed."""
+def _ours(config, seed=1, packed=False):
+    """Our loss, gradients and metrics on the whole data as one micro-batch: padded as TRL pads, or packed (the
+    model attending per sequence, as the worker switches it)."""
     tokenizer = load_tokenizer(config)
     rows = prepare_data(config, tokenizer).train
-    model = _policy(config)
+    model = _policy(config, seed)
+    if packed:
+        attend_packed(model)
     frozen = None
     if not config.uses_adapter and config.uses_reference:
         frozen = load_base_model(config, torch.device("cpu")).requires_grad_(False).eval()
     objective = objective_for(config, model, tokenizer.pad_token_id, frozen)
     model.train()
-    batch = objective.batch([rows[i] for i in range(len(rows))], packed=False)
+    batch = objective.batch([rows[i] for i in range(len(rows))], packed=packed)
     loss = objective.loss_sum(model, batch) / objective.units(batch)
     loss.backward()
-    metrics = {name: value / objective.units(batch) for name, value in objective.take_metric_sums().items()}
+    metrics = objective.metrics(objective.take_metric_sums(), objective.units(batch))
     return rows, loss.detach(), _grads(model), metrics
 
 
@@ -118,6 +134,104 @@ def test_dpo_equals_trl(model_folder, tmp_path, method, loss_type):
 
     torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
     _close(grads, _grads(model))
-    logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
-    for name, value in metrics.items():
+    _same_metrics(metrics, {name: values[-1] for name, values in trainer._metrics["train"].items()})
+
+
+def _same_metrics(ours, logged):
+    for name, value in ours.items():
         assert value == pytest.approx(logged[name], abs=1e-5), name
+
+
+def _trl_pair_batch(tokenized, pad_token_id):
+    """Our pairs in the layout of TRL's ORPO and CPO trainers: each side padded on the right, response labels."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    batch = {}
+    for side, prefix in (("chosen", ""), ("rejected", "rejected_")):
+        padded = lambda key, fill: pad_sequence([torch.tensor(r[key]) for r in tokenized],  # noqa: E731
+                                                batch_first=True, padding_value=fill)
+        batch[f"{side}_input_ids"] = padded(f"{prefix}input_ids", pad_token_id)
+        batch[f"{side}_labels"] = padded(f"{prefix}labels", -100)
+        batch[f"{side}_attention_mask"] = pad_sequence(
+            [torch.ones(len(r[f"{prefix}input_ids"]), dtype=torch.long) for r in tokenized], batch_first=True)
+    return batch
+
+
+@pytest.mark.parametrize("objective", ["orpo", "simpo"])
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_orpo_and_simpo_equal_trl(model_folder, tmp_path, method, objective):
+    from datasets import Dataset
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    simpo = {"simpo_gamma": 0.4, "label_smoothing": 0.1, "sft_weight": 0.3}
+    config = _config(model_folder, _write(PLAIN, tmp_path / "pairs.jsonl"), objective, method, beta=0.5,
+                     **(simpo if objective == "simpo" else {}))
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model, tokenizer = _policy(config), load_tokenizer(config)
+    common = dict(output_dir=str(tmp_path / "trl"), beta=0.5, max_length=24, report_to=[], bf16=False,
+                  use_cpu=True, per_device_train_batch_size=len(PLAIN))
+    if objective == "orpo":
+        trainer_class, args = ORPOTrainer, ORPOConfig(**common)
+    else:
+        trainer_class, args = CPOTrainer, CPOConfig(loss_type="simpo", simpo_gamma=0.4, label_smoothing=0.1,
+                                                    cpo_alpha=0.3, **common)
+    trainer = trainer_class(model=model, args=args, train_dataset=Dataset.from_list(PLAIN),
+                            processing_class=tokenizer)
+    trainer.model.train()
+    trl_loss, logged = trainer.get_batch_loss_metrics(trainer.model, _trl_pair_batch(tokenized, tokenizer.pad_token_id))
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    _same_metrics(metrics, logged)
+
+
+@pytest.mark.parametrize("rows", [UNPAIRED, UNPAIRED_CONVERSATIONAL], ids=["plain", "conversational"])
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_kto_equals_trl(model_folder, tmp_path, method, rows):
+    """KTO, its KL term from mismatched completions included: TRL rotates the completions by one within each batch of
+    its data's order (per_device_train_batch_size), we within each group of micro_batch_size rows of ours; with every
+    row in one batch (and one micro-batch), both pair each prompt with the completion of the row before it."""
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    settings = {"beta": 0.5, "desirable_weight": 0.8, "undesirable_weight": 1.3}
+    config = _config(model_folder, _write(rows, tmp_path / "unpaired.jsonl"), "kto", method, **settings)
+    seed = 5  # a step after which the plain rows' KL estimate is above 0 (not clamped) for both methods
+    tokenized, loss, grads, metrics = _ours(config, seed)
+
+    model = _policy(config, seed)
+    reference = None if config.uses_adapter else load_base_model(config, torch.device("cpu"))
+    args = KTOConfig(output_dir=str(tmp_path / "trl"), max_length=24, report_to=[], bf16=False, use_cpu=True,
+                     gradient_checkpointing=False, per_device_train_batch_size=len(rows), **settings)
+    trainer = KTOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=load_tokenizer(config))
+    if "ref" in getattr(trainer.model, "peft_config", {}):  # as for DPO: the reference is the adapter off
+        trainer.model.delete_adapter("ref")
+    examples = [trainer.train_dataset[i] for i in range(len(rows))]
+    for ours, theirs in zip(tokenized, examples):  # TRL's very tokens, its mismatched completions too
+        assert ours["input_ids"] == (theirs["prompt_ids"] + theirs["completion_ids"])[:24]
+        assert ours["kl_completion_ids"] == theirs["KL_completion_ids"][:24]
+    trainer.model.train()
+    trl_loss = trainer.compute_loss(trainer.model, trainer.data_collator(examples))
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+    assert metrics["kl"] > 0 or rows is UNPAIRED_CONVERSATIONAL  # plain rows: the KL term is in the loss
+    _same_metrics(metrics, logged)
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo", "simpo", "kto"])
+def test_a_packed_batch_gives_the_padded_loss_gradients_and_metrics(model_folder, tmp_path, objective):
+    rows = UNPAIRED if objective == "kto" else PAIRS  # rows of several lengths, plain and conversational pairs
+    config = _config(model_folder, _write(rows, tmp_path / "rows.jsonl"), objective, "lora", beta=0.5)
+    _, padded_loss, padded_grads, padded_metrics = _ours(config, seed=5)
+    _, packed_loss, packed_grads, packed_metrics = _ours(config, seed=5, packed=True)
+    torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
+    _close(packed_grads, padded_grads)
+    assert packed_metrics.keys() == padded_metrics.keys()
+    _same_metrics(packed_metrics, padded_metrics)

@@ -86,7 +86,7 @@ PACKING_WORDS: ChoiceWords = {
              "padding."),
 }
 
-DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text", "preference"]
+DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference"]
 DATA_FORMAT_WORDS: ChoiceWords = {
     "auto": ("auto", "Detected from the columns of the first row."),
     "instruction": ("instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
@@ -94,10 +94,12 @@ DATA_FORMAT_WORDS: ChoiceWords = {
     "prompt_completion": ("prompt / completion", "The prompt as context, the completion learned."),
     "text": ("plain text", "Every token is learned (continued pre-training)."),
     "preference": ("preference pairs", "prompt, chosen and rejected (plain or conversational; without a prompt "
-                   "the turns chosen and rejected share are it): for the preference objectives."),
+                   "the turns chosen and rejected share are it): for dpo, orpo and simpo."),
+    "unpaired_preference": ("unpaired preference rows", "prompt, completion and label (true: desirable, false: "
+                            "undesirable; plain or conversational): for kto."),
 }
 
-Objective = Literal["sft", "dpo", "orpo", "simpo"]
+Objective = Literal["sft", "dpo", "orpo", "simpo", "kto"]
 OBJECTIVE_WORDS: ChoiceWords = {
     "sft": ("Supervised (SFT)", "Learn the responses token by token: the cross-entropy of the target tokens."),
     "dpo": ("DPO", "Learn from pairs: raise the chosen response's likelihood against the rejected one's, relative to "
@@ -107,6 +109,8 @@ OBJECTIVE_WORDS: ChoiceWords = {
                      "that pushes the rejected response down."),
     "simpo": ("SimPO", "Learn from pairs without a reference: the margin of the responses' average log-likelihoods "
                        "must exceed a target (preference.simpo_gamma)."),
+    "kto": ("KTO", "Learn from single completions labelled desirable or undesirable: raise the desirable ones' "
+                   "likelihood and lower the undesirable ones', relative to the reference, as DPO."),
 }
 
 DpoLoss = Literal["sigmoid", "ipo", "robust", "hinge"]

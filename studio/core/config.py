@@ -69,7 +69,9 @@ class DataConfig:
         "Row format. instruction: alpaca instruction/input/output; chat: OpenAI messages "
         "(role/content) or ShareGPT conversations (from/value); prompt_completion: prompt/completion; "
         "text: plain text; preference: prompt/chosen/rejected pairs (TRL's preference rows, plain or conversational; "
-        "without a prompt field, the turns chosen and rejected share are the prompt). auto detects it from the columns.",
+        "without a prompt field, the turns chosen and rejected share are the prompt); unpaired_preference: "
+        "prompt/completion/label rows (TRL's unpaired preference rows, for kto: label true marks a desirable "
+        "completion, false an undesirable one). auto detects it from the columns.",
     )
     template: Template = _field(
         "auto",
@@ -140,10 +142,10 @@ class PeftConfig:
 
 @dataclass(frozen=True)
 class PreferenceConfig:
-    """The preference objectives' settings (objective dpo, orpo or simpo), named as TRL names them."""
+    """The preference objectives' settings (objective dpo, orpo, simpo or kto), named as TRL names them."""
 
     beta: float = _field(
-        0.1, "dpo: how far the model may move from the reference (higher: less; ipo: its regularization tau). "
+        0.1, "dpo and kto: how far the model may move from the reference (higher: less; ipo: its regularization tau). "
         "orpo: the weight of the odds-ratio term beside the chosen rows' cross-entropy (the paper's lambda). "
         "simpo: the scale of the average log-likelihood margin.")
     dpo_loss: DpoLoss = _field(
@@ -157,8 +159,14 @@ class PreferenceConfig:
         "(dpo: TRL's loss_type sft beside sigmoid in loss_weights; simpo: TRL CPO's cpo_alpha). ORPO always adds it, "
         "weight 1.")
     simpo_gamma: float = _field(0.5, "simpo: the target reward margin (TRL CPO's simpo_gamma).")
+    desirable_weight: float = _field(
+        1.0, "kto: the weight of each desirable row's loss (label true). With more desirable than undesirable rows, "
+        "lower it (or raise undesirable_weight) so that desirable_weight x their count over undesirable_weight x "
+        "theirs is between 1 and 4/3, as the KTO paper advises.")
+    undesirable_weight: float = _field(
+        1.0, "kto: the weight of each undesirable row's loss (label false); see desirable_weight.")
     reference: ReferenceLogps = _field(
-        "each_step", "dpo: how the reference is had. each_step: run on every step, the base with the adapter off "
+        "each_step", "dpo and kto: how the reference is had. each_step: run on every step, the base with the adapter off "
         "for adapter methods (no second copy), a frozen copy of the starting weights for full fine-tuning. "
         "precomputed: its log-probabilities of every pair computed once before the first step (TRL's "
         "precompute_ref_log_probs): no copy, no reference forward while training.")
@@ -354,7 +362,8 @@ class RunConfig:
     )
     objective: Objective = _field(
         "sft", "What training minimizes. sft: the cross-entropy of the response tokens. dpo, orpo, simpo: learn from "
-        "preference pairs (data.format preference), settings in the preference section."
+        "preference pairs (data.format preference); kto: from completions labelled desirable or undesirable "
+        "(data.format unpaired_preference). Their settings are in the preference section."
     )
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "The base model."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "The data."})
@@ -415,18 +424,27 @@ class RunConfig:
 
     @property
     def learns_preferences(self) -> bool:
-        """Whether the objective learns from preference pairs (dpo, orpo, simpo) rather than responses."""
+        """Whether the objective learns from preferences (dpo, orpo, simpo, kto) rather than responses."""
         return self.objective != "sft"
 
     @property
+    def preference_format(self) -> str | None:
+        """The row format a preference objective reads: pairs (dpo, orpo, simpo), unpaired rows (kto); sft: None."""
+        if not self.learns_preferences:
+            return None
+        return "unpaired_preference" if self.objective == "kto" else "preference"
+
+    @property
     def row_format(self) -> str:
-        """The rows' format as the data is read: the preference objectives read pairs (their auto), or say why not."""
-        return "preference" if self.learns_preferences and self.data.format == "auto" else self.data.format
+        """The rows' format as the data is read: a preference objective reads its own (its auto), or says why not."""
+        if self.data.format == "auto" and self.preference_format:
+            return self.preference_format
+        return self.data.format
 
     @property
     def uses_reference(self) -> bool:
-        """Whether the objective compares the model with its reference (dpo)."""
-        return self.objective == "dpo"
+        """Whether the objective compares the model with its reference (dpo, kto)."""
+        return self.objective in ("dpo", "kto")
 
     @property
     def sequences_per_row(self) -> int:

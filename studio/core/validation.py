@@ -65,6 +65,19 @@ def _with_line(problem: Problem, source: str, lines: dict[str, int]) -> Problem:
     return replace(problem, where=f"{problem.where} ({source}:{line})") if line else problem
 
 
+def _check_kto_weights(config: RunConfig) -> list[Problem]:
+    """KTO's desirable and undesirable weights: positive for kto, left at 1 by the other objectives."""
+    problems = []
+    for name in ("desirable_weight", "undesirable_weight"):
+        value, where = getattr(config.preference, name), f"preference.{name}"
+        if config.objective == "kto":
+            problems += _positive(value, where, "weight such as 1.0")
+        elif value != 1.0:
+            problems.append(Problem(where, f"objective {config.objective} does not weigh rows by their label",
+                                    "set it to 1 (it is kto's)"))
+    return problems
+
+
 def _positive(value: float, where: str, what: str) -> list[Problem]:
     return [] if value > 0 else [Problem(where, f"must be greater than 0, got {value}", f"set a positive {what}")]
 
@@ -185,15 +198,18 @@ def _check_qat(config: RunConfig) -> list[Problem]:
 def _check_preference(config: RunConfig) -> list[Problem]:
     """The preference objectives' data and settings; a setting the objective ignores is refused, not silently unused."""
     pref, objective, problems = config.preference, config.objective, []
-    if not config.learns_preferences:
-        if config.data.format == "preference":
-            problems.append(Problem("data.format", "preference pairs are for the preference objectives",
-                                    "set objective to dpo, orpo or simpo, or choose another data.format"))
+    fmt, wanted = config.data.format, config.preference_format
+    if wanted is None:
+        if fmt in ("preference", "unpaired_preference"):
+            problems.append(Problem("data.format", f"{fmt} rows are for the preference objectives",
+                                    f"set objective to {'kto' if fmt == 'unpaired_preference' else 'dpo, orpo or simpo'}"
+                                    ", or choose another data.format"))
         return problems
-    if config.data.format not in ("auto", "preference"):
-        problems.append(Problem("data.format", f"objective {objective} learns from preference pairs",
-                                "set data.format to preference or auto"))
+    if fmt not in ("auto", wanted):  # one reason for every other format: the window lists them once
+        problems.append(Problem("data.format", f"objective {objective} learns from {wanted} rows",
+                                f"set data.format to {wanted} or auto"))
     problems += _positive(pref.beta, "preference.beta", "beta such as 0.1")
+    problems += _check_kto_weights(config)
     smoothing_used = (objective == "dpo" and pref.dpo_loss == "robust") or objective == "simpo"
     if not 0.0 <= pref.label_smoothing < 0.5:
         problems.append(Problem("preference.label_smoothing", f"must be in [0, 0.5), got {pref.label_smoothing}"))
@@ -206,7 +222,9 @@ def _check_preference(config: RunConfig) -> list[Problem]:
     elif pref.sft_weight and objective == "orpo":
         problems.append(Problem("preference.sft_weight", "ORPO always adds the chosen rows' cross-entropy, weight 1",
                                 "set it to 0 (preference.beta weighs ORPO's odds-ratio term)"))
-    if objective == "dpo" and pref.reference == "each_step" and not config.uses_adapter \
+    elif pref.sft_weight and objective == "kto":
+        problems.append(Problem("preference.sft_weight", "kto adds no cross-entropy", "set it to 0"))
+    if config.uses_reference and pref.reference == "each_step" and not config.uses_adapter \
             and config.distributed.shards_weights:
         problems.append(Problem("preference.reference", f"a frozen copy of the reference would be whole on every GPU "
                                 f"while {config.distributed.sharding} shards the trained weights",

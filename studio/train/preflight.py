@@ -17,8 +17,7 @@ import logging
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.data.dataset import DatasetReport, inspect_files
-from studio.core.data.row_formats import objective_refusal
+from studio.core.data.dataset import DatasetReport, inspect_files, objective_refusal
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config

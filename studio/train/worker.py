@@ -64,7 +64,6 @@ from studio.train.model.build import adapted_module_names, build_model, count_pa
 from studio.train.model.layersplit import placement_of, run_scale_out
 from studio.train.model.methods import adapter_regularization, after_optimizer_step
 from studio.train.objectives import objective_for
-from studio.train.objectives.preference import REFERENCE_COLUMNS
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
@@ -200,7 +199,7 @@ class Worker:
         self.objective = objective_for(self.config, self.raw_model, self.tokenizer.pad_token_id, self._frozen_copy())
 
     def _frozen_copy(self) -> torch.nn.Module | None:
-        """DPO's reference for full fine-tuning, each step: the starting weights loaded again, frozen (also when
+        """The reference of full fine-tuning (dpo, kto), each step: the starting weights loaded again, frozen (also when
         resuming: the checkpoint's weights are the trained ones)."""
         if not self.config.frozen_reference:
             return None
@@ -223,8 +222,8 @@ class Worker:
             log.info("resumed from %s at step %d", resume_from, self.step)
 
     def _precompute_reference(self) -> None:
-        """DPO with precomputed reference log-probabilities: each pair's, computed before the first step and kept in
-        the run directory (a resumed run's weights are no longer the reference), then carried by the rows."""
+        """A reference's precomputed log-probabilities (dpo, kto): each row's, computed before the first step and kept
+        in the run directory (a resumed run's weights are no longer the reference), then carried by the rows."""
         if not (self.config.uses_reference and self.config.preference.reference == "precomputed"):
             return
         path = self.run_dir.path / "reference-logps.pt"
@@ -237,13 +236,15 @@ class Worker:
             if self.engine.is_main:
                 torch.save(kept, path)
             log.info("reference log-probabilities of every pair computed in %.1f s", time.perf_counter() - started)
-        self.train_rows = _with_reference(self.train_rows, kept["train"])
+        columns = self.objective.reference_columns
+        self.train_rows = _with_reference(self.train_rows, kept["train"], columns)
         if self.eval_rows is not None:
-            self.eval_rows = _with_reference(self.eval_rows, kept["eval"])
+            self.eval_rows = _with_reference(self.eval_rows, kept["eval"], columns)
 
     @torch.no_grad()
     def _reference_of(self, rows) -> torch.Tensor:
-        """(rows, 2): the reference's summed log-probabilities of each pair's chosen and rejected response."""
+        """(rows, 2): the reference's summed log-probabilities of each row's two sequences (a pair's chosen and
+        rejected response; an unpaired row's completion and its mismatched one)."""
         self.model.eval()
         size, found = self.config.training.micro_batch_size, []
         for start in range(0, len(rows), size):
@@ -427,13 +428,12 @@ class Worker:
             "target_tokens": target_tokens, "step_seconds": seconds, **metrics,
         }
 
-    def _objective_metrics(self, units: int, prefix: str = "") -> dict[str, float]:
-        """The objective's metrics (TRL's names, eval ones prefixed eval_ as TRL's): each a mean over the units of
-        every rank."""
-        sums = self.objective.take_metric_sums()
-        names = self.objective.metric_names
+    def _objective_metrics(self, units: int) -> dict[str, float]:
+        """The objective's metrics (TRL's names; eval ones are prefixed eval_, as TRL's) from its sums over every
+        rank."""
+        sums, names = self.objective.take_metric_sums(), self.objective.metric_sums
         totals = self.engine.all_sum([sums.get(name, 0.0) for name in names]) if names else []
-        return {f"{prefix}{name}": total / max(units, 1) for name, total in zip(names, totals)}
+        return self.objective.metrics(dict(zip(names, totals)), units)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -449,8 +449,8 @@ class Worker:
             total_tokens += objective.units(batch)
         eval_loss = total_loss / max(total_tokens, 1)
         # every rank evaluated every row: the metrics are this rank's alone (all_sum would count them N times)
-        sums = objective.take_metric_sums()
-        metrics = {f"eval_{name}": sums.get(name, 0.0) / max(total_tokens, 1) for name in objective.metric_names}
+        metrics = {f"eval_{name}": value
+                   for name, value in objective.metrics(objective.take_metric_sums(), total_tokens).items()}
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens, **metrics)
         return eval_loss
 
@@ -481,9 +481,9 @@ class Worker:
         return path
 
 
-def _with_reference(rows, logps: torch.Tensor):
-    """The rows with their pairs' reference log-probabilities as columns (the objective's batches carry them)."""
-    for index, column in enumerate(REFERENCE_COLUMNS):
+def _with_reference(rows, logps: torch.Tensor, columns: tuple[str, ...]):
+    """The rows with their reference log-probabilities as ``columns`` (the objective's batches carry them)."""
+    for index, column in enumerate(columns):
         rows = rows.add_column(column, logps[:, index].tolist())
     return rows
 

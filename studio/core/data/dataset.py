@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from studio.core.data.hub import is_hub_spec, parse_hub_spec, rows_file
 from studio.core.data.row_formats import (FORMATS, DataError, Example, describe_value, detect_format, fits_no_format,
@@ -35,8 +35,35 @@ from studio.core.data.row_formats import (FORMATS, DataError, Example, describe_
 from studio.core.errors import Problem, ProblemsError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
-PAIRS_HINT = ("the preference objectives learn from rows with prompt, chosen and rejected (TRL's preference rows); "
-              "to learn from these rows, set objective to sft")
+
+
+class PreferenceRows(NamedTuple):
+    """A preference row format in words: one row, many, the objectives that read it, the fields it needs."""
+
+    row: str
+    rows: str
+    objectives: str
+    fields: str
+
+
+PREFERENCE_ROWS = {
+    "preference": PreferenceRows("a preference pair", "preference pairs (chosen and rejected)", "dpo, orpo or simpo",
+                                 "prompt, chosen and rejected (TRL's preference rows)"),
+    "unpaired_preference": PreferenceRows("an unpaired preference row", "unpaired preference rows (completion and "
+                                          "label)", "kto", "prompt, completion and label (TRL's unpaired preference "
+                                          "rows)"),
+}
+
+def objective_refusal(fmt: str, learns_preferences: bool, where: str) -> DataError | None:
+    """Why rows of ``fmt`` cannot train the run's objective (``where``: their file), or None: preference rows are for
+    the preference objectives alone (which read every file as their rows, and refuse others by line)."""
+    if fmt in PREFERENCE_ROWS and not learns_preferences:
+        rows = PREFERENCE_ROWS[fmt]
+        return DataError(where, f"the rows are {rows.rows}: objective sft learns from responses",
+                         f"set objective to {rows.objectives}")
+    return None
+
+
 MAX_PROBLEMS = 20
 """inspect_files stops reading after this many problems: enough to see a pattern."""
 
@@ -399,13 +426,16 @@ class _Scanner:
                                f"{self.format} ({self.decided_at})", "use one row format per dataset")
             return to_messages(record, self.format, location)
         except DataError as exc:
-            if self.requested not in ("auto", "preference") and fits_no_format(record):  # "field 'instruction' is missing" hides why
-                self.wrong_format = not self.rows_checked
+            if self.requested != "auto" and self.requested not in PREFERENCE_ROWS and fits_no_format(record):
+                self.wrong_format = not self.rows_checked  # "field 'instruction' is missing" would hide why
                 return unknown_format_error(record, location, self.format).problem
-            if self.format == "preference" and seen not in (None, "preference"):
+            if self.format in PREFERENCE_ROWS and seen not in (None, self.format):
                 self.wrong_format = not self.rows_checked
-                return Problem(exc.problem.where, f"the row looks like {seen or 'no row format'}, not a preference "
-                               f"pair ({exc.problem.message})", PAIRS_HINT)
+                wanted = PREFERENCE_ROWS[self.format]
+                fitting = PREFERENCE_ROWS[seen].objectives if seen in PREFERENCE_ROWS else "sft"
+                return Problem(exc.problem.where, f"the row looks like {seen or 'no row format'}, not {wanted.row} "
+                               f"({exc.problem.message})", f"objective {wanted.objectives} learns from rows with "
+                               f"{wanted.fields}; to learn from these rows, set objective to {fitting}")
             if self.requested != "auto" and seen and seen != self.format:
                 if not self.rows_checked:  # the first row already: the whole dataset is likely another format
                     self.wrong_format = True

@@ -14,7 +14,9 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
 - text: ``text``.
 - preference: TRL's preference rows, ``prompt``, ``chosen`` and ``rejected``: plain text, or each a list of
   messages (conversational). Without ``prompt`` the prompt is implicit: what chosen and rejected share from their
-  start (their common turns, or characters), as TRL's ``extract_prompt`` takes it. For the preference objectives.
+  start (their common turns, or characters), as TRL's ``extract_prompt`` takes it. For the pairwise objectives.
+- unpaired_preference: TRL's unpaired preference rows (KTO's), ``prompt``, ``completion`` and ``label`` (true: the
+  completion is desirable, false: undesirable): plain text, or prompt and completion each a list of messages.
 
 ``studio.core.data.dataset`` reads the files and hands every record to ``to_messages``.
 """
@@ -27,19 +29,20 @@ from typing import Any
 
 from studio.core.errors import Problem, StudioError
 
-FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference")
+FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference")
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 _ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
 _FORMAT_FIELDS = {  # the fields that make a row look like each format, in detection order
     "preference": (("chosen", "rejected"),),
+    "unpaired_preference": (("completion", "label"),),
     "chat": (("messages",), ("conversations",)),
     "instruction": (("instruction", "output"),),
     "prompt_completion": (("prompt", "completion"),),
     "text": (("text",),),
 }
-_FORMAT_HINT = ("rows need messages, conversations, instruction+output, prompt+completion, text, or chosen+rejected; "
-                "or set data.format")
+_FORMAT_HINT = ("rows need messages, conversations, instruction+output, prompt+completion, text, chosen+rejected, "
+                "or completion+label; or set data.format")
 _MISSING = object()
 
 
@@ -59,22 +62,30 @@ class Example:
     (dicts with ``role`` and ``content``, ready for a chat template);
     prompt_completion rows ``prompt`` and ``completion``; text rows ``text``.
     Preference rows carry ``chosen`` and ``rejected``: plain, as text after the text ``prompt``; conversational,
-    as turns after the prompt's turns in ``messages``.
+    as turns after the prompt's turns in ``messages``. Unpaired preference rows carry their ``completion`` the same
+    way (text, or turns) and its ``label``.
     """
 
     kind: str
     messages: tuple[dict[str, str], ...] = ()
     prompt: str = ""
-    completion: str = ""
+    completion: str | tuple[dict[str, str], ...] = ""
     text: str = ""
     location: str = ""
     chosen: str | tuple[dict[str, str], ...] = ""
     rejected: str | tuple[dict[str, str], ...] = ""
+    label: bool = False
+    """unpaired_preference: whether the completion is desirable (TRL's label)."""
 
     @property
     def conversational(self) -> bool:
         """Whether a preference row's responses are turns (rendered through the chat template), not text."""
-        return isinstance(self.chosen, tuple)
+        return isinstance(self.chosen, tuple) or isinstance(self.completion, tuple)
+
+    @property
+    def responses(self) -> tuple:
+        """A preference row's responses, each text or turns: (chosen, rejected), or (completion,) when unpaired."""
+        return (self.completion,) if self.kind == "unpaired_preference" else (self.chosen, self.rejected)
 
     def chosen_row(self) -> "Example":
         """A preference pair as the response row of its chosen answer (chat, or prompt_completion for plain text):
@@ -222,15 +233,6 @@ def _plain_text(record: dict, location: str) -> Example:
     return Example("text", text=_text(record, "text", location), location=location)
 
 
-def objective_refusal(fmt: str, learns_preferences: bool, where: str) -> DataError | None:
-    """Why rows of ``fmt`` cannot train the run's objective (``where``: their file), or None: pairs are for the
-    preference objectives alone (those read every file as pairs, and refuse other rows by line)."""
-    if fmt == "preference" and not learns_preferences:
-        return DataError(where, "the rows are preference pairs (chosen and rejected): objective sft learns from "
-                         "responses", "set objective to dpo, orpo or simpo")
-    return None
-
-
 def _preference(record: dict, location: str) -> Example:
     """A preference pair; its prompt given, or implicit in what chosen and rejected share."""
     for key in ("chosen", "rejected"):
@@ -268,6 +270,37 @@ def _conversational_preference(record: dict, location: str) -> Example:
     return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location)
 
 
+def _unpaired_preference(record: dict, location: str) -> Example:
+    """A completion labelled desirable (true) or undesirable (false) after its prompt, as text or turns."""
+    label = _label(record, location)
+    if isinstance(record.get("completion"), list):
+        turns = {}
+        for key in ("prompt", "completion"):
+            value = record.get(key) or []
+            if not isinstance(value, list):
+                raise DataError(location, f"field '{key}' must be a list of messages like the completion, got "
+                                f"{describe_value(value)}")
+            turns[key] = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(value))
+        _check_turn_order(turns["prompt"] + turns["completion"], "prompt+completion", location)
+        return Example("unpaired_preference", messages=turns["prompt"], completion=turns["completion"], label=label,
+                       location=location)
+    prompt = _text(record, "prompt", location, blank_ok=True)
+    completion = _text(record, "completion", location)
+    return Example("unpaired_preference", prompt=prompt, completion=completion, label=label, location=location)
+
+
+def _label(record: dict, location: str) -> bool:
+    """An unpaired row's label: true or false (in a CSV file, the text true or false)."""
+    value = record.get("label", _MISSING)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        what = "is missing" if value is _MISSING else f"must be true or false, got {describe_value(value)}"
+        raise DataError(location, f"field 'label' {what}", "label is true for a desirable completion, false for an "
+                        "undesirable one")
+    return value
+
+
 def _shared_start(chosen, rejected):
     """(prompt, chosen, rejected) of an implicit prompt: the longest common start of chosen and rejected, as TRL's
     ``extract_prompt`` cuts it (text: a space before the cut goes with the responses)."""
@@ -278,7 +311,7 @@ def _shared_start(chosen, rejected):
 
 
 _BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text,
-             "preference": _preference}
+             "preference": _preference, "unpaired_preference": _unpaired_preference}
 
 
 def _text(record: dict, key: str, location: str, *, path: str = "", required: bool = True,

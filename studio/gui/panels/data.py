@@ -11,8 +11,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGro
                                QPushButton, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
-from studio.core.data.dataset import SUFFIXES, beyond_max_length_problems, beyond_max_length_warning
-from studio.core.data.row_formats import DataError, objective_refusal
+from studio.core.data.dataset import (SUFFIXES, beyond_max_length_problems, beyond_max_length_warning,
+                                     objective_refusal)
+from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN, train_files_changes
 from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview, tokenizer_of

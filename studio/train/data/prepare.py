@@ -16,6 +16,11 @@ and the response starts where the two part (a template or a merge across the bor
 tokens). Each of prompt+chosen and prompt+rejected is then cut to max_length keeping its start (TRL's keep_start:
 the prompt is kept, the response's end is cut), and a pair whose prompt alone fills max_length is left out, as TRL
 leaves it out. A pair's row holds input_ids/labels (prompt+chosen) and rejected_input_ids/rejected_labels.
+
+Unpaired preference rows (KTO's) are tokenized the same way, with their one completion: input_ids/labels, the
+completion's tokens (``completion_ids``, as many as max_length) and its ``label``. For KTO's KL term each row also
+carries a mismatched completion (``kl_completion_ids``): that of the row before it in its group of micro_batch_size
+rows, in the split's order (the group's first takes its last), as TRL's KTOTrainer pairs them.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ if TYPE_CHECKING:  # imported where a split is made or loaded: importing this mo
 
 IGNORE_INDEX = -100
 _COLUMNS = ("input_ids", "labels")
-PAIR_COLUMNS = (*_COLUMNS, "rejected_input_ids", "rejected_labels")
+PREFERENCE_COLUMNS = {  # the columns of each preference row format (beside input_ids and labels)
+    "preference": ("rejected_input_ids", "rejected_labels"),
+    "unpaired_preference": ("completion_ids", "label"),
+}
 _BATCH_ROWS = 1000
 
 
@@ -173,38 +181,41 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     return ids, expected
 
 
-def encode_pair(example: Example, tokenizer: Any, template: str, max_length: int,
-                add_bos: bool | None = None) -> dict[str, Any]:
-    """A preference pair's two sequences (the module docstring says how, as TRL), each cut to ``max_length``;
-    ``response_start`` is the prompt's length (the pair is dropped when it is max_length or more)."""
-    prompt, chosen, rejected = _pair_texts(example, tokenizer, template)
+def encode_preference(example: Example, tokenizer: Any, template: str, max_length: int,
+                      add_bos: bool | None = None) -> dict[str, Any]:
+    """A preference row's sequences (the module docstring says how, as TRL), each cut to ``max_length``: a pair's
+    two, or an unpaired row's one with its ``completion_ids`` and ``label``; ``response_start`` is the prompt's
+    length (the row is dropped when it is max_length or more)."""
+    prompt, *sequences = _preference_texts(example, tokenizer, template)
     if add_bos is None:
         add_bos = adds_bos(tokenizer)
-    prompt_ids, chosen_ids, rejected_ids = (_whole_ids(text, tokenizer, add_bos) for text in (prompt, chosen, rejected))
-    start = min(_common_prefix(prompt_ids, chosen_ids), _common_prefix(prompt_ids, rejected_ids))
-    if start >= max_length:  # nothing of either response would be left: TRL drops the pair
+    prompt_ids, *sequence_ids = (_whole_ids(text, tokenizer, add_bos) for text in (prompt, *sequences))
+    start = min(_common_prefix(prompt_ids, ids) for ids in sequence_ids)
+    if start >= max_length:  # nothing of the responses would be left: TRL drops the row
         return {"input_ids": [], "labels": [], "truncated": True, "response_start": start}
-    encoded: dict[str, Any] = {"truncated": max(len(chosen_ids), len(rejected_ids)) > max_length,
-                               "response_start": start}
-    for prefix, ids in (("", chosen_ids), ("rejected_", rejected_ids)):
+    encoded: dict[str, Any] = {"truncated": max(map(len, sequence_ids)) > max_length, "response_start": start}
+    for prefix, ids in zip(("", "rejected_"), sequence_ids):
         encoded[f"{prefix}input_ids"] = ids[:max_length]
         encoded[f"{prefix}labels"] = ([IGNORE_INDEX] * start + ids[start:])[:max_length]
+    if example.kind == "unpaired_preference":  # as much of the completion as another row's prompt may take (KTO's KL)
+        encoded["completion_ids"] = sequence_ids[0][start:start + max_length]
+        encoded["label"] = example.label
     return encoded
 
 
-def _pair_texts(example: Example, tokenizer: Any, template: str) -> tuple[str, str, str]:
-    """The prompt, prompt+chosen and prompt+rejected as text: plain ones with eos after each response (if it
-    lacks one), conversational ones through the chat template."""
+def _preference_texts(example: Example, tokenizer: Any, template: str) -> list[str]:
+    """The prompt, then the prompt and each response (chosen, rejected; or the completion) as text: plain ones with
+    eos after each response (if it lacks one), conversational ones through the chat template."""
     if not example.conversational:
         eos = tokenizer.eos_token or ""
-        ending = lambda text: text if text.endswith(eos) else text + eos  # noqa: E731
-        return example.prompt, example.prompt + ending(example.chosen), example.prompt + ending(example.rejected)
+        return [example.prompt] + [example.prompt + (text if text.endswith(eos) else text + eos)
+                                   for text in example.responses]
     rendered = [render_segments(Example("chat", messages=example.messages + response, location=example.location),
-                                tokenizer, template) for response in (example.chosen, example.rejected)]
-    first_response = render_segments(Example("chat", messages=example.messages + example.chosen[:1],
+                                tokenizer, template) for response in example.responses]
+    first_response = render_segments(Example("chat", messages=example.messages + example.responses[0][:1],
                                              location=example.location), tokenizer, template)
     prompt = "".join(text for text, _ in templates.prompt_segments(first_response))
-    return prompt, *("".join(text for text, _ in segments) for segments in rendered)
+    return [prompt] + ["".join(text for text, _ in segments) for segments in rendered]
 
 
 def _whole_ids(text: str, tokenizer: Any, add_bos: bool) -> list[int]:
@@ -241,11 +252,13 @@ def as_token_list(values: Any) -> list[int]:
 class _SplitBuilder:
     """Collects encoded rows of one split into Arrow batches and counts them."""
 
-    def __init__(self, fmt: str, template: str):
+    def __init__(self, fmt: str, template: str, kl_group: int):
+        self.kl_group = kl_group  # unpaired rows: the groups whose completions are mismatched (KTO's KL term)
         self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
                                       "dropped": 0, "format": fmt, "template": template}
-        self.columns = PAIR_COLUMNS if fmt == "preference" else _COLUMNS
-        self._schema = pa.schema([(name, pa.list_(pa.int32())) for name in self.columns])
+        self.columns = (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()))
+        self._schema = pa.schema([(name, pa.bool_() if name == "label" else pa.list_(pa.int32()))
+                                  for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
         self.dropped: list[RowStart] = []  # the rows whose response lay beyond max_length, and where it started
@@ -276,7 +289,21 @@ class _SplitBuilder:
         from datasets.table import InMemoryTable
 
         self._flush()
-        return datasets.Dataset(InMemoryTable(pa.Table.from_batches(self._batches, schema=self._schema)))
+        table = pa.Table.from_batches(self._batches, schema=self._schema)
+        if "completion_ids" in self.columns:
+            mismatched = rotated_in_groups(table.column("completion_ids").to_pylist(), self.kl_group)
+            table = table.append_column("kl_completion_ids", pa.array(mismatched, type=pa.list_(pa.int32())))
+        return datasets.Dataset(InMemoryTable(table))
+
+
+def rotated_in_groups(values: list, group: int) -> list:
+    """Each value replaced by the one before it in its group of ``group`` (the first by the group's last): KTO's
+    mismatched completions, as TRL's KTOTrainer pairs them (its groups: a batch of the data's order)."""
+    rotated = []
+    for start in range(0, len(values), group):
+        chunk = values[start:start + group]
+        rotated += chunk[-1:] + chunk[:-1]
+    return rotated
 
 
 def sequence_lengths(rows: datasets.Dataset) -> list[int]:
@@ -302,12 +329,15 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     train_report, eval_report = reports
     formats = {report.format for report in (train_report, eval_report) if report}
     # pairs may be conversational, known row by row: the template is resolved for them all
-    template = resolve_template(data.template, tokenizer) if formats & {"instruction", "chat", "preference"} else "none"
+    rendered = {"instruction", "chat", *PREFERENCE_COLUMNS}
+    template = resolve_template(data.template, tokenizer) if formats & rendered else "none"
     encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt)
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
-    train = _SplitBuilder(train_report.format, template)
-    evaluation = _SplitBuilder((eval_report or train_report).format, template) if eval_report or held_out else None
+    group = config.training.micro_batch_size
+    train = _SplitBuilder(train_report.format, template, group)
+    evaluation = _SplitBuilder((eval_report or train_report).format, template, group) if eval_report or held_out \
+        else None
     encoder.run(iter_examples(data.train_files, train_report.format),
                 lambda index: evaluation if index in held_out else train)
     if eval_report is not None:
@@ -380,8 +410,8 @@ class _Encoder:
             split_of(index).add(encoded, example.location)
 
     def _encode(self, example: Example) -> dict[str, Any]:
-        if example.kind == "preference":
-            return encode_pair(example, self.tokenizer, self.template, self.max_length, self.add_bos)
+        if example.kind in PREFERENCE_COLUMNS:
+            return encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos)
         segments = render_segments(example, self.tokenizer, self.template)
         return encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
 

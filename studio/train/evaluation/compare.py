@@ -26,7 +26,7 @@ from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir, write_atomically
 from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
-from studio.train.data.prepare import (IGNORE_INDEX, collate, encode, encode_pair, encode_prompt, held_out_rows,
+from studio.train.data.prepare import (IGNORE_INDEX, collate, encode, encode_preference, encode_prompt, held_out_rows,
                                        render_segments)
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.generate import base_model, load_run_model
@@ -139,7 +139,7 @@ class _PairScorer(_AnswerScorer):
 
     def __init__(self, tokenizer, config: RunConfig, examples: list[Example], max_new_tokens: int):
         self.objective = Preference(config, None, tokenizer.pad_token_id)
-        pairs = [encode_pair(e, tokenizer, config.data.template, config.data.max_length) for e in examples]
+        pairs = [encode_preference(e, tokenizer, config.data.template, config.data.max_length) for e in examples]
         kept = [i for i, pair in enumerate(pairs) if pair["input_ids"]]
         super().__init__(tokenizer, config, [examples[i] for i in kept], max_new_tokens, [pairs[i] for i in kept])
 
@@ -149,9 +149,9 @@ class _PairScorer(_AnswerScorer):
         for indices in _batches(list(range(len(self.encoded))), ANSWER_BATCH):
             batch = self.objective.batch([self.encoded[i] for i in indices], packed=False)
             batch = {key: value.to(model.device) for key, value in batch.items()}
-            logps = SequenceLogps(token_logps(model, batch), batch)
-            chosen, rejected = self.objective.ranked(logps)
-            chosen_sums = logps.responses(average=False)[0]
+            logps = SequenceLogps(token_logps(model, batch), batch, 2 * len(indices))
+            chosen, rejected = self.objective.ranked(logps, len(indices))
+            chosen_sums = logps.responses(average=False)[:len(indices)]
             for ranked_chosen, ranked_rejected, chosen_sum in zip(chosen.tolist(), rejected.tolist(),
                                                                   chosen_sums.tolist()):
                 scores.append({"loss_sum": -chosen_sum, "chosen_logp": ranked_chosen,

@@ -21,9 +21,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from studio.core.errors import StudioError
 from studio.core.export.gguf import CONVERTER_PACKAGE, CONVERTER_VERSION, LLAMA_CPP_INSTALL, tools_dir
+
+if TYPE_CHECKING:
+    import torch
 
 _SCRIPT = "convert_hf_to_gguf.py"
 

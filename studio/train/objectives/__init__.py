@@ -4,11 +4,13 @@
   full logits or chunked (the lean loss); and the target tokens' log-probabilities, chunked too.
 * ``preference``: learning from preference pairs (DPO, ORPO, SimPO), a pair's two sequences in one forward, with
   TRL's losses and metrics.
+* ``unpaired``: learning from completions labelled desirable or undesirable (KTO), with TRL's loss and metrics.
 
 The loop (``studio.train.worker``) takes each micro-batch from ``batch``, divides each ``loss_sum`` by the
 ``units`` of the whole step (of every rank), so that gradient accumulation and several processes equal one
-bigger batch, and reports the mean as the step's loss; evaluation does the same over held-out rows. The metrics an
-objective logs beside its loss (``metric_names``) are summed over its units and taken after each step.
+bigger batch, and reports the mean as the step's loss; evaluation does the same over held-out rows. What an
+objective logs beside its loss (``metrics``) is made of sums it keeps over the micro-batches (``metric_sums``),
+taken after each step and summed over the ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from studio.core.config import RunConfig
 from studio.train.objectives.next_token import NextToken
 from studio.train.objectives.preference import Preference
+from studio.train.objectives.unpaired import UnpairedPreference
 
 
 class Objective(Protocol):
@@ -32,15 +35,21 @@ class Objective(Protocol):
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The loss of this micro-batch, summed over its units, in fp32."""
 
-    metric_names: tuple[str, ...]
-    """What the objective logs beside the loss (TRL's names), each a mean over the units."""
+    metric_sums: tuple[str, ...]
+    """The sums the objective's metrics are made of, kept over micro-batches (summed over the ranks in this order)."""
 
     def take_metric_sums(self) -> dict[str, float]:
-        """Each metric summed over the units of the micro-batches since the last call."""
+        """Each of ``metric_sums`` over the micro-batches since the last call."""
+
+    def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
+        """What the objective logs beside the loss (TRL's names), from the sums of a step or an evaluation and its
+        units."""
 
 
 def objective_for(config: RunConfig, model, pad_token_id: int, frozen_copy=None) -> Objective:
-    """The run's objective, for its unwrapped model (``frozen_copy``: DPO's reference of full fine-tuning)."""
+    """The run's objective, for its unwrapped model (``frozen_copy``: the reference of full fine-tuning)."""
+    if config.objective == "kto":
+        return UnpairedPreference.for_run(config, model, pad_token_id, frozen_copy)
     if config.learns_preferences:
         return Preference.for_run(config, model, pad_token_id, frozen_copy)
     return NextToken.for_run(config, model, pad_token_id)

@@ -68,9 +68,12 @@ class NextToken:
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return token_loss_sum(model, batch, self.output_layer)
 
-    metric_names: tuple[str, ...] = ()
+    metric_sums: tuple[str, ...] = ()
 
     def take_metric_sums(self) -> dict[str, float]:
+        return {}
+
+    def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
         return {}
 
 

@@ -34,13 +34,12 @@ METRIC_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rew
                 "logps/rejected")
 """What each objective logs beside its loss, with TRL's names; each a mean over the step's pairs."""
 
-REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
-
 
 class Preference:
     """The pairwise objectives: per-pair losses summed, and TRL's metrics summed over the pairs until taken."""
 
-    metric_names = METRIC_NAMES
+    metric_sums = METRIC_NAMES
+    reference_columns = ("ref_chosen_logps", "ref_rejected_logps")
 
     def __init__(self, config: RunConfig, output_layer: torch.nn.Module | None, pad_token_id: int,
                  reference: Callable[[Any, dict], Any] | None = None):
@@ -55,15 +54,7 @@ class Preference:
         fine-tuning, each step), else the model with its adapter off, else (precomputed, full fine-tuning) the model
         itself, as it is before the first step."""
         layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
-        reference = None
-        if config.uses_reference:
-            if frozen_copy is not None:
-                reference = as_model(frozen_copy, lean_output_layer(frozen_copy) if layer is not None else None)
-            elif config.uses_adapter:
-                reference = adapter_off(model, layer)
-            else:
-                reference = as_model(None, layer)
-        return cls(config, layer, pad_token_id, reference)
+        return cls(config, layer, pad_token_id, reference_for(config, model, layer, frozen_copy))
 
     # ------------------------------------------------------------------ the interface the loop calls
     def batch(self, rows: list[dict[str, Any]], packed: bool) -> dict[str, torch.Tensor]:
@@ -78,10 +69,7 @@ class Preference:
         batch = lay_out(chosen + rejected)
         batch["completion"] = lay_out(responses)["labels"] != IGNORE_INDEX
         batch["pairs"] = torch.tensor(len(rows))
-        for column in REFERENCE_COLUMNS:
-            if column in rows[0]:
-                batch[column] = torch.tensor([r[column] for r in rows], dtype=torch.float32)
-        return batch
+        return {**batch, **reference_columns(rows, self.reference_columns)}
 
     def units(self, batch: dict[str, torch.Tensor]) -> int:
         return int(batch["pairs"])
@@ -91,11 +79,12 @@ class Preference:
         # the reference first: its no-grad forward then never stands beside the activations the model saves
         reference_chosen, reference_rejected = self._reference_logps(model, batch) if self.objective == "dpo" \
             else (None, None)
-        logps = SequenceLogps(token_logps(model, batch, self.output_layer), batch)
-        chosen, rejected = self.ranked(logps)
+        logps = SequenceLogps(token_logps(model, batch, self.output_layer), batch, 2 * pairs)
+        chosen, rejected = self.ranked(logps, pairs)
         if self.objective == "dpo":
             losses, chosen_rewards, rejected_rewards = dpo_losses(
-                chosen - reference_chosen, rejected - reference_rejected, logps.response_lengths(), self.settings)
+                chosen - reference_chosen, rejected - reference_rejected, logps.response_lengths().split(pairs),
+                self.settings)
         elif self.objective == "simpo":
             losses, chosen_rewards, rejected_rewards = simpo_losses(chosen, rejected, self.settings)
         else:
@@ -103,29 +92,35 @@ class Preference:
         total = losses.sum()
         sft_weight = 1.0 if self.objective == "orpo" else self.settings.sft_weight
         if sft_weight:
-            total = total + sft_weight * pairs * logps.chosen_cross_entropy()
+            total = total + sft_weight * pairs * logps.cross_entropy(first=pairs)
         self._tally(chosen, rejected, chosen_rewards, rejected_rewards)
         return total
 
-    def ranked(self, logps: "SequenceLogps") -> tuple[torch.Tensor, torch.Tensor]:
+    def ranked(self, logps: "SequenceLogps", pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each chosen and rejected response's log-probability as the objective ranks them: summed (DPO), their
         per-token mean (SimPO and ORPO)."""
-        return logps.responses(average=self.objective != "dpo")
+        return logps.responses(average=self.objective != "dpo").split(pairs)
 
     def take_metric_sums(self) -> dict[str, float]:
-        """The metrics' sums over the pairs since the last call (the loop divides them by the pairs)."""
+        """The metrics' sums over the pairs since the last call."""
         sums, self._sums = dict(self._sums), defaultdict(float)
         return sums
 
-    def reference_logps(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
+        """Each metric a mean over the pairs."""
+        return per_unit(sums, units)
+
+    def reference_logps(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The reference's summed log-probabilities of the batch's chosen and rejected responses (no gradients)."""
+        pairs = int(batch["pairs"])
         with torch.no_grad(), self.reference(model) as (reference, output_layer):
-            return SequenceLogps(token_logps(reference, batch, output_layer), batch).responses(average=False)
+            logps = SequenceLogps(token_logps(reference, batch, output_layer), batch, 2 * pairs)
+            return logps.responses(average=False).split(pairs)
 
     # ------------------------------------------------------------------ parts
-    def _reference_logps(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        if REFERENCE_COLUMNS[0] in batch:
-            return batch[REFERENCE_COLUMNS[0]], batch[REFERENCE_COLUMNS[1]]
+    def _reference_logps(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if self.reference_columns[0] in batch:
+            return tuple(batch[column] for column in self.reference_columns)
         return self.reference_logps(model, batch)
 
     def _tally(self, chosen, rejected, chosen_rewards, rejected_rewards) -> None:
@@ -137,33 +132,43 @@ class Preference:
 
 
 class SequenceLogps:
-    """Per-token log-probabilities of a pair batch's targets, gathered per sequence (chosen ones first)."""
+    """Per-token log-probabilities of a batch's targets, gathered per sequence (a pair batch: chosen ones first);
+    the response tokens are those ``completion`` marks (without it: every target)."""
 
-    def __init__(self, logps: torch.Tensor, batch: dict[str, torch.Tensor]):
+    def __init__(self, logps: torch.Tensor, batch: dict[str, torch.Tensor], sequences: int):
         targets = batch["labels"][:, 1:] != IGNORE_INDEX
-        self.logps, self.pairs = logps, int(batch["pairs"])
+        self.logps, self.sequences = logps, sequences
         self.sequence = sequence_ids(batch)[:, 1:][targets]  # the sequence of each target token
-        self.completion = batch["completion"][:, 1:][targets]  # whether it is a response token
+        completion = batch.get("completion", batch["labels"] != IGNORE_INDEX)
+        self.completion = completion[:, 1:][targets]  # whether it is a response token
 
     def _per_sequence(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        total = values.new_zeros(2 * self.pairs)
+        total = values.new_zeros(self.sequences)
         return total.index_add(0, self.sequence[mask], values[mask])
 
-    def response_lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
-        counts = self._per_sequence(torch.ones_like(self.logps), self.completion)
-        return counts[:self.pairs], counts[self.pairs:]
+    def response_lengths(self) -> torch.Tensor:
+        return self._per_sequence(torch.ones_like(self.logps), self.completion)
 
-    def responses(self, average: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each chosen and rejected response's log-probability: summed over its tokens, or their mean."""
+    def responses(self, average: bool) -> torch.Tensor:
+        """Each sequence's response log-probability: summed over its tokens, or their mean."""
         sums = self._per_sequence(self.logps, self.completion)
-        if average:
-            sums = sums / torch.cat(self.response_lengths())
-        return sums[:self.pairs], sums[self.pairs:]
+        return sums / self.response_lengths() if average else sums
 
-    def chosen_cross_entropy(self) -> torch.Tensor:
-        """The mean cross-entropy over the chosen sequences' target tokens (of the micro-batch)."""
-        chosen = self.sequence < self.pairs
-        return -self.logps[chosen].mean()
+    def cross_entropy(self, first: int) -> torch.Tensor:
+        """The mean cross-entropy over the target tokens of the ``first`` sequences (a pair batch's chosen)."""
+        return -self.logps[self.sequence < first].mean()
+
+
+def per_unit(sums: dict[str, float], units: int) -> dict[str, float]:
+    """Metrics that are means over the units: their sums divided by the units."""
+    return {name: total / max(units, 1) for name, total in sums.items()}
+
+
+def reference_columns(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The reference's precomputed log-probabilities the rows carry (``columns``), as batch tensors; none: {}."""
+    if columns[0] not in rows[0]:
+        return {}
+    return {column: torch.tensor([r[column] for r in rows], dtype=torch.float32) for column in columns}
 
 
 def sequence_ids(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -214,6 +219,18 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- the reference
+
+
+def reference_for(config: RunConfig, model, output_layer, frozen_copy=None):
+    """The reference of an objective that has one (dpo, kto), as a context on the trained model that gives (the
+    reference, its lean output layer); None without one. See ``Preference.for_run``."""
+    if not config.uses_reference:
+        return None
+    if frozen_copy is not None:
+        return as_model(frozen_copy, lean_output_layer(frozen_copy) if output_layer is not None else None)
+    if config.uses_adapter:
+        return adapter_off(model, output_layer)
+    return as_model(None, output_layer)
 
 
 def adapter_off(model, output_layer):
