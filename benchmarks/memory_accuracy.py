@@ -292,6 +292,8 @@ PREFERENCE_CASES = [
     Case("llama-7M", "qlora", "bf16", 2, 256, objective="dpo"),
     Case("llama-7M", "lora", "bf16", 2, 256, objective="orpo"),
     Case("llama-55M", "lora", "bf16", 1, 256, objective="simpo"),
+    Case("llama-7M", "lora", "bf16", 4, 256, objective="kto"),
+    Case("llama-7M", "full", "fp32", 4, 128, objective="kto", changes=PRECOMPUTED),
     Case("llama-55M", "lora", "bf16", 2, 256, checkpointing=True, accumulation=2, objective="dpo"),
     Case("llama-7M", "lora", "bf16", 2, 256, objective="dpo", derived=True),
     Case("llama-7M", "full", "fp32", 2, 128, objective="dpo", derived=True),

@@ -76,7 +76,7 @@ def test_preference_settings_are_checked_for_their_objective():
 
     kto = problems(objective="kto", data={"format": "preference"},
                    preference={"desirable_weight": 0.0, "sft_weight": 0.5, "label_smoothing": 0.1})
-    assert kto["data.format"] == "objective kto learns from unpaired_preference rows, not preference rows"
+    assert kto["data.format"] == "objective kto learns from unpaired_preference rows"
     assert {"preference.desirable_weight", "preference.sft_weight", "preference.label_smoothing"} <= kto.keys()
     assert "preference.undesirable_weight" not in kto
     dpo = problems(objective="dpo", preference={"undesirable_weight": 2.0})

@@ -32,7 +32,8 @@ def llama(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("objective, method, reference", [
     ("dpo", "lora", "each_step"), ("dpo", "full", "each_step"), ("dpo", "full", "precomputed"),
-    ("orpo", "qlora", "each_step"), ("simpo", "lora", "each_step")])
+    ("orpo", "qlora", "each_step"), ("simpo", "lora", "each_step"), ("kto", "lora", "each_step"),
+    ("kto", "full", "each_step")])
 def test_the_estimate_of_a_preference_step_is_its_measured_peak(llama, objective, method, reference):
     from studio.train.measure.simulate import measure_step
 

@@ -250,8 +250,11 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
 
 def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
     """What a preference step holds beside an SFT step's, and what its reference costs."""
-    pairs = (f"{config.objective}: each micro-batch's {config.training.micro_batch_size} pairs are "
-             f"{regime.micro_batch} sequences in one forward (counted)")
+    rows = config.training.micro_batch_size
+    pairs = (f"{config.objective}: each micro-batch's {rows} pairs are {regime.micro_batch} sequences in one forward "
+             "(counted)" if config.sequences_per_row == 2 else
+             f"{config.objective}: each micro-batch's {rows} completions, and as many mismatched ones (its KL term) "
+             "in a forward without gradients before the model's, which never adds to the peak")
     if not config.uses_reference:
         return pairs + "; no reference model"
     if config.preference.reference == "precomputed":

@@ -265,6 +265,8 @@ def examples_html(preview: Preview) -> str:
         head = f"<div style='color:{MUTED}; font-size:11px'>{html.escape(example.location)}"
         if example.tokens is not None:
             head += f" · {example.tokens} tokens"
+        if example.label is not None:
+            head += " · desirable ✓" if example.label else " · undesirable ✗"
         head += "</div>"
         if example.error:
             body = f"<div style='color:{BAD}'>{html.escape(example.error)}</div>"

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
@@ -80,7 +80,7 @@ class EvaluatePanel(QWidget):
 
     def _build_benchmark_controls(self) -> None:
         self.tasks = QLineEdit()
-        self.tasks.setPlaceholderText("lm-evaluation-harness tasks, e.g. arc_easy hellaswag")
+        self.tasks.setPlaceholderText("Benchmarks: lm-evaluation-harness tasks, e.g. arc_easy hellaswag")
         self.tasks.setToolTip("Task names as `lm-eval ls tasks` lists them, or the tasks of your own folder; "
                               "separated by spaces or commas. Their datasets must be in the Hugging Face cache "
                               "(or be local files your task YAML names).")
@@ -89,11 +89,10 @@ class EvaluatePanel(QWidget):
         self.limit.setRange(0, 100_000)
         self.limit.setValue(100)
         self.limit.setSpecialValueText("all")
-        self.limit.setPrefix("at most ")
-        self.limit.setSuffix(" examples per task")
-        self.limit.setToolTip("A quick look: score at most this many examples of each task; all: the whole task.")
+        self.limit.setSuffix(" per task")
+        self.limit.setToolTip("Examples scored per task: a quick look at 100; all: the whole task.")
         self.task_folder: Path | None = None
-        self.task_folder_button = QPushButton("Your tasks' folder…")
+        self.task_folder_button = QPushButton("Tasks folder…")
         self.task_folder_button.setToolTip("Optional: a folder of task YAML files of your own (tasks over local files).")
         self.task_folder_button.clicked.connect(self._choose_task_folder)
         self.benchmarks_button = QPushButton("Run benchmarks")
@@ -105,12 +104,12 @@ class EvaluatePanel(QWidget):
         self.benchmark_table.hide()
 
     def _build_layout(self) -> None:
-        benchmarks = QHBoxLayout()
-        benchmarks.addWidget(QLabel("Benchmarks:"))
-        benchmarks.addWidget(self.tasks, 2)
-        benchmarks.addWidget(self.limit)
-        benchmarks.addWidget(self.task_folder_button)
-        benchmarks.addWidget(self.benchmarks_button)
+        benchmarks = QGridLayout()  # two rows: the run column may be narrow
+        benchmarks.addWidget(self.tasks, 0, 0, 1, 2)
+        benchmarks.addWidget(self.benchmarks_button, 0, 2)
+        benchmarks.addWidget(self.limit, 1, 0)
+        benchmarks.addWidget(self.task_folder_button, 1, 1)
+        benchmarks.setColumnStretch(1, 1)
         buttons = QHBoxLayout()
         buttons.addWidget(self.evaluate_button)
         buttons.addWidget(self.cancel_button)
@@ -166,7 +165,7 @@ class EvaluatePanel(QWidget):
     def _choose_task_folder(self) -> None:
         chosen = QFileDialog.getExistingDirectory(self, "The folder of your task YAML files")
         self.task_folder = Path(chosen) if chosen else None
-        self.task_folder_button.setText(f"Tasks from {self.task_folder.name}" if chosen else "Your tasks' folder…")
+        self.task_folder_button.setText(f"Tasks from {self.task_folder.name}" if chosen else "Tasks folder…")
 
     def _start(self, what: str, command: list[str]) -> None:
         self._cancelled, self._running = False, what

@@ -74,18 +74,25 @@ class TechniquesPanel(SettingsColumn):
         self.simpo_gamma = NumberControl(store, "preference.simpo_gamma", "Target margin", "SimPO: the margin of "
                                          "average log-likelihoods the chosen response must win by.", 0.0, 100.0,
                                          decimals=2, step=0.1)
+        self.desirable_weight = NumberControl(store, "preference.desirable_weight", "Desirable weight", "KTO: the "
+                                              "weight of each desirable row's loss; with more desirable rows than "
+                                              "undesirable ones, lower it.", 0.01, 100.0, decimals=2, step=0.1)
+        self.undesirable_weight = NumberControl(store, "preference.undesirable_weight", "Undesirable weight",
+                                                "KTO: the weight of each undesirable row's loss.", 0.01, 100.0,
+                                                decimals=2, step=0.1)
         self.reference = ChoiceControl(store, "preference.reference", "Reference")
-        return group_box("Objective", self.objective, self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight,
-                         self.simpo_gamma, self.reference)
+        self.preference_settings = (self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight, self.simpo_gamma,
+                                    self.desirable_weight, self.undesirable_weight, self.reference)
+        return group_box("Objective", self.objective, *self.preference_settings)
 
     def _show_objective_settings(self, config: RunConfig) -> None:
         """Only the settings the objective reads; those its loss ignores stay shown, greyed, with the reason."""
         objective, loss = config.objective, config.preference.dpo_loss
         shown = {"dpo": (self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight, self.reference),
-                 "orpo": (self.beta,), "simpo": (self.beta, self.label_smoothing, self.sft_weight, self.simpo_gamma)}
+                 "orpo": (self.beta,), "simpo": (self.beta, self.label_smoothing, self.sft_weight, self.simpo_gamma),
+                 "kto": (self.beta, self.desirable_weight, self.undesirable_weight, self.reference)}
         visible = shown.get(objective, ())
-        for control in (self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight, self.simpo_gamma,
-                        self.reference):
+        for control in self.preference_settings:
             control.setVisible(control in visible)
         smoothing = objective == "simpo" or loss == "robust"
         self.label_smoothing.setEnabled(smoothing)

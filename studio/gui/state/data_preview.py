@@ -68,6 +68,7 @@ class RenderedExample:
     tokens: int | None  # None when there is no tokenizer (length in characters then); a pair's: its longer sequence
     error: str = ""
     rejected: tuple[Segment, ...] = ()  # a preference pair's rejected sequence, beside the chosen one
+    label: bool | None = None  # an unpaired preference row's: whether its completion is desirable
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
         if index < PREVIEW_EXAMPLES:
             shown = [tuple(segments) for segments, _, _ in sequences]
             rendered.append(RenderedExample(example.location, shown[0], length if encoder else None,
-                                            rejected=shown[1] if len(shown) > 1 else ()))
+                                            rejected=shown[1] if len(shown) > 1 else (),
+                                            label=example.label if example.kind == "unpaired_preference" else None))
     np = _numpy()
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
                    np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
@@ -156,29 +158,35 @@ def _may_reach(texts: Sequence[str], tokens: int) -> bool:
     return sum(len(text.encode()) + 1 for text in texts) >= tokens
 
 
+PREFERENCE_KINDS = ("preference", "unpaired_preference")
+
+
 def _templated(fmt: str) -> bool:
-    """Whether rows of this format go through a chat template (preference pairs: their conversational ones)."""
-    return fmt in ("instruction", "chat", "preference")
+    """Whether rows of this format go through a chat template (preference rows: their conversational ones)."""
+    return fmt in ("instruction", "chat", *PREFERENCE_KINDS)
 
 
 def sequences_of(example: Example, template: str, tokenizer: TokenizerInfo,
                  train_on_prompt: bool = False) -> list[list[Segment]]:
-    """What the model reads of a row, as (text, trainable) segments: one sequence, or a pair's chosen and rejected
-    ones (its prompt masked, every token after it learned, as studio.train.data.prepare.encode_pair learns them)."""
-    if example.kind != "preference":
+    """What the model reads of a row, as (text, trainable) segments: one sequence, a pair's chosen and rejected
+    ones, or an unpaired row's completion (the prompt masked, every token after it learned, as
+    studio.train.data.prepare.encode_preference learns them)."""
+    if example.kind not in PREFERENCE_KINDS:
         return [render_example(example, template, tokenizer, train_on_prompt)]
     if not example.conversational:
         eos = tokenizer.eos
         return [[(example.prompt, False), (response if response.endswith(eos) else response + eos, True)]
-                for response in (example.chosen, example.rejected)]
-    asked = render_example(Example("chat", messages=example.messages + example.chosen[:1]), template, tokenizer)
+                for response in example.responses]
+    first = example.responses[0][:1]
+    asked = render_example(Example("chat", messages=example.messages + first), template, tokenizer)
     prompt = "".join(text for text, _ in templates.prompt_segments(asked))
-    pair = []
-    for response in (example.chosen, example.rejected):
+    sequences = []
+    for response in example.responses:
         whole = "".join(text for text, _ in render_example(Example("chat", messages=example.messages + response),
                                                            template, tokenizer))
-        pair.append([(prompt, False), (whole[len(prompt):], True)] if whole.startswith(prompt) else [(whole, True)])
-    return [[segment for segment in segments if segment[0]] for segments in pair]
+        sequences.append([(prompt, False), (whole[len(prompt):], True)] if whole.startswith(prompt)
+                         else [(whole, True)])
+    return [[segment for segment in segments if segment[0]] for segments in sequences]
 
 
 def _measure(segments: list[Segment], tokenizer: TokenizerInfo, train_on_prompt: bool,

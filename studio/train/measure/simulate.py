@@ -74,23 +74,24 @@ def full_length_batches(config: RunConfig, vocab_size: int, device: torch.device
 
 
 def pair_batches(config: RunConfig, objective, vocab_size: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """One optimizer step's micro-batches of preference pairs, chosen and rejected each data.max_length long after
-    a one-token prompt (every other position a target: the estimate's worst case), padded."""
+    """One optimizer step's micro-batches of preference rows, each sequence data.max_length long after a one-token
+    prompt (every other position a target: the estimate's worst case), padded: pairs, or KTO's completions."""
     t, length = config.training, config.data.max_length
     generator = torch.Generator().manual_seed(t.seed)
 
     def sequence() -> tuple[list[int], list[int]]:
         ids = torch.randint(3, vocab_size, (length,), generator=generator).tolist()
         return ids, [IGNORE_INDEX] + ids[1:]
-    batches = []
-    for _ in range(t.gradient_accumulation_steps):
-        rows = []
-        for _ in range(t.micro_batch_size):
-            (chosen, chosen_labels), (rejected, rejected_labels) = sequence(), sequence()
-            rows.append({"input_ids": chosen, "labels": chosen_labels, "rejected_input_ids": rejected,
-                         "rejected_labels": rejected_labels})
-        batches.append({k: v.to(device) for k, v in objective.batch(rows, packed=False).items()})
-    return batches
+    def row(index: int) -> dict:
+        (chosen, chosen_labels), (rejected, rejected_labels) = sequence(), sequence()
+        if config.objective == "kto":  # one completion, desirable or not, and the mismatched one of its KL term
+            return {"input_ids": chosen, "labels": chosen_labels, "completion_ids": chosen[1:],
+                    "kl_completion_ids": rejected[1:], "label": index % 2 == 0}
+        return {"input_ids": chosen, "labels": chosen_labels, "rejected_input_ids": rejected,
+                "rejected_labels": rejected_labels}
+    return [{k: v.to(device) for k, v in objective.batch([row(i) for i in range(t.micro_batch_size)],
+                                                         packed=False).items()}
+            for _ in range(t.gradient_accumulation_steps)]
 
 
 def frozen_reference(config: RunConfig, device: torch.device):

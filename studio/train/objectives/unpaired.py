@@ -69,10 +69,11 @@ class UnpairedPreference:
 
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         desirable = batch["label"]
-        logps = SequenceLogps(token_logps(model, batch, self.output_layer), batch, len(desirable)).responses(False)
+        # the forwards without gradients first: they then never stand beside the activations the model saves
         with torch.no_grad():
             mismatched = self._logps(model, kl_sequences(batch), self.output_layer)
         reference, reference_mismatched = self._reference_logps(model, batch)
+        logps = SequenceLogps(token_logps(model, batch, self.output_layer), batch, len(desirable)).responses(False)
         kl = (mismatched - reference_mismatched).mean().clamp(min=0)
         ratios = logps - reference
         beta, settings = self.settings.beta, self.settings
