@@ -207,7 +207,7 @@ def test_the_model_card_names_hub_ids_in_its_metadata(small_data):
                                               data={"train_files": ("hub:someone/tiny@default:train", str(small_data))})
     events = [{"type": "step", "step": 3, "loss": 1.25}, {"type": "eval", "step": 3, "eval_loss": 1.5},
               {"type": "evaluation", "checkpoint": "step-000003", "data": ["/data/held_out.jsonl"],
-               **{model: {"rows": 4, "loss": loss, "perplexity": 2.0, "answered": 4, "exact_match": match,
+               **{model: {"rows": 4, "tokens": 40, "loss": loss, "perplexity": 2.0, "answered": 4, "exact_match": match,
                           "contains": match, "f1": match} for model, loss, match in (("base", 2.0, 0.0),
                                                                                      ("tuned", 0.5, 0.75))}}]
     card = model_card(config, events, {"kind": "adapter", "dtype": "float32"}, "mit", load_path="me/tune")
