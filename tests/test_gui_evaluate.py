@@ -69,6 +69,8 @@ def test_a_preference_setup_shows_its_settings_its_pairs_side_by_side_and_refuse
     html = window.data_panel.examples.toHtml()
     assert "chosen ✓" in html and "rejected ✗" in html and " kind of " in window.data_panel.examples.toPlainText()
     assert "preference pairs" in window.data_panel.summary.text() or "preference" in window.data_panel.summary.text()
+    window.store.update(data={"max_length": 6})
+    assert "keeps its start" in window.data_panel.cut_note.text()  # a pair is cut as TRL cuts it
     window.store.update(objective="sft")
     qtbot.waitUntil(lambda: bool(window.data_panel.problems), timeout=10000)
     assert "objective sft learns from responses" in str(window.data_panel.problems[0])

@@ -16,7 +16,7 @@ from studio.core.data.dataset import (SUFFIXES, beyond_max_length_problems, beyo
 from studio.core.data.row_formats import DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN, train_files_changes
-from studio.gui.state.data_preview import Preview, TokenizerInfo, build_preview, tokenizer_of
+from studio.gui.state.data_preview import PREFERENCE_KINDS, Preview, TokenizerInfo, build_preview, tokenizer_of
 from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
 from studio.gui.widgets.common import (BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation,
@@ -234,8 +234,11 @@ class DataPanel(VerticalScroll):
         cut = preview.truncated(max_length)
         share = cut / max(preview.sampled, 1)
         longest = int(preview.lengths.max()) if len(preview.lengths) else 0
+        kept = (" Each sequence keeps its start, as TRL's trainers cut it: the prompt, then as much of the response as "
+                "fits." if preview.format in PREFERENCE_KINDS else "")
         self.cut_note.setText(f"{cut:,} of {preview.sampled:,} rows ({share:.0%}) are longer than {max_length} "
-                              "tokens and get cut." if cut else f"Every row fits in {max_length} tokens (longest: {longest}).")
+                              f"tokens and get cut.{kept}" if cut else
+                              f"Every row fits in {max_length} tokens (longest: {longest}).")
 
 
     def _show_rows_beyond(self, preview: Preview, max_length: int) -> None:
