@@ -511,8 +511,8 @@ class RunConfig:
 
     @property
     def uses_reference(self) -> bool:
-        """Whether the objective compares the model with its reference (dpo, kto)."""
-        return self.objective in ("dpo", "kto")
+        """Whether the objective compares the model with its reference (dpo, kto; grpo with a KL term)."""
+        return self.objective in ("dpo", "kto") or (self.objective == "grpo" and self.grpo.beta > 0)
 
     @property
     def sequences_per_row(self) -> int:
