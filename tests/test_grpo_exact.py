@@ -62,7 +62,8 @@ def _old_logps(config, rows):
     """The sampling model's log-probabilities, as if it were a step behind: the current ones moved by up to 0.6 either
     way, so that ratios leave the clip range on both sides."""
     model = _policy(config)
-    batch = objective_for(config, model, 0).batch([{**row, "advantage": 0.0} for row in rows], packed=False)
+    sampling = config.replace(grpo={"num_iterations": 1})  # the batch of the step that samples them
+    batch = objective_for(sampling, model, 0).batch([{**row, "advantage": 0.0} for row in rows], packed=False)
     with torch.no_grad():
         current = token_logps(model, batch, temperature=config.grpo.temperature)
     moved = current + 1.2 * torch.rand(current.shape, generator=torch.Generator().manual_seed(7)) - 0.6
@@ -174,3 +175,10 @@ def test_group_advantages_are_trls():
     expected = torch.nan_to_num((rewards - mean) / (std + 1e-4), nan=0.0)
     torch.testing.assert_close(group_advantages(rewards, 2), expected)
     assert group_advantages(rewards, 2)[2:6].tolist() == [0.0, 0.0, 0.0, 0.0]  # equal rewards; an unscored one
+
+
+def test_several_steps_per_generation_batch_need_the_sampling_models_log_probabilities(model_folder):
+    config = _config(model_folder, num_iterations=2)
+    objective = objective_for(config, _policy(config), 0)
+    with pytest.raises(ValueError, match="old_logps"):
+        objective.batch([{**row, "advantage": 0.0} for row in _completions()], packed=False)

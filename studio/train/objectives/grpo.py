@@ -71,6 +71,9 @@ class Grpo:
     def batch(self, rows: list[dict[str, Any]], packed: bool) -> dict[str, torch.Tensor]:
         """Each completion after its prompt, packed or padded (the completion's tokens are the targets), with its
         advantage, its tokens' completion (``completion_of``) and the log-probabilities the rows carry."""
+        if self.settings.num_iterations > 1 and "old_logps" not in rows[0]:
+            # the current log-probabilities would stand in for the sampling model's: a ratio of 1, never clipped
+            raise ValueError("grpo.num_iterations above 1 needs the sampling model's old_logps in each row")
         sequences = [completion_sequence(row) for row in rows]
         batch = pack(sequences) if packed else collate(sequences, self.pad_token_id)
         lengths = torch.tensor([len(as_token_list(row["completion_ids"])) for row in rows])
