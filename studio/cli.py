@@ -331,8 +331,9 @@ def _config(args) -> int:
     load_hub_datasets(config)
     report, _ = inspect_data(config)
     check_model(config)  # imports transformers only for an architecture the estimator does not know
-    # the data tab's measure renders responses, not pairs: a pair's lengths are measured when training starts
-    note = "" if config.learns_preferences else _check_lengths(config, report.format)
+    # the data tab's measure renders responses: a pair's lengths are measured when training starts, and grpo's
+    # prompts have no response (the model writes them)
+    note = "" if config.objective_format else _check_lengths(config, report.format)
     print(f"{args.file}: valid; {report.rows} training rows in {report.format} format")
     if note:
         print(f"  {note}")

@@ -83,3 +83,17 @@ def test_config_check_says_when_no_tokenizer_measured_the_rows(tmp_path, capsys)
     config.write_text("model: {name_or_path: ./model}\ndata: {train_files: [rows.jsonl]}\n")
     assert main(["config", "check", str(config)]) == 0
     assert "note: the rows' token lengths are not checked" in capsys.readouterr().out
+
+
+def test_config_check_reads_grpo_prompts_and_the_reward_file_opt_in(tmp_path, capsys):
+    (tmp_path / "math.jsonl").write_text('{"prompt": "2+2?", "answer": "4"}\n{"prompt": "3+3?", "answer": "6"}\n')
+    (tmp_path / "mine.py").write_text("def reward(completion, prompt, row):\n    return 1.0\n")
+    config = tmp_path / "run.yaml"
+    text = (f"model: {{name_or_path: {demo_config().model.name_or_path}}}\nobjective: grpo\n"
+            "data: {train_files: [math.jsonl]}\ngrpo:\n  reward_file: mine.py\n")
+    config.write_text(text)
+    assert main(["config", "check", str(config)]) == 2
+    assert "grpo.trust_reward_code" in capsys.readouterr().err
+    config.write_text(text + "  trust_reward_code: true\n")
+    assert main(["config", "check", str(config)]) == 0
+    assert "valid; 2 training rows in prompt_only format" in capsys.readouterr().out

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import yaml
 
 from studio.core.choices import CHOICE_WORDS, choice_label
-from studio.core.config import RunConfig, choice_values, load_config, parse_config, reference_markdown, save_config
+from studio.core.config import RewardConfig, RunConfig, choice_values, load_config, parse_config, reference_markdown, save_config
 from studio.core.errors import ProblemsError
 from studio.core.memory.savers import savers_reference
 from studio.core.presets import demo_config
@@ -137,3 +137,37 @@ def test_validation_names_a_tracker_listed_twice_and_a_project_no_tracker_takes(
     assert "wandb is listed twice" in problems["schedule.trackers"]
     assert "team/project" in problems["schedule.tracker_project"]
     assert validate(demo_config().replace(schedule={"tracker_project": ""})) == []  # no tracker: no project needed
+
+
+def test_grpo_settings_and_rewards_are_checked_each_by_its_field():
+    def problems(**grpo):
+        config = demo_config().replace(objective="grpo", grpo=grpo)
+        return {p.where: p.message for p in validate(config, check_files=False)}
+
+    assert problems() == {}
+    assert demo_config().replace(objective="grpo").row_format == "prompt_only"
+    found = problems(group_size=1, top_p=0.0, epsilon=-0.1, reward_file="mine.py",
+                     rewards=(RewardConfig("matches_format", pattern="(", text="x"),
+                              RewardConfig("length_within", min_length=50, max_length=10), RewardConfig("contains")))
+    assert {"grpo.group_size", "grpo.top_p", "grpo.epsilon", "grpo.rewards[0].pattern", "grpo.rewards[0].text",
+            "grpo.rewards[1].max_length", "grpo.rewards[2].text"} <= found.keys()
+    assert found["grpo.rewards[0].text"] == "matches_format does not read text"
+    assert "runs only when you trust it" in found["grpo.trust_reward_code"]
+    assert problems(rewards=()) == {"grpo.rewards": "no reward scores the completions"}
+    sft = {p.where: p.message for p in validate(demo_config().replace(data={"format": "prompt_only"}),
+                                                check_files=False)}
+    assert sft == {"data.format": "prompt_only rows are for grpo, which writes their completions"}
+
+
+def test_grpo_rewards_are_a_readable_list_in_yaml_each_named_when_wrong(tmp_path):
+    config = demo_config().replace(objective="grpo", grpo={"rewards": (
+        RewardConfig("equals_reference"), RewardConfig("matches_format", weight=0.5, pattern="<think>.*</think>.*"))})
+    save_config(config, tmp_path / "run.yaml")
+    text = (tmp_path / "run.yaml").read_text()
+    assert "- name: matches_format\n    weight: 0.5\n    pattern: <think>.*</think>.*\n  reward_file:" in text
+    assert load_config(tmp_path / "run.yaml") == config
+    with pytest.raises(ProblemsError) as caught:
+        parse_config("grpo:\n  rewards:\n  - {name: contain, weight: x}\n  - 3\n")
+    assert {p.where for p in caught.value.problems} == {"grpo.rewards[0].name", "grpo.rewards[0].weight",
+                                                        "grpo.rewards[1]"}
+    assert choice_values("grpo.rewards.name")[0] == "equals_reference"

@@ -370,3 +370,20 @@ def test_data_problems_say_to_fix_the_rows_named_not_fields(tmp_path):
     with pytest.raises(ProblemsError) as caught:
         inspect_files([bad])
     assert "rows.jsonl:2" in caught.value.message and "fix the rows and files named above" in caught.value.hint
+
+
+def test_prompt_only_rows_are_read_for_grpo_and_refused_by_line_and_field(tmp_path):
+    from studio.core.presets import demo_config
+
+    rows = [{"prompt": "What is 2+2?", "answer": "4"},
+            {"prompt": [{"role": "user", "content": "And 3+3?"}], "solution": 6}]
+    path = write(tmp_path / "math.jsonl", rows)
+    fmt = demo_config().replace(objective="grpo").row_format
+    report = inspect_files([path], fmt)
+    assert report.format == "prompt_only" and [e.reference for e in report.examples] == ["4", "6"]
+    assert detect_format(rows[0]) is None  # a prompt alone is never detected: grpo reads its rows so
+    write(tmp_path / "bad.jsonl", [rows[0], {"question": "x"}, {"prompt": "q", "answer": {"value": 1}}])
+    with pytest.raises(ProblemsError) as caught:
+        inspect_files([tmp_path / "bad.jsonl"], fmt)
+    assert [str(p) for p in caught.value.problems] == [
+        "bad.jsonl:2: field 'prompt' is missing", "bad.jsonl:3: field 'answer' must be text or a number, got an object"]

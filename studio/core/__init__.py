@@ -11,7 +11,8 @@ Imports neither Qt nor torch at import time, so the window and the command line 
 * ``presets``: the embedded demo's config;
 * ``machine``: what this machine has for a run beside its GPUs (its CPU RAM);
 * ``sizes``: byte sizes written and read as text (binary units);
-* ``folders``: where studio keeps its files on this machine (the user's data folder).
+* ``folders``: where studio keeps its files on this machine (the user's data folder);
+* ``rewards``: GRPO's rewards, the built-ins and the user's trusted reward file, summed with their weights.
 
 and the sub-packages, one concern each (their ``__init__`` names their files):
 

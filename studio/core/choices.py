@@ -86,7 +86,8 @@ PACKING_WORDS: ChoiceWords = {
              "padding."),
 }
 
-DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference"]
+DataFormat = Literal["auto", "instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference",
+                     "prompt_only"]
 DATA_FORMAT_WORDS: ChoiceWords = {
     "auto": ("auto", "Detected from the columns of the first row."),
     "instruction": ("instruction (alpaca)", "instruction, optional input, output: one user turn and its answer."),
@@ -97,9 +98,11 @@ DATA_FORMAT_WORDS: ChoiceWords = {
                    "the turns chosen and rejected share are it): for dpo, orpo and simpo."),
     "unpaired_preference": ("unpaired preference rows", "prompt, completion and label (true: desirable, false: "
                             "undesirable; plain or conversational): for kto."),
+    "prompt_only": ("prompts only", "prompt (plain or conversational), optional reference answer (answer, solution "
+                    "or reference): for grpo, which writes its own completions."),
 }
 
-Objective = Literal["sft", "dpo", "orpo", "simpo", "kto"]
+Objective = Literal["sft", "dpo", "orpo", "simpo", "kto", "grpo"]
 OBJECTIVE_WORDS: ChoiceWords = {
     "sft": ("Supervised (SFT)", "Learn the responses token by token: the cross-entropy of the target tokens."),
     "dpo": ("DPO", "Learn from pairs: raise the chosen response's likelihood against the rejected one's, relative to "
@@ -111,6 +114,34 @@ OBJECTIVE_WORDS: ChoiceWords = {
                        "must exceed a target (preference.simpo_gamma)."),
     "kto": ("KTO", "Learn from single completions labelled desirable or undesirable: raise the desirable ones' "
                    "likelihood and lower the undesirable ones', relative to the reference, as DPO."),
+    "grpo": ("GRPO (verifiable rewards)", "Learn from prompts alone: the model answers each prompt several times, "
+                                          "the rewards score the answers, and the better ones of each group are made "
+                                          "likelier (grpo section)."),
+}
+
+GrpoLoss = Literal["grpo", "dr_grpo", "dapo"]
+GRPO_LOSS_WORDS: ChoiceWords = {
+    "grpo": ("GRPO", "Each completion's token mean, then the mean over completions: a short completion's tokens "
+                     "weigh more than a long one's."),
+    "dr_grpo": ("Dr. GRPO", "Every token summed, over the completions times max_completion_length: no length bias."),
+    "dapo": ("DAPO (token-level)", "Every token summed, over the step's completion tokens: each token weighs the "
+                                   "same (TRL's default)."),
+}
+
+RewardName = Literal["equals_reference", "matches_format", "length_within", "contains"]
+REWARD_NAME_WORDS: ChoiceWords = {
+    "equals_reference": ("answer equals the reference", "1 when the completion's answer (its last \\boxed{...}, "
+                         "else its last number, else its text) equals the row's reference answer, else 0."),
+    "matches_format": ("matches a format", "1 when the whole completion matches the regular expression, else 0."),
+    "length_within": ("length within limits", "1 when the completion's length (characters or words) is within the "
+                      "limits, else 0."),
+    "contains": ("contains a text", "1 when the completion contains the text, else 0."),
+}
+
+LengthUnit = Literal["characters", "words"]
+LENGTH_UNIT_WORDS: ChoiceWords = {
+    "characters": ("characters", "The completion's length in characters."),
+    "words": ("words", "The completion's length in words (separated by white space)."),
 }
 
 DpoLoss = Literal["sigmoid", "ipo", "robust", "hinge"]
@@ -187,6 +218,9 @@ CHOICE_WORDS: dict[str, ChoiceWords] = {
     "objective": OBJECTIVE_WORDS,
     "preference.dpo_loss": DPO_LOSS_WORDS,
     "preference.reference": REFERENCE_LOGPS_WORDS,
+    "grpo.loss_type": GRPO_LOSS_WORDS,
+    "grpo.rewards.name": REWARD_NAME_WORDS,
+    "grpo.rewards.unit": LENGTH_UNIT_WORDS,
     "distributed.sharding": SHARDING_WORDS,
     "distributed.offload_optimizer": OFFLOAD_WORDS,
     "distributed.offload_params": OFFLOAD_WORDS,

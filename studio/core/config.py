@@ -18,9 +18,9 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from studio.core.choices import (DataFormat, DpoLoss, LoadIn, Method, Objective, Offload, Optimizer, Packing, Precision,
-                                 QatActivations, QatWeights, QuantType, ReferenceLogps, Scheduler, Sharding, Template,
-                                 Tracker, WeightDtype)
+from studio.core.choices import (DataFormat, DpoLoss, GrpoLoss, LengthUnit, LoadIn, Method, Objective, Offload,
+                                 Optimizer, Packing, Precision, QatActivations, QatWeights, QuantType, ReferenceLogps,
+                                 RewardName, Scheduler, Sharding, Template, Tracker, WeightDtype)
 from studio.core.data.hub import is_hub_spec
 from studio.core.errors import Problem, ProblemsError
 from studio.core.methods import METHOD_SPECS, MethodSpec
@@ -71,7 +71,9 @@ class DataConfig:
         "text: plain text; preference: prompt/chosen/rejected pairs (TRL's preference rows, plain or conversational; "
         "without a prompt field, the turns chosen and rejected share are the prompt); unpaired_preference: "
         "prompt/completion/label rows (TRL's unpaired preference rows, for kto: label true marks a desirable "
-        "completion, false an undesirable one). auto detects it from the columns.",
+        "completion, false an undesirable one); prompt_only: prompt rows, plain text or a list of messages, with an "
+        "optional reference answer in answer, solution or reference (for grpo, which writes the completions). auto "
+        "detects it from the columns.",
     )
     template: Template = _field(
         "auto",
@@ -170,6 +172,70 @@ class PreferenceConfig:
         "for adapter methods (no second copy), a frozen copy of the starting weights for full fine-tuning. "
         "precomputed: its log-probabilities of every pair computed once before the first step (TRL's "
         "precompute_ref_log_probs): no copy, no reference forward while training.")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """One built-in reward of grpo.rewards: its name, its weight, and the settings of that reward (each reward reads
+    only its own; validation refuses the others')."""
+
+    name: RewardName = _field(
+        "equals_reference", "equals_reference: 1 when the completion's answer equals the row's reference (answer, "
+        "solution or reference column): the last \\boxed{...} of each, else the last number (1,234.0 equals 1234), "
+        "else the text (case and surrounding space ignored); a reference after #### (GSM8K's) is what follows it. "
+        "matches_format: 1 when the whole completion (stripped) matches pattern. length_within: 1 when the length "
+        "is within min_length and max_length. contains: 1 when the completion contains text.")
+    weight: float = _field(1.0, "What this reward counts for in the completion's total (a weighted sum).")
+    pattern: str = _field(
+        "", "matches_format: a Python regular expression the whole completion must match (re.fullmatch, . matching "
+        "newlines too); write .*X.* to only ask for X somewhere.")
+    min_length: int = _field(0, "length_within: the fewest characters or words (unit); 0: no lower limit.")
+    max_length: int = _field(0, "length_within: the most characters or words (unit); 0: no upper limit.")
+    unit: LengthUnit = _field("characters", "length_within: what min_length and max_length count.")
+    text: str = _field("", "contains: the text the completion must contain.")
+    case_sensitive: bool = _field(True, "contains: whether the case of text must match too.")
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """GRPO's settings (objective grpo), named as TRL's GRPOConfig names them: the group of completions sampled per
+    prompt, the rewards that score them, and the clipped loss."""
+
+    group_size: int = _field(
+        8, "Completions sampled per prompt (TRL's num_generations); each is judged against its group's mean reward. "
+        "At least 2: a group of one teaches nothing.")
+    temperature: float = _field(
+        1.0, "Sampling temperature of the completions; the log-probabilities of the loss are taken at it too, as TRL's.")
+    top_p: float = _field(1.0, "Nucleus sampling: the smallest set of likeliest tokens whose probability reaches it "
+                          "(1: all tokens).")
+    max_completion_length: int = _field(
+        512, "The most tokens a completion may have; dr_grpo also divides its loss by it.")
+    loss_type: GrpoLoss = _field(
+        "dapo", "How the per-token losses become one (TRL's loss_type). grpo: each completion's token mean, then the "
+        "mean over completions. dr_grpo: their sum over completions x max_completion_length. dapo: their sum over "
+        "the completion tokens of the step (token-level; TRL's default).")
+    beta: float = _field(
+        0.0, "The weight of the KL divergence to the reference (the model as it started; TRL's k3 estimator). 0, "
+        "TRL's default: no reference is run.")
+    epsilon: float = _field(0.2, "The clip range below: a token's probability ratio to the sampling model counts no "
+                            "lower than 1 - epsilon where that would help it.")
+    epsilon_high: float = _field(0.2, "The clip range above: no higher than 1 + epsilon_high (DAPO's clip-higher "
+                                 "uses 0.28).")
+    num_iterations: int = _field(
+        1, "Optimization steps on each batch of sampled completions (TRL's num_iterations, the paper's mu); above 1, "
+        "the sampling model's log-probabilities are kept for the clipped ratio.")
+    rewards: tuple[RewardConfig, ...] = _field(
+        (RewardConfig(),), "The built-in rewards and their weights, a list of sections: "
+        "[{name: equals_reference, weight: 1}, {name: matches_format, pattern: '<think>.*</think>.*', weight: 0.5}]. "
+        "Their fields are in the grpo.rewards table below.")
+    reward_file: str = _field(
+        "", "A Python file of your own with def reward(completion, prompt, row) returning a number or None "
+        "(completion: the text; prompt: the row's text or its messages; row: a dict of all its columns; None: no "
+        "reward), called once per completion; relative to the config's folder. It runs only with trust_reward_code.")
+    reward_file_weight: float = _field(1.0, "What reward_file's reward counts for in the total.")
+    trust_reward_code: bool = _field(
+        False, "Run reward_file's code (as trust_remote_code runs a model's): it can do anything your user can. An "
+        "exception in it gives that completion no reward from it and a warning naming the file, line and row.")
 
 
 @dataclass(frozen=True)
@@ -363,7 +429,8 @@ class RunConfig:
     objective: Objective = _field(
         "sft", "What training minimizes. sft: the cross-entropy of the response tokens. dpo, orpo, simpo: learn from "
         "preference pairs (data.format preference); kto: from completions labelled desirable or undesirable "
-        "(data.format unpaired_preference). Their settings are in the preference section."
+        "(data.format unpaired_preference). Their settings are in the preference section. grpo: from prompts alone "
+        "(data.format prompt_only), the model's own completions scored by rewards (the grpo section)."
     )
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "The base model."})
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "The data."})
@@ -371,6 +438,7 @@ class RunConfig:
     peft: PeftConfig = field(default_factory=PeftConfig, metadata={"doc": "Other PEFT methods' settings."})
     preference: PreferenceConfig = field(
         default_factory=PreferenceConfig, metadata={"doc": "The preference objectives' settings."})
+    grpo: GrpoConfig = field(default_factory=GrpoConfig, metadata={"doc": "GRPO's settings."})
     qat: QatConfig = field(default_factory=QatConfig, metadata={"doc": "Quantization-aware training."})
     quantization: QuantizationConfig = field(
         default_factory=QuantizationConfig, metadata={"doc": "Base-model quantization."}
@@ -424,27 +492,27 @@ class RunConfig:
 
     @property
     def learns_preferences(self) -> bool:
-        """Whether the objective learns from preferences (dpo, orpo, simpo, kto) rather than responses."""
-        return self.objective != "sft"
+        """Whether the objective learns from preferences (dpo, orpo, simpo, kto) rather than responses or rewards."""
+        return self.objective in ("dpo", "orpo", "simpo", "kto")
 
     @property
-    def preference_format(self) -> str | None:
-        """The row format a preference objective reads: pairs (dpo, orpo, simpo), unpaired rows (kto); sft: None."""
-        if not self.learns_preferences:
-            return None
-        return "unpaired_preference" if self.objective == "kto" else "preference"
+    def objective_format(self) -> str | None:
+        """The row format the objective reads: pairs (dpo, orpo, simpo), unpaired rows (kto), prompts (grpo); sft,
+        which reads any row with a response: None."""
+        return {"dpo": "preference", "orpo": "preference", "simpo": "preference", "kto": "unpaired_preference",
+                "grpo": "prompt_only"}.get(self.objective)
 
     @property
     def row_format(self) -> str:
-        """The rows' format as the data is read: a preference objective reads its own (its auto), or says why not."""
-        if self.data.format == "auto" and self.preference_format:
-            return self.preference_format
+        """The rows' format as the data is read: an objective that reads its own format reads it (its auto)."""
+        if self.data.format == "auto" and self.objective_format:
+            return self.objective_format
         return self.data.format
 
     @property
     def uses_reference(self) -> bool:
-        """Whether the objective compares the model with its reference (dpo, kto)."""
-        return self.objective in ("dpo", "kto")
+        """Whether the objective compares the model with its reference (dpo, kto; grpo with a KL term)."""
+        return self.objective in ("dpo", "kto") or (self.objective == "grpo" and self.grpo.beta > 0)
 
     @property
     def sequences_per_row(self) -> int:
@@ -494,6 +562,8 @@ def choice_values(path: str) -> tuple[Any, ...]:
     *sections, name = path.split(".")
     for section in sections:
         owner = get_type_hints(owner)[section]
+        if get_origin(owner) is tuple:  # a list of sections: grpo.rewards
+            owner = get_args(owner)[0]
     hint = get_type_hints(owner)[name]
     if get_origin(hint) is tuple:  # a list of choices: schedule.trackers
         hint = get_args(hint)[0]
@@ -510,8 +580,16 @@ def to_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, tuple):
-        return [to_dict(v) for v in obj]
+        return [_listed_section(v) if dataclasses.is_dataclass(v) else to_dict(v) for v in obj]
     return obj
+
+
+def _listed_section(obj: Any) -> dict:
+    """An item of a list of sections (grpo.rewards) as YAML reads best: its name and weight, then only the settings
+    that differ from their defaults (each kind of item reads only its own)."""
+    default = type(obj)()
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+            if f.name in ("name", "weight") or getattr(obj, f.name) != getattr(default, f.name)}
 
 
 def dump_yaml(config: RunConfig) -> str:
@@ -599,6 +677,8 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem], where) -> 
         return _build(tp, value, path + ".", problems, where)
     if origin is Literal:
         return _choice(get_args(tp), value, path, problems, where)
+    if origin is tuple and dataclasses.is_dataclass(get_args(tp)[0]):
+        return _sections(get_args(tp)[0], value, path, problems, where)
     if origin is tuple:
         if isinstance(value, str):
             value = [value]
@@ -636,6 +716,16 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem], where) -> 
             return _INVALID
         return value
     raise TypeError(f"unsupported config type {tp} at {path}")  # schema bug, not user input
+
+
+def _sections(cls: type, value: Any, path: str, problems: list[Problem], where) -> Any:
+    """A list of sections of one kind (grpo.rewards), each named by its index when wrong."""
+    if not isinstance(value, list):
+        problems.append(Problem(where(path), f"expected a list of sections, got {value!r}",
+                                "write each as - name: ... under it"))
+        return _INVALID
+    items = [_convert(cls, item, f"{path}[{i}]", problems, where) for i, item in enumerate(value)]
+    return _INVALID if _INVALID in items else tuple(items)
 
 
 def _choice(choices: tuple[Any, ...], value: Any, path: str, problems: list[Problem], where) -> Any:
@@ -681,6 +771,7 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
             "train_files": tuple(absolute(p) for p in config.data.train_files),
             "eval_files": tuple(absolute(p) for p in config.data.eval_files),
         },
+        grpo={"reward_file": absolute(config.grpo.reward_file)},
         distributed={
             "nvme_path": absolute(config.distributed.nvme_path),
             "deepspeed_config": absolute(config.distributed.deepspeed_config),
@@ -697,6 +788,8 @@ def _type_text(tp: Any) -> str:
         return ", ".join(map(str, get_args(tp)))
     if origin is tuple:
         item = get_args(tp)[0]
+        if dataclasses.is_dataclass(item):
+            return "list of sections"
         return f"list of: {_type_text(item)}" if get_origin(item) is Literal else "list of text"
     if isinstance(tp, type):
         return {"str": "text", "int": "integer", "float": "number", "bool": "true/false"}.get(tp.__name__, tp.__name__)
@@ -728,4 +821,18 @@ def reference_markdown() -> str:
         out += ["", f"## `{section.name}`: {cls.__doc__.strip()}", "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
             out.append(f"| `{section.name}.{f.name}` | {_type_text(sh[f.name])} | {_default_text(getattr(obj, f.name))} | {f.metadata['doc']} |")
+        out += _listed_sections_reference(section.name, cls)
     return "\n".join(out) + "\n"
+
+
+def _listed_sections_reference(prefix: str, cls: type) -> list[str]:
+    """The fields of each item of a section's lists of sections (grpo.rewards), as a table of their own."""
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = get_type_hints(cls)[f.name]
+        if get_origin(hint) is tuple and dataclasses.is_dataclass(item := get_args(hint)[0]):
+            out += ["", f"### each of `{prefix}.{f.name}`: {' '.join(item.__doc__.split())}", "",
+                    "| field | type | default | meaning |", "|---|---|---|---|"]
+            out += [f"| `{g.name}` | {_type_text(get_type_hints(item)[g.name])} | {_default_text(g.default)} | "
+                    f"{g.metadata['doc']} |" for g in dataclasses.fields(item)]
+    return out

@@ -32,6 +32,7 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     problems += _check_peft(config)
     problems += _check_qat(config)
     problems += _check_preference(config)
+    problems += _check_grpo(config, check_files)
     problems += _check_training(config)
     problems += _check_schedule(config)
     problems += _check_distributed(config, check_files)
@@ -195,19 +196,26 @@ def _check_qat(config: RunConfig) -> list[Problem]:
     return problems
 
 
+_FORMAT_OBJECTIVES = {"preference": ("the preference objectives", "dpo, orpo or simpo"),
+                      "unpaired_preference": ("the preference objectives", "kto"),
+                      "prompt_only": ("grpo, which writes their completions", "grpo")}
+"""The row formats only some objectives read: who reads them (for a message), and the objective to set."""
+
+
 def _check_preference(config: RunConfig) -> list[Problem]:
     """The preference objectives' data and settings; a setting the objective ignores is refused, not silently unused."""
     pref, objective, problems = config.preference, config.objective, []
-    fmt, wanted = config.data.format, config.preference_format
+    fmt, wanted = config.data.format, config.objective_format
     if wanted is None:
-        if fmt in ("preference", "unpaired_preference"):
-            problems.append(Problem("data.format", f"{fmt} rows are for the preference objectives",
-                                    f"set objective to {'kto' if fmt == 'unpaired_preference' else 'dpo, orpo or simpo'}"
-                                    ", or choose another data.format"))
+        if fmt in _FORMAT_OBJECTIVES:
+            problems.append(Problem("data.format", f"{fmt} rows are for {_FORMAT_OBJECTIVES[fmt][0]}",
+                                    f"set objective to {_FORMAT_OBJECTIVES[fmt][1]}, or choose another data.format"))
         return problems
     if fmt not in ("auto", wanted):  # one reason for every other format: the window lists them once
         problems.append(Problem("data.format", f"objective {objective} learns from {wanted} rows",
                                 f"set data.format to {wanted} or auto"))
+    if not config.learns_preferences:
+        return problems
     problems += _positive(pref.beta, "preference.beta", "beta such as 0.1")
     problems += _check_kto_weights(config)
     smoothing_used = (objective == "dpo" and pref.dpo_loss == "robust") or objective == "simpo"
@@ -230,6 +238,80 @@ def _check_preference(config: RunConfig) -> list[Problem]:
                                 f"while {config.distributed.sharding} shards the trained weights",
                                 "set preference.reference to precomputed"))
     return problems
+
+
+def _check_grpo(config: RunConfig, check_files: bool) -> list[Problem]:
+    """GRPO's sampling, loss and rewards; settings only grpo reads are not checked for the other objectives."""
+    if config.objective != "grpo":
+        return []
+    grpo, problems = config.grpo, []
+    if grpo.group_size < 2:
+        problems.append(Problem("grpo.group_size", f"must be at least 2, got {grpo.group_size}",
+                                "a completion is judged against the others of its group: sample 4 to 16"))
+    problems += _positive(grpo.temperature, "grpo.temperature", "temperature such as 1.0")
+    if not 0 < grpo.top_p <= 1:
+        problems.append(Problem("grpo.top_p", f"must be in (0, 1], got {grpo.top_p}", "1 samples from every token"))
+    problems += _positive(grpo.max_completion_length, "grpo.max_completion_length", "length such as 512")
+    for name in ("beta", "epsilon", "epsilon_high"):
+        if getattr(grpo, name) < 0:
+            problems.append(Problem(f"grpo.{name}", f"must be 0 or more, got {getattr(grpo, name)}"))
+    problems += _positive(grpo.num_iterations, "grpo.num_iterations", "count such as 1")
+    for index, reward in enumerate(grpo.rewards):
+        problems += _check_reward(reward, f"grpo.rewards[{index}]")
+    problems += _check_reward_file(config, check_files)
+    if not grpo.rewards and not grpo.reward_file:
+        problems.append(Problem("grpo.rewards", "no reward scores the completions",
+                                "add a built-in reward, or a reward_file of your own"))
+    return problems
+
+
+_REWARD_SETTINGS = {"equals_reference": (), "matches_format": ("pattern",),
+                    "length_within": ("min_length", "max_length", "unit"), "contains": ("text", "case_sensitive")}
+"""The settings each built-in reward reads; any other changed from its default is refused, not silently unused."""
+
+
+def _check_reward(reward, where: str) -> list[Problem]:
+    problems, defaults = [], type(reward)()
+    for name in ("pattern", "min_length", "max_length", "unit", "text", "case_sensitive"):
+        if name not in _REWARD_SETTINGS[reward.name] and getattr(reward, name) != getattr(defaults, name):
+            problems.append(Problem(f"{where}.{name}", f"{reward.name} does not read {name}",
+                                    f"remove it (it is {_reader_of(name)}'s)"))
+    if reward.name == "matches_format":
+        problems += _check_pattern(reward.pattern, f"{where}.pattern")
+    if reward.name == "contains" and not reward.text:
+        problems.append(Problem(f"{where}.text", "contains needs the text to look for", "set text"))
+    if reward.min_length < 0 or reward.max_length < 0:
+        problems.append(Problem(f"{where}.min_length", "lengths must be 0 or more (0: no limit)"))
+    elif reward.max_length and reward.min_length > reward.max_length:
+        problems.append(Problem(f"{where}.max_length", f"is below min_length ({reward.min_length})",
+                                "raise max_length, or set it to 0 (no upper limit)"))
+    return problems
+
+
+def _reader_of(setting: str) -> str:
+    return next(name for name, settings in _REWARD_SETTINGS.items() if setting in settings)
+
+
+def _check_pattern(pattern: str, where: str) -> list[Problem]:
+    if not pattern:
+        return [Problem(where, "matches_format needs a regular expression", "set pattern, such as '<think>.*</think>.*'")]
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return [Problem(where, f"not a valid regular expression: {exc}", "see Python's re module")]
+    return []
+
+
+def _check_reward_file(config: RunConfig, check_files: bool) -> list[Problem]:
+    path = config.grpo.reward_file
+    if not path:
+        return []
+    if not config.grpo.trust_reward_code:
+        return [Problem("grpo.trust_reward_code", f"reward_file {path} is Python code, and it runs only when you trust "
+                        "it", "read the file, then set grpo.trust_reward_code to true")]
+    if check_files and not Path(path).is_file():
+        return [Problem("grpo.reward_file", f"no such file: {path}", "give the path of a .py file")]
+    return []
 
 
 def _check_training(config: RunConfig) -> list[Problem]:

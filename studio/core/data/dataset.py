@@ -426,7 +426,9 @@ class _Scanner:
                                f"{self.format} ({self.decided_at})", "use one row format per dataset")
             return to_messages(record, self.format, location)
         except DataError as exc:
-            if self.requested != "auto" and self.requested not in PREFERENCE_ROWS and fits_no_format(record):
+            # a prompt-only row fits no other format by its nature: its own problem (a missing prompt) says it best
+            own_fields = (*PREFERENCE_ROWS, "prompt_only")
+            if self.requested != "auto" and self.requested not in own_fields and fits_no_format(record):
                 self.wrong_format = not self.rows_checked  # "field 'instruction' is missing" would hide why
                 return unknown_format_error(record, location, self.format).problem
             if self.format in PREFERENCE_ROWS and seen not in (None, self.format):

@@ -17,6 +17,10 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
   start (their common turns, or characters), as TRL's ``extract_prompt`` takes it. For the pairwise objectives.
 - unpaired_preference: TRL's unpaired preference rows (KTO's), ``prompt``, ``completion`` and ``label`` (true: the
   completion is desirable, false: undesirable): plain text, or prompt and completion each a list of messages.
+- prompt_only: TRL's prompt-only rows (GRPO's, which writes the completions): ``prompt``, plain text or a list of
+  messages ending with a user turn, and an optional reference answer for the rewards, in the first of
+  ``REFERENCE_COLUMNS`` the row has (text or a number). Never detected from the fields (a prompt alone says
+  nothing): objective grpo reads its rows as prompt_only.
 
 ``studio.core.data.dataset`` reads the files and hands every record to ``to_messages``.
 """
@@ -29,7 +33,9 @@ from typing import Any
 
 from studio.core.errors import Problem, StudioError
 
-FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference")
+FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference", "prompt_only")
+REFERENCE_COLUMNS = ("answer", "solution", "reference")
+"""Where a prompt-only row keeps its reference answer, in the order looked for: GSM8K's and MATH's names, and ours."""
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 _ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
@@ -76,6 +82,8 @@ class Example:
     rejected: str | tuple[dict[str, str], ...] = ""
     label: bool = False
     """unpaired_preference: whether the completion is desirable (TRL's label)."""
+    reference: str = ""
+    """prompt_only: the reference answer the rewards compare with ("" when the row has none)."""
 
     @property
     def conversational(self) -> bool:
@@ -289,6 +297,30 @@ def _unpaired_preference(record: dict, location: str) -> Example:
     return Example("unpaired_preference", prompt=prompt, completion=completion, label=label, location=location)
 
 
+def _prompt_only(record: dict, location: str) -> Example:
+    """A prompt to answer, text or turns ending with a user turn, and its optional reference answer."""
+    reference = reference_answer(record)
+    if reference is not None and (isinstance(reference, bool) or not isinstance(reference, (str, int, float))):
+        column = next(key for key in REFERENCE_COLUMNS if key in record)
+        raise DataError(location, f"field '{column}' must be text or a number, got {describe_value(reference)}")
+    reference = "" if reference is None else str(reference)
+    prompt = record.get("prompt")
+    if not isinstance(prompt, list):
+        return Example("prompt_only", prompt=_text(record, "prompt", location), reference=reference, location=location)
+    turns = tuple(_turn(turn, f"prompt[{index}]", location) for index, turn in enumerate(prompt))
+    if turns and turns[-1]["role"] == "assistant":
+        raise DataError(location, "field 'prompt' ends with an assistant turn",
+                        "end it with the user's turn: grpo's model writes the answer")
+    # the prompt with a stand-in answer is a conversation every template renders, as the model's answer will make it
+    _check_turn_order(turns + ({"role": "assistant", "content": ""},), "prompt", location)
+    return Example("prompt_only", messages=turns, reference=reference, location=location)
+
+
+def reference_answer(record: dict) -> Any:
+    """A row's reference answer: the value of its first ``REFERENCE_COLUMNS`` column (None: it has none)."""
+    return next((record[key] for key in REFERENCE_COLUMNS if record.get(key) is not None), None)
+
+
 def _label(record: dict, location: str) -> bool:
     """An unpaired row's label: true or false (in a CSV file, the text true or false)."""
     value = record.get("label", _MISSING)
@@ -311,7 +343,7 @@ def _shared_start(chosen, rejected):
 
 
 _BUILDERS = {"instruction": _instruction, "chat": _chat, "prompt_completion": _prompt_completion, "text": _plain_text,
-             "preference": _preference, "unpaired_preference": _unpaired_preference}
+             "preference": _preference, "unpaired_preference": _unpaired_preference, "prompt_only": _prompt_only}
 
 
 def _text(record: dict, key: str, location: str, *, path: str = "", required: bool = True,

@@ -5,6 +5,8 @@
 * ``preference``: learning from preference pairs (DPO, ORPO, SimPO), a pair's two sequences in one forward, with
   TRL's losses and metrics.
 * ``unpaired``: learning from completions labelled desirable or undesirable (KTO), with TRL's loss and metrics.
+* ``grpo``: learning from rewards (GRPO): the clipped loss of sampled completions weighed by their advantage over
+  their group, with TRL's loss types and metrics.
 
 The loop (``studio.train.worker``) takes each micro-batch from ``batch``, divides each ``loss_sum`` by the
 ``units`` of the whole step (of every rank), so that gradient accumulation and several processes equal one
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from studio.core.config import RunConfig
+from studio.train.objectives.grpo import Grpo
 from studio.train.objectives.next_token import NextToken
 from studio.train.objectives.preference import Preference
 from studio.train.objectives.unpaired import UnpairedPreference
@@ -48,6 +51,8 @@ class Objective(Protocol):
 
 def objective_for(config: RunConfig, model, pad_token_id: int, frozen_copy=None) -> Objective:
     """The run's objective, for its unwrapped model (``frozen_copy``: the reference of full fine-tuning)."""
+    if config.objective == "grpo":
+        return Grpo.for_run(config, model, pad_token_id, frozen_copy)
     if config.objective == "kto":
         return UnpairedPreference.for_run(config, model, pad_token_id, frozen_copy)
     if config.learns_preferences:

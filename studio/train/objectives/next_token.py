@@ -152,8 +152,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_la
 
 
 def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
-                        chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
-    """log_softmax(output_layer(hidden).float())[targets] per position, fp32, without all the logits at once.
+                        chunk_bytes: int = CHUNK_BYTES, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(output_layer(hidden).float() / temperature)[targets] per position, fp32, without all the logits at
+    once (GRPO takes them at its sampling temperature, as TRL's).
 
     Unlike the summed loss, each position's gradient is only known after the forward (the preference losses weigh
     every sequence differently), so the backward projects each chunk again: one chunk's logits at a time, both
@@ -162,8 +163,8 @@ def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, output_laye
     trainable = [p for p in output_layer.parameters() if p.requires_grad]
     project = _on_device(output_layer, hidden.device)
     if torch.is_grad_enabled() and (hidden.requires_grad or trainable):
-        return _ChunkedTokenLogps.apply(hidden, targets, project, chunk, *trainable)
-    return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], project)
+        return _ChunkedTokenLogps.apply(hidden, targets, project, chunk, temperature, *trainable)
+    return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], project, temperature)
                       for start in range(0, hidden.shape[0], chunk)])
 
 
@@ -171,16 +172,16 @@ class _ChunkedTokenLogps(torch.autograd.Function):
     """The per-position log-probabilities, each chunk projected again in the backward pass (see above)."""
 
     @staticmethod
-    def forward(ctx, hidden, targets, output_layer, chunk, *trainable):
+    def forward(ctx, hidden, targets, output_layer, chunk, temperature, *trainable):
         ctx.save_for_backward(hidden, targets)
-        ctx.output_layer, ctx.chunk, ctx.trainable = output_layer, chunk, trainable
+        ctx.output_layer, ctx.chunk, ctx.temperature, ctx.trainable = output_layer, chunk, temperature, trainable
         # the backward projects again as the forward did: under its autocast (fp32 hidden states of a k-bit model
         # meet a 16-bit output layer there), which backward passes run outside of
         device = hidden.device.type
         ctx.autocast = torch.autocast(device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         with torch.no_grad():
-            return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], output_layer)
-                              for start in range(0, hidden.shape[0], chunk)])
+            return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], output_layer,
+                                           temperature) for start in range(0, hidden.shape[0], chunk)])
 
     @staticmethod
     def backward(ctx, logps_grad):
@@ -191,31 +192,33 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             with torch.enable_grad(), ctx.autocast:
                 piece = hidden[start:start + chunk].detach().requires_grad_()
-                logps = _chunk_logps(piece, targets[start:start + chunk], ctx.output_layer)
+                logps = _chunk_logps(piece, targets[start:start + chunk], ctx.output_layer, ctx.temperature)
                 grads = torch.autograd.grad(logps, [piece, *trainable], logps_grad[start:start + chunk],
                                             allow_unused=True)
             hidden_grad[start:start + chunk] = grads[0]
             for kept, grad in zip(weight_grads, grads[1:]):
                 if grad is not None:
                     kept += grad
-        return hidden_grad, None, None, None, *weight_grads
+        return hidden_grad, None, None, None, None, *weight_grads
 
 
-def _chunk_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer) -> torch.Tensor:
-    logits = output_layer(hidden).float()
+def _chunk_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer, temperature: float = 1.0) -> torch.Tensor:
+    logits = output_layer(hidden).float() / temperature
     return -cross_entropy(logits, targets.to(logits.device), reduction="none").to(hidden.device)
 
 
-def token_logps(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None) -> torch.Tensor:
+def token_logps(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None,
+                temperature: float = 1.0) -> torch.Tensor:
     """The log-probability of each target token (labels != -100), in the order of ``labels[:, 1:]``'s targets,
-    fp32; chunked when given the output layer, else from the full logits."""
+    fp32, of the logits divided by ``temperature``; chunked when given the output layer, else from the full logits."""
     targets = batch["labels"][:, 1:]
     keep = targets != IGNORE_INDEX
     if output_layer is not None:
-        return chunked_token_logps(predicting_hidden_states(model, batch)[keep], targets[keep], output_layer)
+        return chunked_token_logps(predicting_hidden_states(model, batch)[keep], targets[keep], output_layer,
+                                   temperature=temperature)
     logits = model(**model_inputs(batch)).logits
     logits = logits[:, -batch["input_ids"].shape[1]:-1]  # prompt tuning prepends its virtual tokens' logits
-    return -cross_entropy(logits[keep].float(), targets[keep], reduction="none")
+    return -cross_entropy(logits[keep].float() / temperature, targets[keep], reduction="none")
 
 
 def _on_device(output_layer: torch.nn.Module, device: torch.device):
