@@ -35,6 +35,10 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
     Returns the (train, eval) data reports for studio.train.data.prepare.prepare_data.
     Raises ProblemsError (kind "data" or "model") naming the file and line.
     """
+    if config.objective == "grpo":  # issue 28: its loss and rewards are built and checked, its sampling is not
+        raise StudioError("objective grpo cannot train yet: the training loop does not sample its completions",
+                          "studio config check checks its settings and rewards; train with sft, dpo, orpo, simpo or "
+                          "kto for now", kind="config")
     load_hub_datasets(config)  # hub: entries become rows files that inspect_files reads
     train, evaluation = inspect_data(config)
     check_model(config)
@@ -51,7 +55,9 @@ def inspect_data(config: RunConfig) -> DataReports:
     reports = (inspect_files(data.train_files, config.row_format, keep=0),
                inspect_files(data.eval_files, config.row_format, keep=0) if data.eval_files else None)
     for files, report in zip((data.train_files, data.eval_files), reports):
-        refusal = objective_refusal(report.format, config.learns_preferences, Path(files[0]).name) if report else None
+        if report is None:
+            continue
+        refusal = objective_refusal(report.format, config.objective, config.learns_preferences, Path(files[0]).name)
         if refusal is not None:
             raise refusal
     return reports

@@ -54,12 +54,13 @@ PREFERENCE_ROWS = {
                                           "rows)"),
 }
 
-def objective_refusal(fmt: str, learns_preferences: bool, where: str) -> DataError | None:
-    """Why rows of ``fmt`` cannot train the run's objective (``where``: their file), or None: preference rows are for
-    the preference objectives alone (which read every file as their rows, and refuse others by line)."""
+def objective_refusal(fmt: str, objective: str, learns_preferences: bool, where: str) -> DataError | None:
+    """Why rows of ``fmt`` cannot train ``objective`` (``where``: their file), or None: preference rows are for the
+    preference objectives alone (which read every file as their rows, and refuse others by line)."""
     if fmt in PREFERENCE_ROWS and not learns_preferences:
         rows = PREFERENCE_ROWS[fmt]
-        return DataError(where, f"the rows are {rows.rows}: objective sft learns from responses",
+        learns = "from responses" if objective == "sft" else "from prompts and rewards"
+        return DataError(where, f"the rows are {rows.rows}: objective {objective} learns {learns}",
                          f"set objective to {rows.objectives}")
     return None
 

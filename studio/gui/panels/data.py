@@ -180,7 +180,8 @@ class DataPanel(VerticalScroll):
 
     def _show_preview(self, preview: Preview) -> None:
         config = self.store.config
-        refusal = objective_refusal(preview.format, config.learns_preferences, Path(config.data.train_files[0]).name)
+        refusal = objective_refusal(preview.format, config.objective, config.learns_preferences,
+                                    Path(config.data.train_files[0]).name)
         if refusal is not None:  # what the worker would refuse at Start
             self._show_error(refusal)
             return
