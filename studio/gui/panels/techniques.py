@@ -34,8 +34,9 @@ class TechniquesPanel(SettingsColumn):
         self.lora_group = self._lora_group()
         self.virtual_group = self._virtual_tokens_group()
         self.adalora_group = self._adalora_group()
-        for group in (method_group, self.objective_group, self.lora_group, self.virtual_group, self.adalora_group, self._qat_group(),
-                      self._precision_group(), self._batch_group(), self._speed_group(), self._length_group()):
+        for group in (method_group, self.objective_group, self.lora_group, self.virtual_group, self.adalora_group,
+                      self._qat_group(), self._precision_group(), self._batch_group(), self._speed_group(),
+                      self._length_group()):
             self.column.addWidget(group)
         self.finish(self._refresh_groups)
 

@@ -244,8 +244,8 @@ class ChartsPanel(QWidget):
             if len(series):
                 color = palette.eval if symbol else (palette.main if card is self.lr else palette.other)
                 style = Qt.PenStyle.DashLine if key == "accuracy" else Qt.PenStyle.SolidLine
-                self._update(index, key, series, card.curve(f"{index}.{key}", f"{prefix}{name}", color, 2 - bool(symbol),
-                                                            style=style, symbol=symbol))
+                curve = card.curve(f"{index}.{key}", f"{prefix}{name}", color, 1 if symbol else 2, style, symbol)
+                self._update(index, key, series, curve)
 
     def _draw_sample_pauses(self, run: RunSeries) -> None:
         """A dotted line where training paused to answer the sample prompts; the title says what they cost (tokens/s
@@ -338,10 +338,13 @@ class TensorBoardHint(QLabel):
         if not shown or command == self.command:  # said already (and perhaps copied)
             return
         self.command = command
-        self.setText(f"Also in TensorBoard: <code>{html.escape(self.command, quote=False)}</code> &nbsp;<a href='copy'>Copy</a>")
+        self._say("<a href='copy'>Copy</a>")
         self.setToolTip("Run this in a terminal where TensorBoard is installed (pip install tensorboard), "
                         "then open the address it prints.")
 
     def copy(self) -> None:
         QApplication.clipboard().setText(self.command)
-        self.setText(f"Also in TensorBoard: <code>{html.escape(self.command, quote=False)}</code> &nbsp;copied")
+        self._say("copied")
+
+    def _say(self, action_html: str) -> None:
+        self.setText(f"Also in TensorBoard: <code>{html.escape(self.command, quote=False)}</code> &nbsp;{action_html}")
