@@ -32,13 +32,12 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import loss_impl_for
 from studio.train.measure.memtrack import LiveTensorTracker, tracker_for
 from studio.train.model import build as model_module
 from studio.train.data.prepare import IGNORE_INDEX
 from studio.train.model.build import build_model, compute_dtype, hub_config, load_base_model
 from studio.train.objectives import objective_for
-from studio.train.objectives.next_token import (chunked_cross_entropy, lean_output_layer, predicting_hidden_states,
+from studio.train.objectives.next_token import (chunked_cross_entropy, predicting_hidden_states, run_output_layer,
                                                 token_loss_sum)
 from studio.train.optim import build_optimizer
 from studio.train.savers.host_weights import host_weights, keep_weights_on_cpu
@@ -117,7 +116,7 @@ def run_optimizer_steps(model, optimizer, batches, config: RunConfig, tracker, s
     precision = config.training.precision
     autocast = torch.autocast(device_type, dtype=compute_dtype(config), enabled=precision != "fp32")
     max_norm = config.training.max_grad_norm
-    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+    output_layer = run_output_layer(config, model)
     model.train()
     for _ in range(steps):
         for batch in batches:

@@ -43,7 +43,7 @@ from studio.train.measure.memtrack import LiveTensorTracker, PeakReport
 from studio.train.measure.simulate import (experts_grouped_on_fake_tensors, fake_model, full_length_batches, hub_config,
                                            loss_sum, rows_are_unpadded, run_optimizer_steps, target_tokens)
 from studio.train.model.build import compute_dtype
-from studio.train.objectives.next_token import lean_output_layer
+from studio.train.objectives.next_token import run_output_layer
 from studio.train.optim import build_optimizer
 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")  # the longest input
@@ -260,7 +260,7 @@ def _saved_by_adapters(model, fake_mode, config: RunConfig, adapters: dict) -> t
                     adapter.base_layer.register_forward_pre_hook(enter(name, base=True)),
                     adapter.base_layer.register_forward_hook(leave)]
     batch = full_length_batches(config, model.config.get_text_config().vocab_size, torch.device("cpu"))[0]
-    output_layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+    output_layer = run_output_layer(config, model)
     autocast = torch.autocast("cpu", dtype=compute_dtype(config), enabled=config.training.precision != "fp32")
     model.train()
     try:

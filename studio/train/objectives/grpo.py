@@ -20,17 +20,15 @@ rank then equals TRL's loss with gradient accumulation and several processes, on
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
 
 from studio.core.config import RunConfig
-from studio.core.memory.regime import loss_impl_for
 from studio.train.data.packing import pack
 from studio.train.data.prepare import IGNORE_INDEX, as_token_list, collate
-from studio.train.objectives.next_token import lean_output_layer, token_logps
-from studio.train.objectives.preference import reference_for
+from studio.train.objectives.next_token import run_output_layer, token_logps
+from studio.train.objectives.preference import MetricTally, reference_for
 
 STD_FLOOR = 1e-4  # TRL's: a group whose rewards are all equal gets advantages of 0, not a division by 0
 METRIC_SUMS = ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "tokens")
@@ -59,12 +57,12 @@ class Grpo:
     def __init__(self, config: RunConfig, output_layer: torch.nn.Module | None, pad_token_id: int, reference=None):
         self.settings, self.output_layer, self.pad_token_id = config.grpo, output_layer, pad_token_id
         self.reference = reference
-        self._sums: dict[str, float] = defaultdict(float)
+        self._sums = MetricTally()
 
     @classmethod
     def for_run(cls, config: RunConfig, model, pad_token_id: int, frozen_copy=None) -> "Grpo":
         """The run's objective on its (unwrapped) model; its reference (beta above 0) as DPO's."""
-        layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+        layer = run_output_layer(config, model)
         return cls(config, layer, pad_token_id, reference_for(config, model, layer, frozen_copy))
 
     # ------------------------------------------------------------------ the interface the loop calls
@@ -104,8 +102,7 @@ class Grpo:
         return self._reduce(losses, completion_of, len(batch["advantages"]))
 
     def take_metric_sums(self) -> dict[str, float]:
-        sums, self._sums = dict(self._sums), defaultdict(float)
-        return sums
+        return self._sums.take()
 
     def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
         """TRL's: the KL estimate (beta above 0) and the clipped tokens' shares, means over the completion tokens."""

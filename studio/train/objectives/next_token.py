@@ -54,7 +54,7 @@ class NextToken:
     def for_run(cls, config: RunConfig, model, pad_token_id: int) -> "NextToken":
         """The run's loss on its (unwrapped) model: chunked unless switched off, sharded, or the model transforms
         its logits."""
-        layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+        layer = run_output_layer(config, model)
         if layer is None and loss_impl_for(config) == "chunked":
             log.info("this model transforms its logits: using the full-logits loss")
         return cls(layer, pad_token_id)
@@ -265,6 +265,12 @@ def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch
     # Under a layer split the head may sit on another GPU (its hook moves the input there): the loss comes back.
     logits = output_layer(hidden).float()
     return cross_entropy(logits, targets.to(logits.device), reduction="sum").to(hidden.device)
+
+
+def run_output_layer(config: RunConfig, model) -> torch.nn.Module | None:
+    """The output layer the run's chunked loss projects with, or None: the full-logits loss (switched off, sharded
+    weights, or logits the model transforms)."""
+    return lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
 
 
 def lean_output_layer(model) -> torch.nn.Module | None:

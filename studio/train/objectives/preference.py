@@ -25,10 +25,9 @@ import torch
 from torch.nn.functional import logsigmoid, relu
 
 from studio.core.config import PreferenceConfig, RunConfig
-from studio.core.memory.regime import loss_impl_for
 from studio.train.data.packing import pack
 from studio.train.data.prepare import IGNORE_INDEX, collate
-from studio.train.objectives.next_token import lean_output_layer, token_logps
+from studio.train.objectives.next_token import lean_output_layer, run_output_layer, token_logps
 
 METRIC_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                 "logps/rejected")
@@ -46,14 +45,14 @@ class Preference:
         self.objective, self.settings = config.objective, config.preference
         self.output_layer, self.pad_token_id = output_layer, pad_token_id
         self.reference = reference  # model -> a context giving (the reference, its lean output layer); None: none
-        self._sums: dict[str, float] = defaultdict(float)
+        self._sums = MetricTally()
 
     @classmethod
     def for_run(cls, config: RunConfig, model, pad_token_id: int, frozen_copy=None) -> "Preference":
         """The run's objective on its (unwrapped) model; DPO's reference: ``frozen_copy`` when given (full
         fine-tuning, each step), else the model with its adapter off, else (precomputed, full fine-tuning) the model
         itself, as it is before the first step."""
-        layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+        layer = run_output_layer(config, model)
         return cls(config, layer, pad_token_id, reference_for(config, model, layer, frozen_copy))
 
     # ------------------------------------------------------------------ the interface the loop calls
@@ -102,9 +101,7 @@ class Preference:
         return logps.responses(average=self.objective != "dpo").split(pairs)
 
     def take_metric_sums(self) -> dict[str, float]:
-        """The metrics' sums over the pairs since the last call."""
-        sums, self._sums = dict(self._sums), defaultdict(float)
-        return sums
+        return self._sums.take()
 
     def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
         """Each metric a mean over the pairs."""
@@ -129,6 +126,18 @@ class Preference:
                   "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen, "logps/rejected": rejected}
         for name, value in values.items():
             self._sums[name] += float(value.detach().sum())
+
+
+class MetricTally(defaultdict):
+    """An objective's metric sums over the micro-batches since they were last taken (the loop takes them per step)."""
+
+    def __init__(self):
+        super().__init__(float)
+
+    def take(self) -> dict[str, float]:
+        sums = dict(self)
+        self.clear()
+        return sums
 
 
 class SequenceLogps:

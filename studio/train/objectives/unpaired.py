@@ -16,17 +16,15 @@ options as DPO's, ``preference.reference_for``) one of each, or its log-probabil
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Callable
 
 import torch
 
 from studio.core.config import RunConfig
-from studio.core.memory.regime import loss_impl_for
 from studio.train.data.packing import pack
 from studio.train.data.prepare import IGNORE_INDEX, as_token_list, collate
-from studio.train.objectives.next_token import lean_output_layer, token_logps
-from studio.train.objectives.preference import SequenceLogps, reference_columns, reference_for
+from studio.train.objectives.next_token import run_output_layer, token_logps
+from studio.train.objectives.preference import MetricTally, SequenceLogps, reference_columns, reference_for
 
 METRIC_SUMS = ("rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl", "count/chosen",
                "count/rejected")
@@ -46,12 +44,12 @@ class UnpairedPreference:
                  reference: Callable[[Any], Any]):
         self.settings, self.output_layer, self.pad_token_id = config.preference, output_layer, pad_token_id
         self.reference, self.max_length = reference, config.data.max_length
-        self._sums: dict[str, float] = defaultdict(float)
+        self._sums = MetricTally()
 
     @classmethod
     def for_run(cls, config: RunConfig, model, pad_token_id: int, frozen_copy=None) -> "UnpairedPreference":
         """The run's objective on its (unwrapped) model; its reference as DPO's (``Preference.for_run``)."""
-        layer = lean_output_layer(model) if loss_impl_for(config) == "chunked" else None
+        layer = run_output_layer(config, model)
         return cls(config, layer, pad_token_id, reference_for(config, model, layer, frozen_copy))
 
     # ------------------------------------------------------------------ the interface the loop calls
@@ -83,8 +81,7 @@ class UnpairedPreference:
         return losses.sum()
 
     def take_metric_sums(self) -> dict[str, float]:
-        sums, self._sums = dict(self._sums), defaultdict(float)
-        return sums
+        return self._sums.take()
 
     def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
         """TRL's: each label's rewards and log-probabilities a mean over its rows (none: not logged), the margin
