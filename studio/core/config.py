@@ -209,7 +209,9 @@ class GrpoConfig:
     top_p: float = _field(1.0, "Nucleus sampling: the smallest set of likeliest tokens whose probability reaches it "
                           "(1: all tokens).")
     max_completion_length: int = _field(
-        512, "The most tokens a completion may have; dr_grpo also divides its loss by it.")
+        256, "The most tokens a completion may have; dr_grpo also divides its loss by it. A prompt and its completion "
+        "together are at most data.max_length: prompts longer than data.max_length minus this are left out, named "
+        "(TRL's default is 512; 256 leaves 256 tokens of prompt in the default data.max_length).")
     loss_type: GrpoLoss = _field(
         "dapo", "How the per-token losses become one (TRL's loss_type). grpo: each completion's token mean, then the "
         "mean over completions. dr_grpo: their sum over completions x max_completion_length. dapo: their sum over "

@@ -7,6 +7,7 @@ and combinations. The GUI calls it on every change to disable impossible choices
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -251,7 +252,12 @@ def _check_grpo(config: RunConfig, check_files: bool) -> list[Problem]:
     problems += _positive(grpo.temperature, "grpo.temperature", "temperature such as 1.0")
     if not 0 < grpo.top_p <= 1:
         problems.append(Problem("grpo.top_p", f"must be in (0, 1], got {grpo.top_p}", "1 samples from every token"))
-    problems += _positive(grpo.max_completion_length, "grpo.max_completion_length", "length such as 512")
+    problems += _positive(grpo.max_completion_length, "grpo.max_completion_length", "length such as 256")
+    if grpo.max_completion_length >= config.data.max_length:
+        problems.append(Problem("grpo.max_completion_length", f"is {grpo.max_completion_length}, which leaves no room "
+                                f"for a prompt in data.max_length {config.data.max_length} (a prompt and its "
+                                "completion together)", "lower it, or raise data.max_length"))
+    problems += _whole_groups(config)
     for name in ("beta", "epsilon", "epsilon_high"):
         if getattr(grpo, name) < 0:
             problems.append(Problem(f"grpo.{name}", f"must be 0 or more, got {getattr(grpo, name)}"))
@@ -263,6 +269,21 @@ def _check_grpo(config: RunConfig, check_files: bool) -> list[Problem]:
         problems.append(Problem("grpo.rewards", "no reward scores the completions",
                                 "add a built-in reward, or a reward_file of your own"))
     return problems
+
+
+def _whole_groups(config: RunConfig) -> list[Problem]:
+    """A step's completions on each process (micro_batch_size x gradient_accumulation_steps) are whole groups: the
+    advantages compare a prompt's completions with each other, on the process that sampled them."""
+    training, group = config.training, config.grpo.group_size
+    completions = training.micro_batch_size * training.gradient_accumulation_steps
+    if group < 2 or completions % group == 0:
+        return []
+    return [Problem("training.gradient_accumulation_steps",
+                    f"micro_batch_size {training.micro_batch_size} x gradient_accumulation_steps "
+                    f"{training.gradient_accumulation_steps} = {completions} completions a step, not a whole number of "
+                    f"grpo.group_size {group} groups",
+                    f"make it a multiple of {group}: for example micro_batch_size {training.micro_batch_size} and "
+                    f"gradient_accumulation_steps {math.lcm(completions, group) // training.micro_batch_size}")]
 
 
 _REWARD_SETTINGS = {"equals_reference": (), "matches_format": ("pattern",),

@@ -84,6 +84,8 @@ class Example:
     """unpaired_preference: whether the completion is desirable (TRL's label)."""
     reference: str = ""
     """prompt_only: the reference answer the rewards compare with ("" when the row has none)."""
+    row: dict[str, Any] | None = None
+    """prompt_only: the row as read, every column: what the rewards are given."""
 
     @property
     def conversational(self) -> bool:
@@ -306,14 +308,15 @@ def _prompt_only(record: dict, location: str) -> Example:
     reference = "" if reference is None else str(reference)
     prompt = record.get("prompt")
     if not isinstance(prompt, list):
-        return Example("prompt_only", prompt=_text(record, "prompt", location), reference=reference, location=location)
+        return Example("prompt_only", prompt=_text(record, "prompt", location), reference=reference, location=location,
+                       row=record)
     turns = tuple(_turn(turn, f"prompt[{index}]", location) for index, turn in enumerate(prompt))
     if turns and turns[-1]["role"] == "assistant":
         raise DataError(location, "field 'prompt' ends with an assistant turn",
                         "end it with the user's turn: grpo's model writes the answer")
     # the prompt with a stand-in answer is a conversation every template renders, as the model's answer will make it
     _check_turn_order(turns + ({"role": "assistant", "content": ""},), "prompt", location)
-    return Example("prompt_only", messages=turns, reference=reference, location=location)
+    return Example("prompt_only", messages=turns, reference=reference, location=location, row=record)
 
 
 def reference_answer(record: dict) -> Any:

@@ -21,6 +21,11 @@ Unpaired preference rows (KTO's) are tokenized the same way, with their one comp
 completion's tokens (``completion_ids``, as many as max_length) and its ``label``. For KTO's KL term each row also
 carries a mismatched completion (``kl_completion_ids``): that of the row before it in its group of micro_batch_size
 rows, in the split's order (the group's first takes its last), as TRL's KTOTrainer pairs them.
+
+Prompt-only rows (GRPO's) are their prompt alone, tokenized as a preference row's prompt (conversational ones with
+the generation prompt), beside the row as read (``row``, JSON: the rewards read its columns) and where it is
+(``location``). A prompt leaves room for its completion: one longer than data.max_length minus
+grpo.max_completion_length is left out, named.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.data import templates
-from studio.core.data.dataset import (MAX_PROBLEMS, RowStart, beyond_max_length_problems, beyond_max_length_warning,
-                                      inspect_files, iter_examples)
+from studio.core.data.dataset import (MAX_PROBLEMS, SHOWN_ROWS, RowStart, beyond_max_length_problems,
+                                      beyond_max_length_warning, inspect_files, iter_examples)
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import Problem, ProblemsError, StudioError
@@ -54,7 +59,10 @@ PREFERENCE_COLUMNS = {  # the columns of each preference row format (beside inpu
     "preference": ("rejected_input_ids", "rejected_labels"),
     "unpaired_preference": ("completion_ids", "label"),
 }
+PROMPT_COLUMNS = ("input_ids", "row", "location")
+"""A prompt-only row's columns: its prompt's ids, the row as read (JSON) and where it is."""
 _BATCH_ROWS = 1000
+_COLUMN_TYPES = {"label": pa.bool_(), "row": pa.string(), "location": pa.string()}  # the others: token ids
 
 
 @dataclass
@@ -172,6 +180,9 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     """
     if example.kind == "preference":
         example = example.chosen_row()
+    if example.kind == "prompt_only":
+        return _whole_ids(prompt_only_text(example, tokenizer, template), tokenizer, adds_bos(tokenizer)), \
+            example.reference
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
@@ -218,6 +229,25 @@ def _preference_texts(example: Example, tokenizer: Any, template: str) -> list[s
     return [prompt] + ["".join(text for text, _ in segments) for segments in rendered]
 
 
+def prompt_only_text(example: Example, tokenizer: Any, template: str) -> str:
+    """A prompt-only row's prompt as its completion will follow it: the text, or the turns through the chat
+    template with the assistant's turn opened (as a preference row's prompt)."""
+    if not example.messages:
+        return example.prompt
+    answered = Example("chat", messages=example.messages + ({"role": "assistant", "content": ""},),
+                       location=example.location)
+    return "".join(text for text, _ in templates.prompt_segments(render_segments(answered, tokenizer, template)))
+
+
+def encode_prompt_only(example: Example, tokenizer: Any, template: str, max_prompt: int,
+                       add_bos: bool) -> dict[str, Any]:
+    """A prompt-only row: its prompt's ids (none when it is longer than ``max_prompt``: the row is left out), the row
+    as read and where it is."""
+    ids = _whole_ids(prompt_only_text(example, tokenizer, template), tokenizer, add_bos)
+    return {"input_ids": ids if len(ids) <= max_prompt else [], "row": json.dumps(example.row, default=str),
+            "location": example.location, "truncated": False, "response_start": len(ids)}
+
+
 def _whole_ids(text: str, tokenizer: Any, add_bos: bool) -> list[int]:
     """``text`` tokenized in one piece, with the bos token the tokenizer adds (unless the text starts with it)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -256,16 +286,19 @@ class _SplitBuilder:
         self.kl_group = kl_group  # unpaired rows: the groups whose completions are mismatched (KTO's KL term)
         self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
                                       "dropped": 0, "format": fmt, "template": template}
-        self.columns = (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()))
-        self._schema = pa.schema([(name, pa.bool_() if name == "label" else pa.list_(pa.int32()))
-                                  for name in self.columns])
+        self.prompts_only = fmt == "prompt_only"
+        self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()))
+        self._schema = pa.schema([(name, _COLUMN_TYPES.get(name, pa.list_(pa.int32()))) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
         self.dropped: list[RowStart] = []  # the rows whose response lay beyond max_length, and where it started
 
     def add(self, encoded: dict[str, Any], location: str) -> None:
-        targets = sum(label != IGNORE_INDEX for label in encoded["labels"])
-        if targets == 0:  # the response lay beyond max_length: nothing to learn
+        if self.prompts_only:
+            left_out = not encoded["input_ids"]  # no room for a completion
+        else:  # the response lay beyond max_length: nothing to learn
+            left_out = not any(label != IGNORE_INDEX for label in encoded["labels"])
+        if left_out:
             self.stats["dropped"] += 1
             self.dropped.append((location, encoded["response_start"]))
             return
@@ -329,9 +362,10 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     train_report, eval_report = reports
     formats = {report.format for report in (train_report, eval_report) if report}
     # pairs may be conversational, known row by row: the template is resolved for them all
-    rendered = {"instruction", "chat", *PREFERENCE_COLUMNS}
+    rendered = {"instruction", "chat", "prompt_only", *PREFERENCE_COLUMNS}
     template = resolve_template(data.template, tokenizer) if formats & rendered else "none"
-    encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt)
+    encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt,
+                       data.max_length - config.grpo.max_completion_length)
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
     group = config.training.micro_batch_size
@@ -344,9 +378,12 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
         encoder.run(iter_examples(data.eval_files, eval_report.format), lambda index: evaluation)
     encoder.raise_problems()
 
+    if train.stats["rows"] == 0 and train.prompts_only:
+        message, hint = long_prompts_warning(train.dropped, "the training prompts", config)
+        raise ProblemsError([Problem("data.train_files", f"no prompt is left to train on: {message}", hint)], "data")
     if train.stats["rows"] == 0:
         raise ProblemsError(beyond_max_length_problems(train.dropped, data.max_length), "data", "the training data")
-    warnings = _dropped_warnings(train, evaluation, data.max_length)
+    warnings = _dropped_warnings(train, evaluation, config)
     if evaluation is None:
         return PreparedData(train.dataset(), None, {"train": train.stats}, warnings)
     eval_set = evaluation.dataset() if evaluation.stats["rows"] else None
@@ -354,19 +391,36 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
 
 
 def _dropped_warnings(train: _SplitBuilder, evaluation: _SplitBuilder | None,
-                      max_length: int) -> tuple[tuple[str, str], ...]:
-    """What to say of the rows left out because their response lay beyond max_length; the rest still trains."""
+                      config: RunConfig) -> tuple[tuple[str, str], ...]:
+    """What to say of the rows left out because their response lay beyond max_length (a prompt-only row: its
+    completion would); the rest still trains."""
     warnings = []
-    if train.dropped:
-        kept = train.stats["rows"]
-        warnings.append(beyond_max_length_warning(train.dropped, f"{kept + len(train.dropped):,} training rows",
-                                                  max_length, f"the run trains on the other {kept:,} rows"))
-    if evaluation is not None and evaluation.dropped:
-        kept = evaluation.stats["rows"]
-        warnings.append(beyond_max_length_warning(
-            evaluation.dropped, f"{kept + len(evaluation.dropped):,} eval rows", max_length,
-            f"eval loss is measured on the other {kept:,} rows" if kept else "this run measures no eval loss"))
+    for split, name, consequence in ((train, "training", "the run trains on the other {kept:,} rows"),
+                                     (evaluation, "eval", "eval loss is measured on the other {kept:,} rows")):
+        if split is None or not split.dropped:
+            continue
+        kept = split.stats["rows"]
+        checked = f"{kept + len(split.dropped):,} {name} rows"
+        said = consequence.format(kept=kept) if kept else "this run measures no eval loss"
+        if split.prompts_only:
+            message, hint = long_prompts_warning(split.dropped, checked, config)
+            warnings.append((message, f"{said}; {hint}"))
+        else:
+            warnings.append(beyond_max_length_warning(split.dropped, checked, config.data.max_length, said))
     return tuple(warnings)
+
+
+def long_prompts_warning(rows: list[RowStart], checked: str, config: RunConfig) -> tuple[str, str]:
+    """(message, hint) for prompts left out: each leaves less than grpo.max_completion_length of data.max_length for
+    its completion."""
+    room = config.data.max_length - config.grpo.max_completion_length
+    named = "; ".join(f"{where}: {tokens:,} tokens" for where, tokens in rows[:SHOWN_ROWS])
+    more = f"; and {len(rows) - SHOWN_ROWS:,} more" if len(rows) > SHOWN_ROWS else ""
+    return (f"{len(rows):,} of {checked} are left out: their prompt is longer than the {room:,} tokens data.max_length "
+            f"{config.data.max_length:,} leaves beside grpo.max_completion_length {config.grpo.max_completion_length:,} "
+            f"({named}{more})",
+            f"raise data.max_length to at least {max(t for _, t in rows) + config.grpo.max_completion_length:,}, or "
+            "lower grpo.max_completion_length")
 
 
 def save_prepared(data: PreparedData, folder: Path) -> None:
@@ -391,9 +445,10 @@ def load_prepared(folder: Path) -> PreparedData:
 class _Encoder:
     """Renders and tokenizes examples into split builders, collecting per-row problems."""
 
-    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool):
+    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int):
         self.tokenizer, self.template = tokenizer, template
         self.max_length, self.train_on_prompt = max_length, train_on_prompt
+        self.max_prompt = max_prompt  # a prompt-only row's room: its completion follows it
         self.add_bos = adds_bos(tokenizer)
         self.problems: list[Problem] = []
 
@@ -410,6 +465,8 @@ class _Encoder:
             split_of(index).add(encoded, example.location)
 
     def _encode(self, example: Example) -> dict[str, Any]:
+        if example.kind == "prompt_only":
+            return encode_prompt_only(example, self.tokenizer, self.template, self.max_prompt, self.add_bos)
         if example.kind in PREFERENCE_COLUMNS:
             return encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos)
         segments = render_segments(example, self.tokenizer, self.template)
