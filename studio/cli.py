@@ -24,9 +24,10 @@ def _add_demo(commands) -> None:
                             description="Fine-tune the embedded tiny model with LoRA on a task it fails, "
                                         "report held-out accuracy before and after, and export the adapter. No network or GPU needed.")
     p.add_argument("--run-dir", type=Path, help="where the run goes")
-    p.add_argument("--objective", choices=("sft", "dpo"), default="sft",
+    p.add_argument("--objective", choices=("sft", "dpo", "grpo"), default="sft",
                    help="sft (default): learn to answer; dpo: learn to prefer a style of answer from preference pairs, "
-                        "reporting the preference accuracy on held-out pairs before and after")
+                        "reporting the preference accuracy on held-out pairs before and after; grpo: learn a format "
+                        "from prompts and a reward alone, reporting the held-out prompts' reward before and after")
     p.set_defaults(handler=_demo)
 
 

@@ -526,7 +526,8 @@ class RunConfig:
     def frozen_reference(self) -> bool:
         """Whether DPO keeps a frozen copy of the starting weights beside the trained ones: full fine-tuning with
         its reference run on every step (an adapter method's reference is the base with the adapter off)."""
-        return self.uses_reference and not self.uses_adapter and self.preference.reference == "each_step"
+        each_step = self.preference.reference == "each_step" or self.objective == "grpo"  # new completions, each step
+        return self.uses_reference and not self.uses_adapter and each_step
 
     @property
     def effective_batch_size(self) -> int:

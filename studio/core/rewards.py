@@ -127,12 +127,14 @@ class RewardFailure:
 
     file: str
     line: int | None
-    row: int
+    row: int | str
+    """The row's index, or where it is in the data (file:line)."""
     error: str
 
     def __str__(self) -> str:
         where = f"{self.file}, line {self.line}" if self.line else self.file
-        return f"{where}: {self.error} on row {self.row}; that completion gets no reward from the file"
+        row = f"row {self.row}" if isinstance(self.row, int) else self.row
+        return f"{where}: {self.error} on {row}; that completion gets no reward from the file"
 
 
 class RewardFile:
@@ -156,7 +158,7 @@ class RewardFile:
                            "def reward(completion, prompt, row): return a number, or None for no reward")
         return cls(path, function)
 
-    def score(self, completion: str, row: dict, index: int) -> tuple[float | None, RewardFailure | None]:
+    def score(self, completion: str, row: dict, index: int | str) -> tuple[float | None, RewardFailure | None]:
         """Its reward of one completion of row ``index`` (None: none), or the failure that gave it none."""
         try:
             value = self.function(completion, row.get("prompt"), row)
@@ -230,8 +232,8 @@ class Rewards:
                   for i, name in enumerate(names)]
         return (*unique, *((REWARD_FILE_NAME,) if self.reward_file else ()))
 
-    def score(self, completion: str, row: dict, index: int) -> Scores:
-        """The completion's scores, for its row (all its columns) at ``index`` in the data."""
+    def score(self, completion: str, row: dict, index: int | str) -> Scores:
+        """The completion's scores, for its row (all its columns) at ``index`` in the data (or where it is)."""
         values = [BUILT_INS[reward.name](completion, row, reward) for reward in self.built_ins]
         weights = [reward.weight for reward in self.built_ins]
         failure = None

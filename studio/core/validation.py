@@ -258,6 +258,10 @@ def _check_grpo(config: RunConfig, check_files: bool) -> list[Problem]:
                                 f"for a prompt in data.max_length {config.data.max_length} (a prompt and its "
                                 "completion together)", "lower it, or raise data.max_length"))
     problems += _whole_groups(config)
+    if config.distributed.shards_weights:
+        problems.append(Problem("distributed.sharding", f"grpo samples its completions on each process with the whole "
+                                f"weights, which {config.distributed.sharding} spreads over the processes",
+                                "use zero2 or none (each process holds the weights), or the layer split"))
     for name in ("beta", "epsilon", "epsilon_high"):
         if getattr(grpo, name) < 0:
             problems.append(Problem(f"grpo.{name}", f"must be 0 or more, got {getattr(grpo, name)}"))

@@ -40,13 +40,17 @@ def _restore_rng(state: dict) -> None:
             torch.cuda.set_rng_state(generator_state, index)
 
 
-def save_checkpoint(run_dir: RunDir, step: int, engine, raw_model, scheduler, extra: dict) -> Path:
-    """Write the checkpoint of ``step``; every rank calls it (see studio.train.distributed.engine)."""
+def save_checkpoint(run_dir: RunDir, step: int, engine, raw_model, scheduler, extra: dict,
+                    rank_state: dict | None = None) -> Path:
+    """Write the checkpoint of ``step``; every rank calls it (see studio.train.distributed.engine). ``rank_state``:
+    what this rank's next steps need beside the weights (grpo's generation batch), for ``load_rank_state``."""
     tensors = engine.trainable_tensors(raw_model)
     destination = run_dir.checkpoint_path(step)
     with engine.shared_staging(destination) as staging:
         engine.save_optimizer(staging)
         torch.save(_rng_state(), staging / _rng_file(engine.rank))
+        if rank_state is not None:
+            torch.save(rank_state, staging / f"rank-state-{engine.rank}.pt")
         if engine.is_main:
             save_file(tensors, str(staging / TENSORS))
             torch.save(scheduler.state_dict(), staging / "scheduler.pt")
@@ -56,6 +60,12 @@ def save_checkpoint(run_dir: RunDir, step: int, engine, raw_model, scheduler, ex
 
 def _rng_file(rank: int) -> str:
     return "rng.pt" if rank == 0 else f"rng-rank{rank}.pt"
+
+
+def load_rank_state(checkpoint: Path, rank: int) -> dict | None:
+    """What ``save_checkpoint`` kept for this rank's next steps, or None."""
+    path = Path(checkpoint) / f"rank-state-{rank}.pt"
+    return torch.load(path, weights_only=True) if path.is_file() else None
 
 
 def read_state(checkpoint: Path) -> dict:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from studio.core.presets import demo_config, preference_demo_config
+from studio.core.presets import demo_config, grpo_demo_config, preference_demo_config
 from studio.core.run.commands import EXIT_OK
+from studio.core.run.directory import RunDir
+from studio.core.run.events import read_events
 from studio.core.run.evaluation import comparison_lines
 from studio.train.evaluation.compare import evaluate_run
 from studio.train.export.hf_format import export_run
@@ -29,7 +31,18 @@ DEMOS = {  # objective: (its config, what it teaches)
     "sft": (demo_config, "teach the embedded tiny model to answer questions about what it knows (LoRA)"),
     "dpo": (preference_demo_config, 'teach the embedded tiny model to prefer saying "a plum is a kind of fruit" '
                                     'to "a plum is a fruit" (DPO, LoRA)'),
+    "grpo": (grpo_demo_config, 'teach the embedded tiny model, from prompts and a format reward alone, to write "a '
+                               'plum is a kind of fruit ." (GRPO, LoRA)'),
 }
+
+
+def held_out_reward_lines(rd: RunDir) -> str:
+    """The GRPO demo's result: the held-out prompts' reward (the share whose greedy answer has the format), as the
+    run measured it before its first step and after its last."""
+    evals = [event for event in read_events(rd.events) if event["type"] == "eval" and "eval_reward" in event]
+    first, last = evals[0], evals[-1]
+    return (f"held-out prompts answered in the rewarded format: {first['eval_reward']:.0%} before training (step "
+            f"{first['step']}), {last['eval_reward']:.0%} after (step {last['step']})")
 
 
 def run_demo(run_dir: Path | None = None, objective: str = "sft") -> int:
@@ -41,7 +54,10 @@ def run_demo(run_dir: Path | None = None, objective: str = "sft") -> int:
     if code != EXIT_OK or rd.latest_checkpoint() is None:
         print(f"training did not finish; see {rd.log}")
         return code or 1
-    print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions or pairs
+    if objective == "grpo":
+        print(held_out_reward_lines(rd))
+    else:
+        print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions or pairs
     export_run(rd.path, "adapter")  # logs where it went and how it verified
     print(f"run directory: {rd.path}")
     return 0

@@ -35,10 +35,6 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
     Returns the (train, eval) data reports for studio.train.data.prepare.prepare_data.
     Raises ProblemsError (kind "data" or "model") naming the file and line.
     """
-    if config.objective == "grpo":  # issue 28: its loss and rewards are built and checked, its sampling is not
-        raise StudioError("objective grpo cannot train yet: the training loop does not sample its completions",
-                          "studio config check checks its settings and rewards; train with sft, dpo, orpo, simpo or "
-                          "kto for now", kind="config")
     load_hub_datasets(config)  # hub: entries become rows files that inspect_files reads
     train, evaluation = inspect_data(config)
     check_model(config)

@@ -36,6 +36,7 @@ import torch
 from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
 from studio.core.errors import StudioError, missing_package
 from studio.core.machine import available_ram
+from studio.core.rewards import Rewards
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import Estimate, estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
@@ -54,6 +55,7 @@ from studio.train.distributed.engine import leave_process_group, make_engine, pr
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.distributed.rankwatch import is_lost_contact
+from studio.train.evaluation.exact_match import generate_answers
 from studio.train.evaluation.samples import Sampler, why_no_samples
 from studio.train.measure.memtrack import tracker_for
 from studio.train.measure.metrics import describe_devices, device_readings, library_versions, memory_snapshot
@@ -64,6 +66,7 @@ from studio.train.model.build import adapted_module_names, build_model, count_pa
 from studio.train.model.layersplit import placement_of, run_scale_out
 from studio.train.model.methods import adapter_regularization, after_optimizer_step
 from studio.train.objectives import objective_for
+from studio.train.objectives.rollout import GroupSampler, Rollout, held_out_rewards, rollout_metrics, sum_names
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
@@ -99,9 +102,13 @@ class BatchPlan:
 
     @classmethod
     def for_rows(cls, config: RunConfig, train_rows) -> "BatchPlan":
+        t = config.training
+        if config.objective == "grpo":  # a batch: one process's prompts of a generation batch (a step's completions)
+            return cls(len(train_rows), t.micro_batch_size * t.gradient_accumulation_steps // config.grpo.group_size,
+                       t.seed)
         grouped = config.data.packing == "length_grouped"
         lengths = sequence_lengths(train_rows) if grouped else None
-        return cls(len(train_rows), config.training.micro_batch_size, config.training.seed, lengths)
+        return cls(len(train_rows), t.micro_batch_size, t.seed, lengths)
 
     def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int, padded: bool) -> int:
         """The most tokens any micro-batch of the whole run holds (studio.core.memory.run_data)."""
@@ -113,6 +120,8 @@ class BatchPlan:
         t = config.training
         if t.max_steps:
             return t.max_steps
+        if config.objective == "grpo":  # each process's generation batch is trained on num_iterations times
+            return max(1, math.ceil(t.epochs * self.per_epoch / world_size)) * config.grpo.num_iterations
         return max(1, math.ceil(t.epochs * self.per_epoch / (t.gradient_accumulation_steps * world_size)))
 
 
@@ -197,6 +206,10 @@ class Worker:
         self.parameters = count_parameters(self.raw_model)  # whole parameters, also of ZeRO-3's shards
         self.adapted = adapted_module_names(self.raw_model) if self.config.uses_adapter else []
         self.objective = objective_for(self.config, self.raw_model, self.tokenizer.pad_token_id, self._frozen_copy())
+        self.rollout: Rollout | None = None  # grpo: the generation batch being trained on
+        if self.config.objective == "grpo":
+            self.sampler_of_groups = GroupSampler(self.config, self.tokenizer, Rewards.for_run(self.config.grpo))
+            self._reported_failures: set[tuple] = set()
 
     def _frozen_copy(self) -> torch.nn.Module | None:
         """The reference of full fine-tuning (dpo, kto), each step: the starting weights loaded again, frozen (also when
@@ -219,12 +232,15 @@ class Worker:
         if resume_from is not None:
             state = ckpt.load_checkpoint(resume_from, self.engine, self.scheduler)
             self.step = self.start_step = state["step"]
+            if (kept := ckpt.load_rank_state(resume_from, self.engine.rank)) is not None:
+                self.rollout = Rollout(**kept)  # grpo: the generation batch the next steps go on training on
             log.info("resumed from %s at step %d", resume_from, self.step)
 
     def _precompute_reference(self) -> None:
         """A reference's precomputed log-probabilities (dpo, kto): each row's, computed before the first step and kept
         in the run directory (a resumed run's weights are no longer the reference), then carried by the rows."""
-        if not (self.config.uses_reference and self.config.preference.reference == "precomputed"):
+        precomputed = self.config.preference.reference == "precomputed" and self.config.objective != "grpo"
+        if not (self.config.uses_reference and precomputed):
             return
         path = self.run_dir.path / "reference-logps.pt"
         if path.is_file():
@@ -300,8 +316,11 @@ class Worker:
         return predicted
 
     def _run_data_peak(self, model_config: dict) -> dict | None:
-        """The estimate of the largest micro-batch this run will train (its data, its order), in tokens and bytes."""
+        """The estimate of the largest micro-batch this run will train (its data, its order), in tokens and bytes;
+        None for grpo (its completions are not known before they are sampled)."""
         config = self.config
+        if config.objective == "grpo":
+            return None
         tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.world_size, not self.packed)
         try:
             peak = estimate(model_config, config_for_tokens(config, tokens), self.device.type,
@@ -317,6 +336,8 @@ class Worker:
         first_step = self.step
         if self.step == 0:
             self._sample()  # the base model's answers
+            if self.config.objective == "grpo" and self.eval_rows is not None:
+                self.evaluate()  # the base model's held-out reward, which the run's is measured against
         while self.step < self.total_steps:
             if self.step == first_step + MEASURED_STEP:
                 metrics = self._measured_optimizer_step()
@@ -378,21 +399,56 @@ class Worker:
         entries = self.engine.gather(memory_snapshot(self.device, self.engine.rank))
         return [entry for rank_entries in entries for entry in rank_entries]
 
-    def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
-        """This rank's share of the step's micro-batches: a contiguous block of the plan."""
+    def _micro_batches(self, phase) -> list[dict[str, torch.Tensor]]:
+        """This rank's share of the step's micro-batches: a contiguous block of the plan (grpo: its generation
+        batch, in micro-batches of completions)."""
         accumulation = self.config.training.gradient_accumulation_steps
-        first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
-        batches = []
-        for index in range(first, first + accumulation):
-            batch = self.objective.batch([self.train_rows[i] for i in self.plan.rows_of(index)], self.packed)
-            batches.append({k: v.to(self.device) for k, v in batch.items()})
-        return batches
+        if self.config.objective == "grpo":
+            rows, size = self._generation_batch(phase).rows, self.config.training.micro_batch_size
+            chunks = [rows[start:start + size] for start in range(0, len(rows), size)]
+        else:
+            first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
+            chunks = [[self.train_rows[i] for i in self.plan.rows_of(index)] for index in range(first, first + accumulation)]
+        return [{k: v.to(self.device) for k, v in self.objective.batch(rows, self.packed).items()} for rows in chunks]
+
+    def _generation_batch(self, phase) -> Rollout:
+        """grpo: the completions this step trains on: sampled anew every num_iterations steps (this process's prompts
+        of the plan), with the sampling model's log-probabilities when they are trained on more than once."""
+        iterations = self.config.grpo.num_iterations
+        if self.rollout is not None and self.step % iterations:
+            return self.rollout
+        generation = self.step // iterations
+        index = generation * self.engine.world_size + self.engine.rank
+        prompts = [self.train_rows[i] for i in self.plan.rows_of(index)]
+        with phase("generation"), self.engine.autocast():
+            self.rollout = self.sampler_of_groups.rollout(self.raw_model, prompts, self.config.training.seed + index)
+            if iterations > 1:
+                self.model.train()
+                for start in range(0, len(self.rollout.rows), self.config.training.micro_batch_size):
+                    chunk = self.rollout.rows[start:start + self.config.training.micro_batch_size]
+                    for row, logps in zip(chunk, self.objective.sampling_logps(self.raw_model, chunk, self.device)):
+                        row["old_logps"] = logps
+        self._report_rollout(self.rollout)
+        return self.rollout
+
+    def _report_rollout(self, rollout: Rollout) -> None:
+        """The groups to show (a completions event) and the reward file's failures, each place once (the log has
+        every one)."""
+        self.events.emit("completions", step=self.step + 1, seconds=round(rollout.seconds, 3), groups=rollout.shown)
+        for failure in rollout.failures:
+            log.warning("%s", failure)
+            key = (failure.file, failure.line, failure.error.split(":")[0])
+            if key not in self._reported_failures:
+                self._reported_failures.add(key)
+                self.events.emit("warning", message=str(failure),
+                                 hint="training goes on; this warning is not repeated for this line (train.log has "
+                                      "every one): fix the file and resume to score them again")
 
     def _optimizer_step(self, phase=lambda name: contextlib.nullcontext()) -> dict:
         """One optimizer step over the step's micro-batches; ``phase(name)`` marks forward, backward and
         optimizer for a memory tracker."""
         started = time.perf_counter()
-        batches = self._micro_batches()
+        batches = self._micro_batches(phase)
         engine = self.engine
         objective = self.objective
         # the mean is over the units (target tokens) of every rank
@@ -415,14 +471,16 @@ class Worker:
             grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
         self.scheduler.step()
         seconds = time.perf_counter() - started
-        metrics = self._objective_metrics(target_tokens)
+        metrics = {**self._objective_metrics(target_tokens), **self._rollout_metrics()}
         loss_sum, tokens, samples = engine.all_sum([loss_sum, sum(real_tokens(b) for b in batches),
                                                     sum(example_count(b) for b in batches)])
         if not math.isfinite(loss_sum):
             raise StudioError(f"the loss became {loss_sum} at step {self.step + 1}",
                               "lower training.learning_rate, or use bf16 instead of fp16", kind="diverged")
+        drawn = self.step // self.config.grpo.num_iterations + 1 if self.rollout is not None else \
+            (self.step + 1) * len(batches)  # the plan's batches this step has reached
         return {
-            "epoch": round((self.step + 1) * len(batches) * engine.world_size / self.plan.per_epoch, 4),
+            "epoch": round(drawn * engine.world_size / self.plan.per_epoch, 4),
             "loss": loss_sum, "lr": lr, "grad_norm": float(grad_norm),
             "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
             "target_tokens": target_tokens, "step_seconds": seconds, **metrics,
@@ -435,9 +493,20 @@ class Worker:
         totals = self.engine.all_sum([sums.get(name, 0.0) for name in names]) if names else []
         return self.objective.metrics(dict(zip(names, totals)), units)
 
+    def _rollout_metrics(self) -> dict[str, float]:
+        """grpo: its generation batch's rewards and completions (TRL's names), over every rank; else nothing."""
+        if self.rollout is None:
+            return {}
+        names = sum_names(self.sampler_of_groups.rewards.names)
+        sums = dict(zip(names, self.engine.all_sum([self.rollout.sums.get(name, 0.0) for name in names])))
+        return {**rollout_metrics(sums, self.sampler_of_groups.rewards.names),
+                "generation_s": round(self.rollout.seconds, 3)}
+
     @torch.no_grad()
     def evaluate(self) -> float:
         """Every rank evaluates every row (sharded models need all ranks in each forward); rank 0 reports."""
+        if self.config.objective == "grpo":
+            return self._evaluate_rewards()
         self.model.eval()
         size, objective = self.config.training.micro_batch_size, self.objective
         total_loss, total_tokens = 0.0, 0
@@ -453,6 +522,23 @@ class Worker:
                    for name, value in objective.metrics(objective.take_metric_sums(), total_tokens).items()}
         self.events.emit("eval", step=self.step, eval_loss=eval_loss, tokens=total_tokens, **metrics)
         return eval_loss
+
+    def _evaluate_rewards(self) -> float:
+        """grpo: each held-out prompt's greedy completion scored by the run's rewards; returns their mean (NaN when
+        none was scored)."""
+        rewards, size = self.sampler_of_groups.rewards, self.config.training.micro_batch_size
+        scores = []
+        self.model.eval()
+        with self.engine.autocast():
+            for start in range(0, len(self.eval_rows), size):
+                prompts = [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))]
+                answers = generate_answers(self.raw_model, self.tokenizer, [list(p["input_ids"]) for p in prompts],
+                                           self.config.grpo.max_completion_length)
+                scores += [rewards.score(answer, json.loads(p["row"]), p["location"]) for answer, p in zip(answers, prompts)]
+        self.model.train()
+        means = held_out_rewards(scores, rewards.names)
+        self.events.emit("eval", step=self.step, **means)
+        return means.get("eval_reward", math.nan)
 
     def _sampler(self) -> Sampler | None:
         """What answers the sample prompts (in the first process), or None: no samples asked for, or a warning
@@ -473,8 +559,10 @@ class Worker:
                 self.events.emit("samples", step=self.step, **self.sampler.samples(self.raw_model))
 
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.engine, self.raw_model,
-                                    self.scheduler, {"total_steps": self.total_steps})
+        # a generation batch the next steps still train on goes with the checkpoint: a resume then trains on it
+        reused = self.rollout is not None and self.step % self.config.grpo.num_iterations
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.engine, self.raw_model, self.scheduler,
+                                    {"total_steps": self.total_steps}, self.rollout.kept() if reused else None)
         if self.engine.is_main:
             self.run_dir.prune_checkpoints(self.config.schedule.keep_checkpoints)
         self.events.emit("checkpoint", step=self.step, path=str(path))

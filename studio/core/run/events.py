@@ -21,11 +21,15 @@ from it. Types and their main fields:
   "cpu rank N"
 - ``step``: step, epoch, loss, lr, grad_norm, tokens_per_s, samples_per_s, memory (list per device;
   with several processes, each rank's own device). Only rank 0 writes events: one writer per file
-- ``eval``: step, eval_loss
+- ``eval``: step, eval_loss (grpo: eval_reward, and eval_rewards/NAME/mean per reward function: the held-out
+  prompts' greedy completions scored)
 - ``benchmarks``: checkpoint, limit, chat_template, tasks (per lm-evaluation-harness task, base and tuned: metric ->
   value), written by `studio eval --tasks`
 - ``samples``: step, seconds (generating took), samples (per prompt: location, prompt, reference or null,
   answer): the greedy answers to the sample prompts with the weights of that step (step 0: the base's)
+- ``completions``: step, seconds (sampling took), groups (grpo, after each sampling: its first group's location,
+  prompt, reference or null and completions, each with its text, reward (the total, null when none scored it)
+  and rewards (each function's score))
 - ``evaluation``: checkpoint, data (the files), base and tuned (each model's summary: rows, tokens, loss,
   perplexity, answered, exact_match, contains, f1; studio.core.run.evaluation), written by `studio eval`
 - ``checkpoint``: step, path
@@ -45,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "evaluation", "benchmarks", "samples", "checkpoint", "export", "warning", "error", "finished")
+EVENT_TYPES = ("run_started", "estimate", "memory_measured", "step", "eval", "evaluation", "benchmarks", "samples", "completions",
+               "checkpoint", "export", "warning", "error", "finished")
 
 
 def make_event(type_: str, **fields: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from studio.core.run.commands import EXPORT_RECORD
 from studio.core.run.directory import RunDir, atomic_folder
 from studio.core.run.events import EventWriter
 from studio.train.checkpoint import load_weights, read_state
-from studio.train.data.prepare import encode, render_segments
+from studio.train.data.prepare import encode, encode_prompt, render_segments
 from studio.train.export.card import write_card
 from studio.train.export.chat import base_generation_config, carry_chat_template, trained_template
 from studio.train.model.build import (attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer,
@@ -164,9 +164,8 @@ def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:
 def verification_inputs(config: RunConfig, tokenizer, device, count: int = 4,
                         files: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """A padded batch of the first few examples of ``files`` (the training files), rendered as in training."""
-    report = inspect_files(files or config.data.train_files, config.data.format, limit=count)
-    rows = [encode(render_segments(example, tokenizer, config.data.template), tokenizer,
-                   config.data.max_length, config.data.train_on_prompt)["input_ids"] for example in report.examples[:count]]
+    report = inspect_files(files or config.data.train_files, config.row_format, limit=count)
+    rows = [_verification_ids(example, tokenizer, config) for example in report.examples[:count]]
     length = max(len(r) for r in rows)
     ids = torch.full((len(rows), length), tokenizer.pad_token_id)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
@@ -174,6 +173,14 @@ def verification_inputs(config: RunConfig, tokenizer, device, count: int = 4,
         ids[i, :len(row)] = torch.tensor(row)
         mask[i, :len(row)] = 1
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+
+def _verification_ids(example, tokenizer, config: RunConfig) -> list[int]:
+    """An example's tokens as training saw them (a prompt-only row: its prompt, which the completions followed)."""
+    if example.kind == "prompt_only":
+        return encode_prompt(example, tokenizer, config.data.template)[0][:config.data.max_length]
+    return encode(render_segments(example, tokenizer, config.data.template), tokenizer, config.data.max_length,
+                  config.data.train_on_prompt)["input_ids"]
 
 
 @torch.no_grad()

@@ -72,6 +72,9 @@ class Grpo:
         if self.settings.num_iterations > 1 and "old_logps" not in rows[0]:
             # the current log-probabilities would stand in for the sampling model's: a ratio of 1, never clipped
             raise ValueError("grpo.num_iterations above 1 needs the sampling model's old_logps in each row")
+        return self._layout(rows, packed)
+
+    def _layout(self, rows: list[dict[str, Any]], packed: bool) -> dict[str, torch.Tensor]:
         sequences = [completion_sequence(row) for row in rows]
         batch = pack(sequences) if packed else collate(sequences, self.pad_token_id)
         lengths = torch.tensor([len(as_token_list(row["completion_ids"])) for row in rows])
@@ -114,6 +117,14 @@ class Grpo:
         """The reference's log-probabilities of the completion tokens, at the sampling temperature (no gradients)."""
         with torch.no_grad(), self.reference(model) as (reference, output_layer):
             return token_logps(reference, batch, output_layer, self.settings.temperature)
+
+    @torch.no_grad()
+    def sampling_logps(self, model, rows: list[dict[str, Any]], device: torch.device) -> list[list[float]]:
+        """Each completion's per-token log-probabilities under ``model`` as it sampled them (``old_logps``: the
+        clipped ratio's denominator over the generation batch's several iterations)."""
+        batch = {k: v.to(device) for k, v in self._layout(rows, packed=False).items()}
+        logps = token_logps(model, batch, self.output_layer, self.settings.temperature).float().cpu()
+        return [part.tolist() for part in logps.split(torch.bincount(batch["completion_of"].cpu()).tolist())]
 
     # ------------------------------------------------------------------ parts
     def _reference_logps(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
