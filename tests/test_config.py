@@ -140,8 +140,8 @@ def test_validation_names_a_tracker_listed_twice_and_a_project_no_tracker_takes(
 
 
 def test_grpo_settings_and_rewards_are_checked_each_by_its_field():
-    def problems(**grpo):
-        config = demo_config().replace(objective="grpo", grpo=grpo)
+    def problems(**grpo):  # the demo's data.max_length 64 leaves room for a prompt beside 32 tokens of completion
+        config = demo_config().replace(objective="grpo", grpo={"max_completion_length": 32, **grpo})
         return {p.where: p.message for p in validate(config, check_files=False)}
 
     assert problems() == {}

@@ -202,8 +202,9 @@ class GrpoConfig:
     prompt, the rewards that score them, and the clipped loss."""
 
     group_size: int = _field(
-        8, "Completions sampled per prompt (TRL's num_generations); each is judged against its group's mean reward. "
-        "At least 2: a group of one teaches nothing.")
+        4, "Completions sampled per prompt (TRL's num_generations, 8 by default there); each is judged against its "
+        "group's mean reward. At least 2: a group of one teaches nothing. A step's completions on each process "
+        "(training.micro_batch_size x gradient_accumulation_steps) are whole groups: 4 fits the default micro-batch.")
     temperature: float = _field(
         1.0, "Sampling temperature of the completions; the log-probabilities of the loss are taken at it too, as TRL's.")
     top_p: float = _field(1.0, "Nucleus sampling: the smallest set of likeliest tokens whose probability reaches it "
