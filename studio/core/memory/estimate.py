@@ -245,6 +245,8 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
         notes.append(_samples_note(shape, regime, config))
     if config.learns_preferences:
         notes.append(_preference_note(shape, regime, config))
+    if config.objective == "grpo":
+        notes.append(_generation_note(shape, regime, config))
     return tuple(notes)
 
 
@@ -268,11 +270,27 @@ def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> st
                     "gradients before the model's and never adds to the peak")
 
 
+def _generation_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
+    """GRPO samples each prompt's group between steps, its activations freed: the group's KV cache over a prompt and
+    its completion (data.max_length) and the fp32 logits of its last tokens, said beside the step's peak."""
+    group = config.grpo.group_size
+    cache = kv_cache_bytes(shape, regime, group * config.data.max_length)
+    logits = group * shape.vocab * 4
+    return (f"grpo samples {group} completions of a prompt at a time between steps, with the weights and optimizer "
+            f"state: their KV cache at most {format_bytes(cache)} and logits {format_bytes(logits)} (not in the "
+            "step's peak, which is larger unless the group is much bigger than the micro-batch); the reference "
+            "and the sampling log-probabilities run without gradients before the step's forward")
+
+
+def kv_cache_bytes(shape: ModelShape, regime: Regime, positions: int) -> int:
+    """Keys and values of every layer for ``positions`` tokens, in the compute dtype."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * DTYPE_BYTES[regime.compute]
+
+
 def _samples_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
     """Samples while training answer between steps, when the step's activations are freed: their KV cache (the
     prompts at most data.max_length long) is said, not added to the step's peak."""
     prompts = len(config.data.sample_prompts) or SAMPLED_HELD_OUT_ROWS
-    positions = prompts * (config.data.max_length + SAMPLE_NEW_TOKENS)
-    cache = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * DTYPE_BYTES[regime.compute]
+    cache = kv_cache_bytes(shape, regime, prompts * (config.data.max_length + SAMPLE_NEW_TOKENS))
     return (f"samples every {config.schedule.sample_every} steps: {prompts} prompts answered between steps, their KV "
             f"cache at most {format_bytes(cache)} (not in the step's peak: its activations are freed by then)")
