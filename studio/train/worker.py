@@ -36,11 +36,11 @@ import torch
 from studio.core.config import RunConfig, key_lines, load_config, save_config, to_dict
 from studio.core.errors import StudioError, missing_package
 from studio.core.machine import available_ram
-from studio.core.rewards import Rewards
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import Estimate, estimate
 from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
 from studio.core.model.info import load_model_config
+from studio.core.rewards import Rewards
 from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
 from studio.core.run.directory import RunDir, default_runs_root
 from studio.core.run.events import EventWriter
