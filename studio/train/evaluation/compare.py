@@ -40,6 +40,11 @@ SPARE_NEW_TOKENS = 16  # generated beyond the longest reference of a batch, so a
 
 def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int = 256) -> dict[str, Any]:
     """Evaluate the run's newest checkpoint against its base; write RUN/evaluation.json and an event."""
+    config = load_config(RunDir(run_dir).config)
+    if config.objective == "grpo":  # its prompts have no answer to compare with but their rewards
+        raise StudioError("studio eval does not score grpo runs yet: the run measured its held-out prompts' reward "
+                          "itself, before its first step and at each eval", "read the eval events' eval_reward in "
+                          f"{RunDir(run_dir).events} (the window charts them)", kind="usage")
     config, tokenizer, model, checkpoint = load_run_model(run_dir)
     examples, source = held_out_examples(config, files)
     if config.learns_preferences:
