@@ -248,7 +248,7 @@ def test_unreadable_and_unsupported_files(tmp_path):
     (missing,) = problems_of(tmp_path / "nope.jsonl")
     assert missing.startswith("nope.jsonl: cannot read the file: No such file or directory")
     (folder,) = problems_of(tmp_path)
-    assert "unsupported file type" in folder or "cannot read" in folder
+    assert "is a folder, not a data file: choose the files inside it" in folder
     (xlsx,) = problems_of(write(tmp_path / "d.jsonl", TEXT).rename(tmp_path / "d.xlsx"))
     assert xlsx.startswith("d.xlsx: unsupported file type '.xlsx'")
     garbage = tmp_path / "garbage.parquet"
@@ -261,7 +261,7 @@ def test_a_directory_is_refused(tmp_path):
     folder = tmp_path / "folder.jsonl"
     folder.mkdir()
     (message,) = problems_of(folder)
-    assert message.startswith("folder.jsonl: cannot read the file")
+    assert message.startswith("folder.jsonl: ") and "is a folder, not a data file: choose the files inside it" in message
 
 
 def test_invalid_utf8_in_csv_and_json(tmp_path):

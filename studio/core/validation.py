@@ -104,6 +104,9 @@ def _check_data(config: RunConfig, check_files: bool) -> list[Problem]:
             where = f"{key}[{index}]"
             if is_hub_spec(name):
                 problems += _hub_problems(name, where)
+            elif check_files and Path(name).is_dir():
+                problems.append(Problem(where, f"{name} is a folder, not a data file: choose the files inside it",
+                                        "list each file, e.g. " + (Path(name) / ("*" + SUFFIXES[0])).as_posix()))
             elif Path(name).suffix.lower() not in SUFFIXES:
                 problems.append(Problem(where, f"{name}: unsupported file type", "use " + ", ".join(SUFFIXES)))
             elif check_files and not Path(name).is_file():

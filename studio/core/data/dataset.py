@@ -15,6 +15,10 @@ line; for CSV the line a row starts on, the header being line 1),
 ``data.json[3] (line 12)`` (0-based list index and the line it starts on),
 ``data.parquet row 7`` (1-based), ``hub:OWNER/NAME row 7`` (the entry as written) and ``notes.txt:3``.
 
+Hostile rows are refused as problems, never tracebacks: a value nested deeper than ``row_formats.MAX_NESTING``
+(counted on the line's brackets before parsing, which recurses once a level; walked without recursion for
+Parquet and .json rows), named by its file, line or row and field; a path that is a folder is called one.
+
 The row formats and their validation are in ``studio.core.data.row_formats``.
 """
 
@@ -30,8 +34,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from studio.core.data.hub import is_hub_spec, parse_hub_spec, rows_file
-from studio.core.data.row_formats import (FORMATS, DataError, Example, describe_value, detect_format, fits_no_format,
-                                          to_messages, unknown_format_error)
+from studio.core.data.row_formats import (FORMATS, DataError, Example, check_nesting, describe_value, detect_format,
+                                          fits_no_format, nesting_error, to_messages, too_deep, unknown_format_error)
 from studio.core.errors import Problem, ProblemsError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
@@ -107,6 +111,10 @@ def _read_file(path: Path) -> Iterator[Row]:
         yield from _read_hub(path.as_posix())
         return
     name = path.name
+    if path.is_dir():
+        yield name, Problem(name, f"{path} is a folder, not a data file: choose the files inside it",
+                            f"list the files, e.g. {(path / ('*' + SUFFIXES[0])).as_posix()}")
+        return
     reader = _READERS.get(path.suffix.lower())
     if reader is None:
         yield name, Problem(name, f"unsupported file type '{path.suffix}'", "use " + ", ".join(SUFFIXES))
@@ -167,8 +175,13 @@ def _json_row(line: str | Problem, where: str) -> Row:
     if isinstance(line, Problem):
         return where, line
     line = line.rstrip("\r\n")
+    deep, key = too_deep(line)  # json.loads recurses once a level: a row 50,000 brackets deep would end the stack
+    if deep:
+        return where, nesting_error(where, f"field '{key}'" if key else "").problem
     try:
         value = json.loads(line)
+    except RecursionError:
+        return where, nesting_error(where).problem
     except json.JSONDecodeError as exc:
         hint = "each line must hold one complete JSON object"
         if exc.msg.startswith("Unterminated string") or exc.pos >= len(line.rstrip()):
@@ -269,7 +282,17 @@ def _read_parquet(path: Path, name: str) -> Iterator[Row]:
         for batch in parquet.iter_batches(batch_size=1024):
             for record in batch.to_pylist():
                 number += 1
-                yield f"{name} row {number}", record
+                yield f"{name} row {number}", _shallow_or_problem(record, f"{name} row {number}")
+
+
+def _shallow_or_problem(record: dict, where: str) -> dict | Problem:
+    """The record, or a Problem naming the field that nests deeper than a row may (walked without recursion)."""
+    try:
+        for key, value in record.items():
+            check_nesting(value, where, f"field '{key}'")
+    except DataError as exc:
+        return exc.problem
+    return record
 
 
 def _read_json(path: Path, name: str) -> Iterator[Row]:
@@ -284,6 +307,9 @@ def _read_json(path: Path, name: str) -> Iterator[Row]:
         return
     try:
         yield from _json_document(text, name, path)
+    except _TooDeep as exc:
+        where = f"{exc.where} (line {_line_of(text, exc.position)})" if exc.where else f"{name}:{_line_of(text, exc.position)}"
+        yield where, nesting_error(where).problem
     except json.JSONDecodeError as exc:
         where = f"{name}:{exc.lineno}"
         yield where, Problem(where, f"not valid JSON: {exc.msg} (column {exc.colno})", "check the JSON syntax")
@@ -296,7 +322,7 @@ def _json_document(text: str, name: str, path: Path) -> Iterator[Row]:
     if text[start] == "[":
         yield from _json_list_rows(text, start, name)
         return
-    value, end = _DECODER.raw_decode(text, start)
+    value, end = _decode(text, start)
     rest = _skip_space(text, end)
     if rest < len(text) and isinstance(value, dict) and "\n" not in text[start:end]:
         yield from _read_jsonl(path, name)  # JSON Lines saved with a .json suffix
@@ -306,7 +332,8 @@ def _json_document(text: str, name: str, path: Path) -> Iterator[Row]:
     if not isinstance(value, dict):
         yield name, Problem(name, f"expected a list of row objects, got {describe_value(value)}", "put the rows in a JSON list [...]")
     elif detect_format(value):
-        yield f"{name}:{_line_of(text, start)}", value
+        where = f"{name}:{_line_of(text, start)}"
+        yield where, _shallow_or_problem(value, where)
     else:
         yield from _wrapped_rows(text, start, value, name)
 
@@ -322,6 +349,22 @@ def _wrapped_rows(text: str, start: int, value: dict, name: str) -> Iterator[Row
     for key, position in _json_members(text, start):
         if key == lists[0]:
             yield from _json_list_rows(text, position, name)
+
+
+class _TooDeep(Exception):
+    """A JSON value nested deeper than the parser's recursion allows: where (a row, when known) and its offset."""
+
+    def __init__(self, where: str, position: int):
+        super().__init__(where)
+        self.where, self.position = where, position
+
+
+def _decode(text: str, position: int, where: str = "") -> tuple[Any, int]:
+    """``_DECODER.raw_decode``, a value too deep for the parser's recursion raised as _TooDeep."""
+    try:
+        return _DECODER.raw_decode(text, position)
+    except RecursionError:
+        raise _TooDeep(where, position) from None
 
 
 _DECODER = json.JSONDecoder()
@@ -340,20 +383,21 @@ def _line_of(text: str | bytes, position: int) -> int:
 def _json_list_rows(text: str, position: int, name: str) -> Iterator[Row]:
     """Decode a JSON list element by element to know the line each row starts on."""
     line, counted = 1, 0
-    for index, start, value in _json_elements(text, position):
+    for index, start, value in _json_elements(text, position, name):
         line, counted = line + text.count("\n", counted, start), start
         where = f"{name}[{index}] (line {line})"
-        yield where, _object_or_problem(value, where)
+        record = _object_or_problem(value, where)
+        yield where, record if isinstance(record, Problem) else _shallow_or_problem(record, where)
 
 
-def _json_elements(text: str, position: int) -> Iterator[tuple[int, int, Any]]:
+def _json_elements(text: str, position: int, name: str) -> Iterator[tuple[int, int, Any]]:
     """(index, start offset, value) of each element of the list starting at ``position``."""
     position = _skip_space(text, position + 1)
     index = 0
     if text.startswith("]", position):
         return
     while True:
-        value, end = _DECODER.raw_decode(text, position)
+        value, end = _decode(text, position, f"{name}[{index}]")
         yield index, position, value
         index += 1
         position = _skip_space(text, end)
@@ -371,7 +415,7 @@ def _json_members(text: str, position: int) -> Iterator[tuple[str, int]]:
         key, end = _DECODER.raw_decode(text, position)
         value_start = _skip_space(text, _skip_space(text, end) + 1)  # skip the colon
         yield key, value_start
-        _, end = _DECODER.raw_decode(text, value_start)
+        _, end = _decode(text, value_start)
         position = _skip_space(text, end)
         if text.startswith(",", position):
             position = _skip_space(text, position + 1)

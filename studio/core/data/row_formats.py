@@ -28,6 +28,7 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,11 @@ _FORMAT_FIELDS = {  # the fields that make a row look like each format, in detec
 _FORMAT_HINT = ("rows need messages, conversations, instruction+output, prompt+completion, text, chosen+rejected, "
                 "or completion+label; or set data.format")
 _MISSING = object()
+MAX_NESTING = 100
+"""How deep a row's values may nest (lists and objects in one another): far beyond any real row, far below
+Python's recursion limit, so that reading, describing and rendering a row never recurses out of the stack."""
+_NESTING_HINT = f"a row's values may nest at most {MAX_NESTING} levels deep: fix or remove the row"
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 class DataError(StudioError):
@@ -103,6 +109,66 @@ class Example:
         if self.conversational:
             return Example("chat", messages=self.messages + self.chosen, location=self.location)
         return Example("prompt_completion", prompt=self.prompt, completion=self.chosen, location=self.location)
+
+
+def too_deep(text: str) -> tuple[bool, str]:
+    """Whether JSON ``text`` nests deeper than MAX_NESTING, and the top-level field the deep value is in ("" for
+    none): read from the brackets outside strings, without parsing (parsing recurses once a level)."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return False, ""
+    depth, key = 0, ""
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            if depth == 1:
+                key = token  # the last string at the top level before a deep value is that value's key
+        elif token in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return True, _unquoted(key) if text.lstrip().startswith("{") else ""
+        else:
+            depth -= 1
+    return False, ""
+
+
+def _unquoted(token: str) -> str:
+    try:
+        return str(json.loads(token))
+    except ValueError:
+        return token.strip('"')
+
+
+def nesting_error(location: str, path: str = "") -> DataError:
+    """A value nested deeper than MAX_NESTING, at ``path`` (a field; "": the row itself)."""
+    what = path or "the row"
+    return DataError(location, f"{what} nests lists or objects more than {MAX_NESTING} levels deep", _NESTING_HINT)
+
+
+def parse_json(text: str, location: str, path: str) -> Any:
+    """The JSON value of ``text`` (a field holding JSON: ``path``); a DataError naming the location and the field for
+    text nested too deep (checked before parsing) or not valid JSON."""
+    if too_deep(text)[0]:
+        raise nesting_error(location, path)
+    try:
+        return json.loads(text)
+    except RecursionError:  # the check above counts brackets; a parser may still give up first
+        raise nesting_error(location, path) from None
+    except ValueError as exc:
+        raise DataError(location, f"{path} is not valid JSON: {exc}") from None
+
+
+def check_nesting(value: Any, location: str, path: str = "") -> None:
+    """Raise a DataError when ``value`` (already read, from Parquet say) nests deeper than MAX_NESTING; walks it
+    without recursion."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise nesting_error(location, path)
+        if isinstance(item, dict):
+            stack += [(child, depth + 1) for child in item.values()]
+        elif isinstance(item, (list, tuple)):
+            stack += [(child, depth + 1) for child in item]
 
 
 def detect_format(record: dict) -> str | None:
@@ -169,8 +235,12 @@ def _chat(record: dict, location: str) -> Example:
     key = "messages" if "messages" in record else "conversations"
     turns = record.get(key, _MISSING)
     if isinstance(turns, str):  # a CSV cell holding the conversation as JSON
+        if too_deep(turns)[0]:
+            raise nesting_error(location, f"field '{key}'")
         try:
             turns = json.loads(turns)
+        except RecursionError:
+            raise nesting_error(location, f"field '{key}'") from None
         except json.JSONDecodeError:
             pass
     if turns is _MISSING:
