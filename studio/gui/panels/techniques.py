@@ -62,7 +62,8 @@ class TechniquesPanel(SettingsColumn):
         """What training minimizes: the responses (SFT), or preference pairs with their few settings."""
         store = self.store
         self.objective = ChoiceControl(store, "objective", "Learn from", extra_rule=lambda value: (
-            "the training loop does not sample GRPO's completions yet" if value == "grpo" else ""))
+            "the window has no GRPO settings yet: write objective grpo in a config file and run studio train CONFIG"
+            if value == "grpo" else ""))
         self.beta = NumberControl(store, "preference.beta", "Beta", "DPO: how far the model may move from the "
                                   "reference (higher: less). ORPO: the odds-ratio term's weight. SimPO: the margin's "
                                   "scale.", 0.001, 100.0, decimals=3, step=0.05)
