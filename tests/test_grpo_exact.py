@@ -183,11 +183,3 @@ def test_several_steps_per_generation_batch_need_the_sampling_models_log_probabi
     with pytest.raises(ValueError, match="old_logps"):
         objective.batch([{**row, "advantage": 0.0} for row in _completions()], packed=False)
 
-
-def test_a_grpo_run_is_refused_before_any_work_until_the_loop_samples_completions(tmp_path):
-    from studio.core.errors import StudioError
-    from studio.core.presets import demo_config
-    from studio.train.preflight import check_inputs
-
-    with pytest.raises(StudioError, match="objective grpo cannot train yet"):
-        check_inputs(demo_config().replace(objective="grpo"), events=None)
