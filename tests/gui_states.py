@@ -16,7 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QPoint, QRect, Qt
 from PySide6 import QtGui
 from PySide6.QtGui import QTextDocument
-from PySide6.QtWidgets import QAbstractScrollArea, QLabel, QWidget
+from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QLabel, QWidget
 
 from studio.core.config import RunConfig
 from studio.core.presets import DEMO_MODEL
@@ -491,10 +491,24 @@ def preference_setup(window, qtbot, tmp_path):
     qtbot.waitUntil(lambda: not window.data_panel.task.busy and window.data_panel.preview is not None, timeout=10000)
 
 
+def grpo_setup(window, qtbot, tmp_path):
+    """Setup ▸ New GRPO setup, its notice read and dismissed: the rewards in the Techniques tab, a second one added
+    (contains, its text not written yet), and a reward file not trusted yet."""
+    window.new_grpo_setup()
+    window.changes_notice.hide()
+    panel = window.techniques_panel
+    window.setup_tabs.setCurrentWidget(panel)
+    panel.rewards.add_button.click()
+    panel.rewards.rows[1].name.setCurrentIndex(3)  # contains
+    window.store.update(grpo={"reward_file": str(tmp_path / "my_reward.py")})
+    QApplication.processEvents()
+    panel.ensureWidgetVisible(panel.reward_file)
+
+
 STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3_full_logits, hub_id_typed,
           hub_id_offline, folder_without_weights, remote_code_on, data_problems, rows_beyond_max_length,
           unknown_columns, does_not_fit, fit_to_gpu, eight_b_fit_with_problems, long_estimate_notes, minimum_size,
           simulated, simulation_dropped, unreadable_last_choices,
           loading_model, training, training_two_gpus, completed, run_failed, history_compare, history_empty,
-          export_verified, gguf_published, gguf_refused, try_it, evaluated, preference_setup)
+          export_verified, gguf_published, gguf_refused, try_it, evaluated, preference_setup, grpo_setup)
 TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus, long_estimate_notes)

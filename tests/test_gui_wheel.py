@@ -3,6 +3,7 @@ does over a label; it changes the control only after a click (or Tab) gave the c
 scrolled the Techniques tab had LoRA rank go from 8 to 3 as the wheel passed over it."""
 # ruff: noqa: F811 (test_gui's fixtures, imported, are the tests' parameters)
 
+import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (QAbstractSlider, QAbstractSpinBox, QApplication, QComboBox, QScrollArea, QScrollBar,
@@ -66,8 +67,13 @@ def pages(window):
             yield tabs, tabs.widget(index)
 
 
-def test_the_wheel_over_every_control_of_every_tab_scrolls_the_page_and_changes_nothing(qtbot, app_dirs):
+@pytest.mark.parametrize("grpo", [False, True], ids=["demo", "grpo setup"])
+def test_the_wheel_over_every_control_of_every_tab_scrolls_the_page_and_changes_nothing(qtbot, app_dirs, grpo):
     window = small_window(qtbot)
+    if grpo:  # its settings and the rows of its rewards editor
+        window.new_grpo_setup()
+        window.changes_notice.hide()
+        wait_for_preview(qtbot, window)
     config, card = window.store.config, window.estimate_panel.picker.card_name
     swept, scrolled = 0, set()
     for tabs, page in pages(window):

@@ -1,4 +1,5 @@
-"""Ready-made run configs: the embedded demos (answering, and preferring a style) that work offline on any machine."""
+"""Ready-made run configs: the embedded demos (answering, preferring a style, and learning a format from a reward)
+that work offline on any machine; and what choosing an objective changes with it."""
 
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ def grpo_demo_config() -> RunConfig:
         grpo={"group_size": 8, "max_completion_length": 12,
               "rewards": (RewardConfig(name="matches_format", pattern=DEMO_FORMAT),)},
         schedule={"save_every": 0, "sample_every": 0, "eval_every": 10})
+
+
+def objective_changes(config: RunConfig, objective: str) -> dict:
+    """The changes that choosing ``objective`` makes: the objective, and for grpo a completion length that leaves
+    half of data.max_length to the prompt when the one set leaves none (the window shows grpo's settings only once
+    it is chosen, so one of them cannot be what keeps it from being chosen)."""
+    changes: dict = {"objective": objective}
+    if objective == "grpo" and config.grpo.max_completion_length >= config.data.max_length:
+        changes["grpo"] = {"max_completion_length": max(1, config.data.max_length // 2)}
+    return changes
 
 
 def with_demo_model(config: RunConfig) -> RunConfig:

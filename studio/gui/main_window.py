@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, Q
 
 from studio.core.config import RunConfig, differences
 from studio.core.errors import Problem
-from studio.core.presets import RESOURCES, demo_config, preference_demo_config, with_demo_model
+from studio.core.presets import RESOURCES, demo_config, grpo_demo_config, preference_demo_config, with_demo_model
 from studio.core.run.directory import default_runs_root
 from studio.core.runtime.self_test import SelfTestReport, latest_report
 from studio.core.validation import machine_problems
@@ -160,6 +160,8 @@ class MainWindow(QMainWindow):
         self.new_setup_action.setShortcut(QKeySequence.StandardKey.New)
         self.preference_setup_action = setup_menu.addAction("New preference setup (DPO on the demo's pairs)",
                                                             self.new_preference_setup)
+        self.grpo_setup_action = setup_menu.addAction("New GRPO setup (a format reward on the demo's prompts)",
+                                                      self.new_grpo_setup)
         runtime_menu = self.menuBar().addMenu("&Runtime")
         self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
         self.self_test_action = runtime_menu.addAction("GPU self-test…", self.open_self_test)
@@ -306,15 +308,18 @@ class MainWindow(QMainWindow):
         """Start over from the preference demo: the demo model learns a style of answer from chosen/rejected pairs."""
         self._apply_preset(preference_demo_config(), "A new setup: DPO on the demo's preference pairs.")
 
+    def new_grpo_setup(self) -> None:
+        """Start over from the GRPO demo: the demo model learns a format from prompts and a reward alone."""
+        self._apply_preset(grpo_demo_config(), "A new setup: GRPO on the demo's prompts, a format reward scoring "
+                           "the completions.")
+
     def _apply_preset(self, config: RunConfig, title: str) -> None:
         """Set ``config`` and say what that changed, in the window's words."""
         before = self.store.config
         self.store.set(config)
         lines = change_lines(differences(before, config), self.store.labels)
-        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
         self.changes_notice.show_message(f"<b>{html.escape(title, quote=False)}</b>"
-                                        + (f"<ul style='margin:0'>{items}</ul>" if lines else " Nothing changed."),
-                                        error=False)
+                                        + (_bullet_columns(lines) if lines else " Nothing changed."), error=False)
 
     # ------------------------------------------------------------ runs
     def start_blockers(self) -> list[Problem]:
@@ -532,3 +537,12 @@ class MainWindow(QMainWindow):
         box.exec()
         clicked = box.clickedButton()
         return CLOSE_STOP if clicked is stop else CLOSE_LEAVE if clicked is leave else CLOSE_CANCEL
+
+
+def _bullet_columns(lines: list[str], per_column: int = 7) -> str:
+    """The lines as bullets, side by side in columns of ``per_column`` when there are more (a preset changes many
+    fields, and the notice sits above the tabs the user needs to see)."""
+    columns = [lines[start:start + per_column] for start in range(0, len(lines), per_column)]
+    cells = "".join("<td valign='top'><ul style='margin:0'>"
+                    + "".join(f"<li>{html.escape(line)}</li>" for line in column) + "</ul></td>" for column in columns)
+    return f"<table cellspacing='0' cellpadding='0'><tr>{cells}</tr></table>"

@@ -67,6 +67,10 @@ class DataPanel(VerticalScroll):
                                           "the model answers the first three held-out rows greedily every this many "
                                           "steps (and the base before the first): the Samples tab shows them.", 0,
                                           100_000, suffix=" steps", special_zero="off", compact=True)
+        self.eval_every = NumberControl(store, "schedule.eval_every", "Evaluate every", "Steps between two "
+                                        "measures on the held-out rows (their loss, or a GRPO run's held-out "
+                                        "reward); the end always measures.", 0, 100_000, suffix=" steps",
+                                        special_zero="end only", compact=True)
         self.examples = QTextBrowser()
         self.examples.setOpenLinks(False)
         self.examples.setMinimumHeight(80)
@@ -92,7 +96,7 @@ class DataPanel(VerticalScroll):
         grid = QGridLayout()
         grid.setContentsMargins(0, 0, 0, 0)
         for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.eval_fraction,
-                                        self.sample_every)):
+                                        self.sample_every, self.eval_every)):
             grid.addWidget(widget, index // 2, index % 2)
         layout.addLayout(grid)
 

@@ -1,5 +1,7 @@
 """Samples: each sample prompt with the base model's answer and the answer at every sampled step, newest first,
-the reference answer beside them when the data has one. A view over the followed run's ``samples`` events."""
+the reference answer beside them when the data has one; for a GRPO run, the groups of completions its steps
+sampled, each completion with the rewards it earned. A view over the followed run's ``samples`` and
+``completions`` events."""
 
 from __future__ import annotations
 
@@ -9,20 +11,22 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
 
 from studio.core.run.evaluation import answer_scores
-from studio.gui.state.series import RunSeries, SampleHistory, SamplePrompt
+from studio.gui.state.series import COMPLETION_STEPS_KEPT, CompletionHistory, RunSeries, SampledGroup, SampleHistory, SamplePrompt
 from studio.gui.widgets.common import BAD, GOOD, MUTED, explanation
 
 NO_RUN = ("While a run trains, the model answers a few held-out prompts every “Sample answers every” steps "
           "(Data tab); each answer shows here beside the base model's, newest first.")
 NOT_ASKED = "This run takes no samples: set “Sample answers every” on the Data tab before you start a run."
 WAITING = "The base model's answers come before the first step; the next ones every {every} steps."
+SAMPLED = ("GRPO samples {group} completions of each prompt at every step and learns from how their rewards differ: "
+           "here one group of each of the last {kept} samplings, newest first, best reward first.")
 
 
 class SamplesPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.series: RunSeries | None = None
-        self._shown = -1
+        self._shown: tuple[int, int] | None = None
         self.note = explanation(NO_RUN)
         self.note.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)  # alone, it fills the tab
         self.view = QTextBrowser()
@@ -33,26 +37,33 @@ class SamplesPanel(QWidget):
         self.view.hide()
 
     def show_run(self, series: RunSeries) -> None:
-        self.series, self._shown = series, -1
+        self.series, self._shown = series, None
         self.refresh()
 
     def refresh(self) -> None:
         """Redraw when the run's samples changed (the window calls this as events arrive)."""
-        history = self.series.samples if self.series else None
-        if history is None or history.version == self._shown:
+        if self.series is None:
             return
-        self._shown = history.version
-        self.note.setText(_note(history))
-        self.view.setVisible(bool(history.prompts))
-        if history.prompts:
+        history, sampled = self.series.samples, self.series.completions
+        version = (history.version, sampled.version)
+        if version == self._shown:
+            return
+        self._shown = version
+        self.note.setText(_note(history, sampled))
+        shown = bool(history.prompts or sampled.groups)
+        self.view.setVisible(shown)
+        if shown:
             scroll = self.view.verticalScrollBar().value()
-            self.view.setHtml("".join(prompt_html(number, prompt) for number, prompt in enumerate(history.prompts, 1)))
+            self.view.setHtml("".join(prompt_html(number, prompt) for number, prompt in enumerate(history.prompts, 1))
+                              + "".join(group_html(group) for group in sampled.newest_first()))
             self.view.verticalScrollBar().setValue(scroll)
 
 
-def _note(history: SampleHistory) -> str:
+def _note(history: SampleHistory, sampled: CompletionHistory) -> str:
     if history.warning:
         return history.warning
+    if sampled.groups and not history.prompts:
+        return SAMPLED.format(group=len(sampled.groups[0].completions), kept=COMPLETION_STEPS_KEPT)
     if not history.prompts:
         return WAITING.format(every=history.every) if history.every else NOT_ASKED
     steps = len(history.prompts[0].newest_first())
@@ -85,3 +96,40 @@ def _answer(answer: str, reference: str | None) -> str:
         return shown
     right = answer_scores(answer, reference)["exact_match"] == 1.0
     return f"{shown} <span style='color:{GOOD if right else BAD}'>{'✓' if right else '✗'}</span>"
+
+
+def group_html(group: SampledGroup) -> str:
+    """One sampled group: its step, prompt and reference, then each completion with its reward, best first (the
+    same completion sampled again said once, with how often); each function's score beside it when there are
+    several."""
+    where = f" <span style='color:{MUTED}'>({html.escape(group.location)})</span>" if group.location else ""
+    rows = [_row("reference", html.escape(group.reference), f"color:{GOOD}")] if group.reference else []
+    ranked = sorted(group.completions, key=lambda c: -c["reward"] if c.get("reward") is not None else float("inf"))
+    best = max((c["reward"] for c in ranked if c.get("reward") is not None), default=None)
+    distinct: dict[str, tuple[dict, int]] = {}  # text -> its best-ranked completion, how often it was sampled
+    for completion in ranked:
+        first, times = distinct.get(completion.get("text", ""), (completion, 0))
+        distinct[completion.get("text", "")] = (first, times + 1)
+    for completion, times in distinct.values():
+        rows.append(_row(_reward_label(completion, best) + (f" ×{times}" if times > 1 else ""),
+                         _completion(completion)))
+    return (f"<p><b>step {group.step}: {html.escape(group.prompt)}</b>{where}</p>"
+            f"<table cellspacing='0' cellpadding='3'>{''.join(rows)}</table>")
+
+
+def _reward_label(completion: dict, best: float | None) -> str:
+    reward = completion.get("reward")
+    if reward is None:
+        return "no reward"
+    color = GOOD if best is not None and reward == best and reward > 0 else MUTED
+    return f"<span style='color:{color}'>reward {reward:.2f}</span>"
+
+
+def _completion(completion: dict) -> str:
+    text = str(completion.get("text", ""))
+    shown = html.escape(text) if text.strip() else f"<i style='color:{MUTED}'>(nothing)</i>"
+    scores = completion.get("rewards") or {}
+    if len(scores) < 2:  # one function: its score is the reward
+        return shown
+    parts = ", ".join(f"{html.escape(name)} {'–' if score is None else f'{score:g}'}" for name, score in scores.items())
+    return f"{shown} <span style='color:{MUTED}'>({parts})</span>"

@@ -1,4 +1,5 @@
-"""The techniques: method, objective, LoRA, precision, memory savers, batch and length, optimizer, training length.
+"""The techniques: method, objective (GRPO's sampling and rewards with it), LoRA, precision, memory savers, batch
+and length, optimizer, training length.
 
 Each control says in one line what it saves and what it costs; choices that
 core validation rejects in the current combination are disabled with the
@@ -14,6 +15,8 @@ from studio.core.errors import StudioError
 from studio.core.methods import (ADALORA_BUDGET, ALPHA, DORA, DROPOUT, LORA_SETTINGS, METHOD_SPECS, RANK, RSLORA,
                                  VIRTUAL_TOKEN_COUNT)
 from studio.core.model.info import model_shape
+from studio.core.presets import objective_changes
+from studio.gui.widgets.rewards import RewardFile, RewardsEditor
 from studio.gui.state.memory import (BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP, model_config_of,
                                      panel_order, savers_in)
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
@@ -34,7 +37,8 @@ class TechniquesPanel(SettingsColumn):
         self.lora_group = self._lora_group()
         self.virtual_group = self._virtual_tokens_group()
         self.adalora_group = self._adalora_group()
-        for group in (method_group, self.objective_group, self.lora_group, self.virtual_group, self.adalora_group,
+        self.grpo_group = self._grpo_group()
+        for group in (method_group, self.objective_group, self.grpo_group, self.lora_group, self.virtual_group, self.adalora_group,
                       self._qat_group(), self._precision_group(), self._batch_group(), self._speed_group(),
                       self._length_group()):
             self.column.addWidget(group)
@@ -61,9 +65,8 @@ class TechniquesPanel(SettingsColumn):
     def _objective_group(self) -> QGroupBox:
         """What training minimizes: the responses (SFT), or preference pairs with their few settings."""
         store = self.store
-        self.objective = ChoiceControl(store, "objective", "Learn from", extra_rule=lambda value: (
-            "the window has no GRPO settings yet: write objective grpo in a config file and run studio train CONFIG"
-            if value == "grpo" else ""))
+        self.objective = ChoiceControl(store, "objective", "Learn from",
+                                       changes=lambda value: objective_changes(store.config, value))
         self.beta = NumberControl(store, "preference.beta", "Beta", "DPO: how far the model may move from the "
                                   "reference (higher: less). ORPO: the odds-ratio term's weight. SimPO: the margin's "
                                   "scale.", 0.001, 100.0, decimals=3, step=0.05)
@@ -88,12 +91,44 @@ class TechniquesPanel(SettingsColumn):
                                     self.desirable_weight, self.undesirable_weight, self.reference)
         return group_box("Objective", self.objective, *self.preference_settings)
 
+    def _grpo_group(self) -> QGroupBox:
+        """GRPO's sampling, loss and rewards, shown when it is the objective."""
+        store = self.store
+        self.group_size = NumberControl(store, "grpo.group_size", "Completions per prompt", "Each is judged against "
+                                        "its group's mean: more compare better and cost generation time and memory. "
+                                        "A step's completions (micro-batch x accumulation) are whole groups.", 2, 1024)
+        self.max_completion = NumberControl(store, "grpo.max_completion_length", "Completion length", "The most "
+                                            "tokens a completion may have; the prompt gets the rest of the sequence "
+                                            "length. Generation memory grows with it.", 1, 1_000_000,
+                                            suffix=" tokens")
+        self.temperature = NumberControl(store, "grpo.temperature", "Temperature", "Sampling temperature: higher "
+                                         "gives more varied completions to compare.", 0.01, 10.0, decimals=2,
+                                         step=0.1)
+        self.top_p = NumberControl(store, "grpo.top_p", "Top-p", "Sample among the likeliest tokens whose "
+                                   "probability reaches this (1: all).", 0.01, 1.0, decimals=2, step=0.05)
+        self.grpo_loss = ChoiceControl(store, "grpo.loss_type", "Loss")
+        self.grpo_beta = NumberControl(store, "grpo.beta", "KL weight (beta)", "How strongly the model is held to "
+                                       "where it started; 0 (TRL's default) runs no reference and saves its "
+                                       "forward.", 0.0, 100.0, decimals=3, step=0.01)
+        self.epsilon = NumberControl(store, "grpo.epsilon", "Clip below", "A token's probability ratio to the "
+                                     "sampling model counts no lower than 1 - this.", 0.0, 10.0, decimals=2, step=0.01)
+        self.epsilon_high = NumberControl(store, "grpo.epsilon_high", "Clip above", "...and no higher than 1 + this "
+                                          "(DAPO's clip-higher: 0.28).", 0.0, 10.0, decimals=2, step=0.01)
+        self.iterations = NumberControl(store, "grpo.num_iterations", "Steps per generation", "Optimizer steps on "
+                                        "each batch of sampled completions: more reuse them (cheaper) and move "
+                                        "further from the model that sampled them.", 1, 1000)
+        self.rewards, self.reward_file = RewardsEditor(store), RewardFile(store)
+        return group_box("GRPO: sampling, loss and rewards", self.group_size, self.max_completion, self.temperature,
+                         self.top_p, self.grpo_loss, self.grpo_beta, self.epsilon, self.epsilon_high,
+                         self.iterations, self.rewards, self.reward_file)
+
     def _show_objective_settings(self, config: RunConfig) -> None:
         """Only the settings the objective reads; those its loss ignores stay shown, greyed, with the reason."""
         objective, loss = config.objective, config.preference.dpo_loss
         shown = {"dpo": (self.beta, self.dpo_loss, self.label_smoothing, self.sft_weight, self.reference),
                  "orpo": (self.beta,), "simpo": (self.beta, self.label_smoothing, self.sft_weight, self.simpo_gamma),
                  "kto": (self.beta, self.desirable_weight, self.undesirable_weight, self.reference)}
+        self.grpo_group.setVisible(objective == "grpo")
         visible = shown.get(objective, ())
         for control in self.preference_settings:
             control.setVisible(control in visible)

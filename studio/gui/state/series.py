@@ -4,9 +4,12 @@ Buffers are preallocated and double when full, so appending a point is O(1)
 amortized and a chart redraw hands pyqtgraph views, never copies of lists.
 ``RunSeries`` turns ``step`` and ``eval`` events into the series the charts
 show, and ``samples`` events into each sample prompt's answers over the steps
-(the Samples tab) and the pauses they cost training (the throughput chart); a preference run's reward margin
-and accuracy go beside the loss; a resumed run whose ``run_started`` says it restarts at step k drops
-any points after k (the steps a crash lost are trained again).
+(the Samples tab) and the pauses they cost training (the throughput chart); a
+preference run's reward margin and accuracy go beside the loss; a GRPO run's
+rewards, their spread within groups, completion length, KL and clip ratio come
+from its steps and its sampled groups from ``completions`` events. A resumed
+run whose ``run_started`` says it restarts at step k drops any points after k
+(the steps a crash lost are trained again).
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ if TYPE_CHECKING:
     import numpy as np
 
 MARGIN, ACCURACY = "rewards/margins", "rewards/accuracies"  # a preference run's step metrics, as TRL names them
+# a GRPO run's step metrics the charts draw beside its reward and each function's (TRL's names)
+ROLLOUT_METRICS = ("reward_std_in_group", "frac_reward_zero_std", "completions/mean_length",
+                   "completions/clipped_ratio", "loss", "kl", "clip_ratio/region_mean")
+COMPLETION_STEPS_KEPT = 20  # the Samples tab shows the groups of the last this many samplings
 SMOOTHING = 0.8  # weight of the loss's exponential moving average (debiased, as TensorBoard does); lags ~5 steps
 
 
@@ -195,6 +202,52 @@ class SampleHistory:
             prompt.answers = [(s, a) for s, a in prompt.answers if s <= step]
 
 
+@dataclass
+class SampledGroup:
+    """One prompt's group of completions as a GRPO step sampled them: each with its total reward and each
+    function's (None: not scored)."""
+
+    step: int
+    prompt: str
+    reference: str | None
+    location: str
+    completions: list[dict[str, Any]]
+
+
+class CompletionHistory:
+    """A GRPO run's sampled groups (``completions`` events), the newest ``COMPLETION_STEPS_KEPT`` samplings."""
+
+    def __init__(self):
+        self.groups: list[SampledGroup] = []
+        self.version = 0
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "completions":
+            step = int(event.get("step") or 0)
+            self.groups += [SampledGroup(step, _prompt_text(group.get("prompt")), group.get("reference"),
+                                         str(group.get("location") or ""), list(group.get("completions") or ()))
+                            for group in event.get("groups") or ()]
+            steps = sorted({group.step for group in self.groups})[-COMPLETION_STEPS_KEPT:]
+            self.groups = [group for group in self.groups if group.step >= steps[0]] if steps else []
+        elif kind == "run_started":  # a resumed run samples the lost steps again
+            start = int(event.get("start_step") or 0)
+            self.groups = [group for group in self.groups if group.step <= start]
+        else:
+            return
+        self.version += 1
+
+    def newest_first(self) -> list[SampledGroup]:
+        return sorted(self.groups, key=lambda group: -group.step)
+
+
+def _prompt_text(prompt: Any) -> str:
+    """A prompt as one line of text: plain text as it is, a conversation's messages one after another."""
+    if isinstance(prompt, list):
+        return " | ".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt if isinstance(m, dict))
+    return str(prompt or "")
+
+
 class RunSeries:
     """Every chart series of one run; ``add`` takes events in file order."""
 
@@ -215,6 +268,12 @@ class RunSeries:
         # and held-out pairs
         self.margin, self.accuracy = Series(), Series()
         self.eval_margin, self.eval_accuracy = Series(), Series()
+        # a GRPO run's (TRL's names: reward, rewards/NAME/mean, reward_std_in_group, completions/mean_length, kl,
+        # clip_ratio/region_mean, ...), and its held-out eval_reward and eval_rewards/NAME/mean
+        self.reward = Smoothed()
+        self.rollout: dict[str, Series] = {}
+        self.eval_rewards: dict[str, Series] = {}
+        self.completions = CompletionHistory()  # the Samples tab's sampled groups, from the same events
 
     @classmethod
     def from_events(cls, events: list[dict[str, Any]], name: str = "") -> "RunSeries":
@@ -236,18 +295,33 @@ class RunSeries:
         return self.margin, self.accuracy, self.eval_margin, self.eval_accuracy
 
     @property
+    def learns_from_rewards(self) -> bool:
+        """Whether the run's steps score sampled completions (GRPO)."""
+        return len(self.reward.raw) > 0
+
+    def reward_functions(self) -> list[str]:
+        """The names of the run's reward functions, in the order its steps report them."""
+        return [key[len("rewards/"):-len("/mean")] for key in self.rollout
+                if key.startswith("rewards/") and key.endswith("/mean")]
+
+    @property
     def learns_preferences(self) -> bool:
         """Whether the run's steps say how its rewards separate chosen from rejected (a preference objective)."""
         return len(self.margin) > 0
 
     def all_series(self) -> list[Series]:
         found = [self.loss, self.loss_smoothed, self.eval_loss, self.lr, self.tokens_per_s, self.tokens_per_s_smoothed,
-                 self.sample_pauses, *self.preference_series]
+                 self.sample_pauses, *self.preference_series, *self.reward_series]
         return found + [s for trace in self.memory.values() for s in trace.series.values()]
+
+    @property
+    def reward_series(self) -> list[Series]:
+        return [self.reward.raw, self.reward.smoothed, *self.rollout.values(), *self.eval_rewards.values()]
 
     def add(self, event: dict[str, Any]) -> bool:
         """Take one event; returns whether any series changed."""
         self.samples.add(event)
+        self.completions.add(event)
         kind = event.get("type")
         if kind == "run_started":
             self.started = True
@@ -263,6 +337,11 @@ class RunSeries:
             for key, series in ((f"eval_{MARGIN}", self.eval_margin), (f"eval_{ACCURACY}", self.eval_accuracy)):
                 if _finite(event.get(key)):
                     series.append(event["step"], float(event[key]))
+            return True
+        if kind == "eval" and _finite(event.get("eval_reward")):
+            for key, value in event.items():
+                if key.startswith("eval_reward") and _finite(value):
+                    self.eval_rewards.setdefault(key, Series()).append(event["step"], float(value))
             return True
         if kind == "estimate":  # the worker's prediction, drawn as a dashed line on GPU memory charts
             devices = [d for d in event.get("devices") or () if d.get("device") != "host" and d.get("total_bytes")]
@@ -280,6 +359,14 @@ class RunSeries:
                             (MARGIN, self.margin), (ACCURACY, self.accuracy)):
             if _finite(event.get(key)):
                 series.append(step, float(event[key]))
+        if _finite(event.get("reward")):
+            self.reward.append(step, float(event["reward"]))
+            for key in ROLLOUT_METRICS:
+                if _finite(event.get(key)):
+                    self.rollout.setdefault(key, Series()).append(step, float(event[key]))
+            for key, value in event.items():
+                if key.startswith("rewards/") and key.endswith("/mean") and _finite(value):
+                    self.rollout.setdefault(key, Series()).append(step, float(value))
         for entry in event.get("memory") or ():
             self._add_memory(step, entry)
         return True
@@ -301,9 +388,10 @@ class RunSeries:
 
     def _restart_at(self, step: int) -> None:
         """A (resumed) run starts at ``step``: points after it belong to a lost attempt."""
-        for smoothed in (self._loss, self._tokens_per_s):
+        for smoothed in (self._loss, self._tokens_per_s, self.reward):
             smoothed.truncate_after(step)
         for series in (self.eval_loss, self.lr, self.sample_pauses, *self.preference_series,
+                       *self.rollout.values(), *self.eval_rewards.values(),
                        *(s for t in self.memory.values() for s in t.series.values())):
             series.truncate_after(step)
 

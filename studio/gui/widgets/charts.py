@@ -1,5 +1,6 @@
 """Live charts (pyqtgraph): loss (raw, smoothed, eval), learning rate, tokens/s (with the pauses for sample
-answers), memory per device.
+answers), memory per device; a GRPO run's reward, its spread within groups, completion length, loss, KL and clip
+ratio instead of the loss and learning rate.
 
 Data lives in ``series.RunSeries`` (growing numpy buffers); a QTimer redraws
 at a fixed rate and only the curves whose series changed, so a burst of
@@ -29,6 +30,8 @@ REDRAW_MS = 100
 WAITING = "Waiting for the first step…"
 NO_RUN = "Start a run (or open one in History) to see it here."
 SAMPLE_PAUSE_COLOR = "#9333ea"
+FUNCTION_COLORS = ("#6f42c1", "#0b7285", "#b26a00", "#5c940d")  # a GRPO run's reward functions, dashed
+CLIPPED_WARNING = 0.05  # a GRPO run with more of its completions cut at the completion length is told so
 
 
 @dataclass(frozen=True)
@@ -157,13 +160,14 @@ class ChartsPanel(QWidget):
         self.lr = ChartCard("Learning rate", "lr")
         self.throughput = ChartCard("Throughput", "tokens/s")
         self.memory = ChartCard("Memory", "GiB")
-        grid = QGridLayout(self)
-        grid.setContentsMargins(0, 0, 0, 0)
-        grid.setSpacing(6)
-        for index, card in enumerate(self.cards):
-            grid.addWidget(card, index // 2, index % 2)
-        grid.setRowStretch(0, 3)
-        grid.setRowStretch(1, 2)
+        # a GRPO run's two more: what it samples, and how far each step moves the policy
+        self.completion_length = ChartCard("Completion length", "tokens")
+        self.policy = ChartCard("Loss, KL to the reference and clip ratio", "value")
+        self.grid = QGridLayout(self)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.grid.setSpacing(6)
+        self._arranged_for_rewards: bool | None = None
+        self._arrange(for_rewards=False)
         self.runs: list[RunSeries] = []
         self.waiting_text = WAITING
         self._drawn: dict[tuple[int, str], int] = {}
@@ -174,7 +178,24 @@ class ChartsPanel(QWidget):
 
     @property
     def cards(self) -> tuple[ChartCard, ...]:
-        return (self.loss, self.lr, self.throughput, self.memory)
+        return (self.loss, self.lr, self.throughput, self.memory, self.completion_length, self.policy)
+
+    def _arrange(self, for_rewards: bool) -> None:
+        """Two rows of two charts; a GRPO run's (reward and its spread; completion length and the policy's moves;
+        throughput and memory) three."""
+        if for_rewards == self._arranged_for_rewards:
+            return
+        self._arranged_for_rewards = for_rewards
+        shown = self.cards if for_rewards else self.cards[:4]
+        order = (self.loss, self.lr, self.completion_length, self.policy, self.throughput, self.memory) \
+            if for_rewards else shown
+        for card in self.cards:
+            self.grid.removeWidget(card)
+            card.setVisible(card in shown)
+        for index, card in enumerate(order):
+            self.grid.addWidget(card, index // 2, index % 2)
+        for row, stretch in enumerate((3, 2, 2) if for_rewards else (3, 2, 0)):
+            self.grid.setRowStretch(row, stretch)
 
     def show_runs(self, runs: list[RunSeries]) -> None:
         """Replace what is shown (one live run, or runs to compare)."""
@@ -185,6 +206,8 @@ class ChartsPanel(QWidget):
         self.memory.set_title("Memory")  # until the first step says GPU or CPU
         self.lr.set_title("Learning rate", "lr")  # until a first step shows preference metrics
         self.loss.set_title("Training loss")
+        self.completion_length.set_title("Completion length")
+        self._arrange(for_rewards=False)  # until a first step shows rewards
         self.redraw()
 
     def set_waiting_text(self, text: str) -> None:
@@ -201,6 +224,7 @@ class ChartsPanel(QWidget):
                                (self.memory, "Memory per device")):
                 card.show_placeholder(f"{what} appears with the first step.")
             return
+        self._arrange(self.runs[0].learns_from_rewards)
         for card in self.cards:
             card.show_plot()
         several = len(self.runs) > 1
@@ -210,6 +234,19 @@ class ChartsPanel(QWidget):
             self._draw_run(index, run, palette, prefix)
 
     def _draw_run(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
+        if self.runs[0].learns_from_rewards:
+            self._draw_rewards(index, run, palette, prefix)
+        else:
+            self._draw_loss(index, run, palette, prefix)
+        self._update(index, "tps", run.tokens_per_s, self.throughput.curve(f"{index}.tps", None if prefix else "tokens/s",
+                                                                      palette.raw))
+        self._update(index, "tps_smooth", run.tokens_per_s_smoothed,
+                     self.throughput.curve(f"{index}.tps_smooth", f"{prefix}tokens/s (smoothed)", palette.main, 2))
+        if index == 0:
+            self._draw_sample_pauses(run)
+        self._draw_memory(index, run, palette, prefix)
+
+    def _draw_loss(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
         # Pens wider than 1 px are slow to draw with many points: only the smoothed loss gets one.
         raw_name = None if prefix else "loss"  # comparing: the smoothed curves say enough in the legend
         self._update(index, "loss_raw", run.loss, self.loss.curve(f"{index}.raw", raw_name, palette.raw))
@@ -222,13 +259,56 @@ class ChartsPanel(QWidget):
             self._draw_preference(index, run, palette, prefix)
         else:
             self._update(index, "lr", run.lr, self.lr.curve(f"{index}.lr", f"{prefix}learning rate", palette.main))
-        self._update(index, "tps", run.tokens_per_s, self.throughput.curve(f"{index}.tps", None if prefix else "tokens/s",
-                                                                      palette.raw))
-        self._update(index, "tps_smooth", run.tokens_per_s_smoothed,
-                     self.throughput.curve(f"{index}.tps_smooth", f"{prefix}tokens/s (smoothed)", palette.main, 2))
+
+    def _draw_rewards(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
+        """A GRPO run: its reward (total, smoothed, each function's, held-out) where the loss would be; beside it
+        the spread within groups, which is what it learns from (a group whose completions all score the same
+        teaches nothing); then its completions' length and how far each step moves the policy."""
         if index == 0:
-            self._draw_sample_pauses(run)
-        self._draw_memory(index, run, palette, prefix)
+            self.loss.set_title("Reward: total, each function's, held-out", "reward")
+            self.lr.set_title("Reward spread within groups", "reward")
+        self._update(index, "reward_raw", run.reward.raw,
+                     self.loss.curve(f"{index}.reward_raw", None if prefix else "reward", palette.raw))
+        self._update(index, "reward_smooth", run.reward.smoothed,
+                     self.loss.curve(f"{index}.reward_smooth", f"{prefix}reward (smoothed)", palette.main, 2))
+        functions = run.reward_functions()
+        colors = FUNCTION_COLORS if len(functions) > 1 else (palette.other,)
+        for number, name in enumerate(functions if len(functions) > 1 else ()):  # one function: it is the total
+            curve = self.loss.curve(f"{index}.fn.{name}", f"{prefix}{name}", colors[number % len(colors)],
+                                    style=Qt.PenStyle.DashLine)
+            self._update(index, f"fn.{name}", run.rollout[f"rewards/{name}/mean"], curve)
+        if "eval_reward" in run.eval_rewards:
+            self._update(index, "eval_reward", run.eval_rewards["eval_reward"],
+                         self.loss.curve(f"{index}.eval_reward", f"{prefix}held-out reward", palette.eval, symbol="o"))
+        for card, key, name, color, style in (
+                (self.lr, "reward_std_in_group", "std within groups", palette.main, Qt.PenStyle.SolidLine),
+                (self.lr, "frac_reward_zero_std", "groups with no spread (share)", palette.other,
+                 Qt.PenStyle.DashLine),
+                (self.completion_length, "completions/mean_length", "mean length (tokens)", palette.main,
+                 Qt.PenStyle.SolidLine),
+                (self.policy, "loss", "loss", palette.raw, Qt.PenStyle.SolidLine),
+                (self.policy, "kl", "KL", palette.main, Qt.PenStyle.SolidLine),
+                (self.policy, "clip_ratio/region_mean", "clipped tokens (share)", palette.other,
+                 Qt.PenStyle.DashLine)):
+            if key in run.rollout:
+                self._update(index, key, run.rollout[key],
+                             card.curve(f"{index}.{key}", f"{prefix}{name}", color, 2 if key == "kl" else 1, style))
+        if index == 0:
+            self._title_clipped_completions(run)
+            self.policy.set_title("Loss, KL to the reference and clip ratio" if "kl" in run.rollout else
+                                  "Loss and clip ratio <span style='font-weight:normal'>(KL weight 0: no "
+                                  "reference, no KL)</span>")
+
+    def _title_clipped_completions(self, run: RunSeries) -> None:
+        """The share of completions cut at the completion length, latest, in the length chart's title: above a few
+        percent the length is too short for the answers."""
+        clipped = run.rollout.get("completions/clipped_ratio")
+        if clipped is None or not len(clipped):
+            return
+        share = float(clipped.y[-1])
+        color = BAD if share > CLIPPED_WARNING else "inherit"
+        self.completion_length.set_title(f"Completion length <span style='font-weight:normal; color:{color}'>"
+                                         f"{share:.0%} cut at the completion length</span>")
 
     def _draw_preference(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
         """Beside the loss, instead of the learning rate: how far the rewards put chosen above rejected (TRL's

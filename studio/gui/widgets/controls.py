@@ -116,11 +116,12 @@ class ChoiceControl(BoundControl):
     """A combo box of the field's choices; options that validation rejects are disabled with their reason."""
 
     def __init__(self, store: ConfigStore, path: str, label: str, extra_rule: Callable[[Any], str] | None = None,
-                 compact: bool = False):
+                 compact: bool = False, changes: Callable[[Any], dict[str, Any]] | None = None):
         super().__init__(store, path, compact=compact)
         self.label = label
         self.options = options_for(path, CHOICE_WORDS[path])
         self.extra_rule = extra_rule  # reasons core validation cannot know (e.g. what the tokenizer has)
+        self.changes = changes or (lambda value: changes_for(path, value))  # what choosing a value writes
         self.combo = QComboBox()
         for option in self.options:
             self.combo.addItem(option.label)
@@ -144,9 +145,12 @@ class ChoiceControl(BoundControl):
         self.show_reason("Not available now — " + "; ".join(f"{', '.join(labels)}: {reason}"
                                                             for reason, labels in blocked.items()) if blocked else "")
 
+    def write(self, value: Any) -> None:
+        if read_field(self.store.config, self.path) != value:
+            self.store.update(**self.changes(value))
+
     def _reason(self, value: Any) -> str:
-        return (self.extra_rule(value) if self.extra_rule else "") or \
-            self.store.blocked_reason(**changes_for(self.path, value))
+        return (self.extra_rule(value) if self.extra_rule else "") or self.store.blocked_reason(**self.changes(value))
 
 
 class RadioChoice(BoundControl):
