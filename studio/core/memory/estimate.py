@@ -30,7 +30,8 @@ Live tensors at any moment are
 
 Each phase of a step sums these parts at its own peak moment: ``forward`` (the
 end of the forward pass and the start of backward, where the loss is),
-``backward`` (all gradients, one recomputed block), ``optimizer`` (the update).
+``backward`` (all gradients, one recomputed block), ``optimizer`` (the update), and
+for GRPO ``generation`` (sampling a group between steps: studio.core.memory.parts.generation).
 The peak is the largest phase; its parts are reported and sum to the total.
 Under ZeRO stages, offload and several GPUs the model states (weights,
 gradients, fp32 master weights and optimizer state) are split as the ZeRO
@@ -50,6 +51,7 @@ from dataclasses import replace
 from studio.core.config import SAMPLE_NEW_TOKENS, SAMPLED_HELD_OUT_ROWS, RunConfig
 from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_estimate, regime_axes, regime_id,
                                         trace_path)
+from studio.core.memory.parts.generation import generation_parts, kv_cache_bytes
 from studio.core.memory.parts.logits import logits_loss_bytes
 from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
 from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_notes, host_weight_ram,
@@ -81,12 +83,15 @@ def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activa
     if regime.token_logps:  # the loss's gradients come in the backward pass, beside every saved activation
         backward = max(backward, _loss_end(shape, regime, states, acts, in_step, in_forward=False),
                        key=lambda parts: sum(parts.values()))
-    return {
+    phases = {
         "forward": {**persistent, **_forward_moment(shape, regime, states, acts, in_step)},
         "backward": {**persistent, **backward},
         "optimizer": {**persistent, "gradients": states.gradients, "activations": inputs,
                       "temporaries": states.optimizer_temporaries},
     }
+    if regime.sampled_group:  # the gradients of the last step are zeroed, not freed, when the next one samples
+        phases["generation"] = {**persistent, "gradients": states.gradients, **generation_parts(shape, regime)}
+    return phases
 
 
 def _forward_moment(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int) -> dict:
@@ -271,20 +276,13 @@ def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> st
 
 
 def _generation_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
-    """GRPO samples each prompt's group between steps, its activations freed: the group's KV cache over a prompt and
-    its completion (data.max_length) and the fp32 logits of its last tokens, said beside the step's peak."""
+    """What the generation phase counts, and what it does not."""
     group = config.grpo.group_size
     cache = kv_cache_bytes(shape, regime, group * config.data.max_length)
-    logits = group * shape.vocab * 4
-    return (f"grpo samples {group} completions of a prompt at a time between steps, with the weights and optimizer "
-            f"state: their KV cache at most {format_bytes(cache)} and logits {format_bytes(logits)} (not in the "
-            "step's peak, which is larger unless the group is much bigger than the micro-batch); the reference "
-            "and the sampling log-probabilities run without gradients before the step's forward")
-
-
-def kv_cache_bytes(shape: ModelShape, regime: Regime, positions: int) -> int:
-    """Keys and values of every layer for ``positions`` tokens, in the compute dtype."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * DTYPE_BYTES[regime.compute]
+    return (f"grpo samples {group} completions of a prompt at a time between steps, beside the weights, gradients "
+            f"and optimizer state: their KV cache (at most {format_bytes(cache)}) and one block's work at a time are "
+            "counted as the generation phase; the sampling model's and the reference's log-probabilities run "
+            "without gradients, a block at a time, and never add to the step's peak")
 
 
 def _samples_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:

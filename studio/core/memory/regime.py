@@ -53,6 +53,8 @@ class Regime:
     tiled_mlp: bool = False  # each MLP recomputed over tiles of tokens (studio.core.memory.parts.tiled)
     token_logps: bool = False  # a preference objective: per-token log-probabilities, each chunk projected again in backward
     frozen_reference: bool = False  # DPO of full fine-tuning: a frozen copy of the weights beside the trained ones
+    sampled_group: int = 0  # GRPO: the completions sampled of a prompt at a time, between steps (0: no sampling)
+    completion_length: int = 0  # GRPO: the most tokens of each
 
     @property
     def kbit_prepared(self) -> bool:
@@ -224,5 +226,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         activation_offload=training.activation_offload and training.gradient_checkpointing,
         tiled_mlp=training.tiled_mlp, token_logps=config.learns_preferences,
         frozen_reference=config.frozen_reference,
+        sampled_group=config.grpo.group_size if config.objective == "grpo" else 0,
+        completion_length=config.grpo.max_completion_length if config.objective == "grpo" else 0,
     )
 

@@ -28,9 +28,10 @@ class DeviceEstimate:
 
     @classmethod
     def at_peak(cls, device: str, phases: dict[str, dict[str, int]]) -> "DeviceEstimate":
-        """The device at the largest of its phases, given every part at each phase's peak moment."""
+        """The device at the largest of its phases, given every part at each phase's peak moment (a run that
+        samples nothing has no generation phase)."""
         totals = {name: sum(parts.values()) for name, parts in phases.items()}
-        peak = max(PHASES, key=lambda name: totals[name])
+        peak = max((name for name in PHASES if name in totals), key=lambda name: totals[name])
         return cls(device, complete_parts(phases[peak]), peak, totals)
 
     @property

@@ -8,7 +8,8 @@ parts, each importing only those listed before it:
 * ``tape``: the activations, from interpreting each decoder block's recipe;
 * ``logits``: the logits and the loss, full or chunked;
 * ``tiled``: the tiled MLP's part of the tape;
-* ``offload``: the block inputs that activation offload keeps in host RAM.
+* ``offload``: the block inputs that activation offload keeps in host RAM;
+* ``generation``: what sampling a GRPO group holds between steps (its KV cache, one block's work).
 """
 
 from __future__ import annotations
@@ -33,5 +34,6 @@ PHASE_LABELS = {
     "forward": "the end of the forward pass (all activations and the loss)",
     "backward": "the backward pass",
     "optimizer": "the optimizer step",
+    "generation": "sampling the completions (GRPO, between steps)",
 }
 PHASES = tuple(PHASE_LABELS)
