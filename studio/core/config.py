@@ -92,6 +92,16 @@ class DataConfig:
     train_on_prompt: bool = _field(
         False, "Also compute the loss on prompt tokens. Off: loss only on the response tokens."
     )
+    last_turn_only: bool = _field(
+        False, "Chat rows: learn only the last assistant turn (the earlier ones are context). Off: every assistant "
+        "turn is learned, its tool calls included; tool results never are. Either way a turn marked train: false "
+        "(or weight: 0) is not learned."
+    )
+    learn_reasoning: bool = _field(
+        True, "Chat rows: learn an assistant turn's reasoning (its reasoning_content or thinking field, or the "
+        "<think> tags in its content), rendered as the chat template renders it. Off: the reasoning, and the "
+        "</think> closing it, is context the loss ignores; the answer after it is learned."
+    )
     packing: Packing = _field(
         "padding_free",
         "How a micro-batch's examples are laid out. padding_free: end to end in one row, each attending "

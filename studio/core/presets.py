@@ -20,7 +20,8 @@ DEMO_FORMAT = r"kind of [a-z ]+ \."
 
 # The data choices the demo model keeps when it is picked for data of the user's own (with its held-out rows go
 # the samples of them while training).
-_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "sample_prompts", "format", "template", "train_on_prompt")
+_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "sample_prompts", "format", "template", "train_on_prompt",
+              "last_turn_only", "learn_reasoning")
 
 
 def demo_config() -> RunConfig:

@@ -14,6 +14,7 @@ from studio.core.config import RunConfig
 from studio.core.data.dataset import (SUFFIXES, beyond_max_length_problems, beyond_max_length_warning,
                                      objective_refusal)
 from studio.core.data.row_formats import DataError
+from studio.core.data.templates import Learning
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN, train_files_changes
 from studio.gui.state.data_preview import PREFERENCE_KINDS, Preview, TokenizerInfo, build_preview, tokenizer_of
@@ -25,7 +26,8 @@ from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleCont
 from studio.gui.widgets.histogram import LengthHistogram
 
 # The input fields whose change needs the files read again; max_length only moves the cut line.
-_PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt")
+_PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt", "last_turn_only",
+                 "learn_reasoning")
 _PREVIEW_SETTINGS = ("row_format", "learns_preferences")  # the objective's: pairs, or rows of a response
 
 
@@ -176,7 +178,7 @@ class DataPanel(VerticalScroll):
         tokenizer, row_format = self.tokenizer, config.row_format
         self.summary.setText(f"<span style='color:{MUTED}'>Reading {len(data.train_files)} file(s)…</span>")
         self.task.submit(lambda: build_preview(data.train_files, row_format, data.template, tokenizer,
-                                               data.train_on_prompt))
+                                               data.train_on_prompt, Learning.of(data)))
 
     def _show_preview(self, preview: Preview) -> None:
         config = self.store.config

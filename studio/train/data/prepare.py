@@ -36,6 +36,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,15 +98,16 @@ def resolve_template(template: str, tokenizer: Any) -> str:
     return template
 
 
-def render_segments(example: Example, tokenizer: Any, template: str) -> list[Segment]:
+def render_segments(example: Example, tokenizer: Any, template: str,
+                    learning: templates.Learning = templates.Learning()) -> list[Segment]:
     """The example as (text, trainable) segments.
 
-    Instruction and chat rows go through the template; prompt_completion rows
-    are the prompt then the completion with eos; text rows are wholly trainable
-    text with eos; a preference pair as its chosen answer. Raises DataError naming the example's location.
+    Instruction and chat rows go through the template (with their tools), the assistant text ``learning`` names
+    trainable; prompt_completion rows are the prompt then the completion with eos; text rows are wholly
+    trainable text with eos; a preference pair as its chosen answer. Raises DataError naming the example's location.
     """
     if example.kind == "preference":
-        return render_segments(example.chosen_row(), tokenizer, template)
+        return render_segments(example.chosen_row(), tokenizer, template, learning)
     eos = tokenizer.eos_token or ""
     if example.kind == "prompt_completion":
         return [(example.prompt, False), (example.completion + eos, True)]
@@ -114,21 +116,20 @@ def render_segments(example: Example, tokenizer: Any, template: str) -> list[Seg
     try:
         name = resolve_template(template, tokenizer)
         if name == "tokenizer":
-            return _tokenizer_segments(example.messages, tokenizer)
-        return templates.render(name, example.messages, eos)
+            return templates.split_rendered_chat(example.messages, example.tools, partial(_apply_template, tokenizer),
+                                                 learning)
+        return templates.render(name, example.messages, eos, example.tools, learning)
     except DataError as exc:
         if exc.problem.where:
             raise
         raise DataError(example.location, exc.problem.message, exc.problem.hint) from None
 
 
-def _tokenizer_segments(messages: Sequence[dict[str, str]], tokenizer: Any) -> list[Segment]:
-    return templates.split_rendered_chat(messages, lambda head, prompt: _apply_template(tokenizer, head, prompt))
-
-
-def _apply_template(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+def _apply_template(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict],
+                    generation_prompt: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
     except Exception as exc:  # jinja raises anything the template author wrote
         raise DataError("", f"the tokenizer's chat template failed: {exc}", templates.TEMPLATE_HINT) from None
 
@@ -186,7 +187,7 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
-    prompt = templates.prompt_segments(render_segments(example, tokenizer, template))
+    prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
     ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
     expected = example.messages[-1]["content"] if example.messages else example.completion
     return ids, expected
@@ -224,7 +225,7 @@ def _preference_texts(example: Example, tokenizer: Any, template: str) -> list[s
     rendered = [render_segments(Example("chat", messages=example.messages + response, location=example.location),
                                 tokenizer, template) for response in example.responses]
     first_response = render_segments(Example("chat", messages=example.messages + example.responses[0][:1],
-                                             location=example.location), tokenizer, template)
+                                             location=example.location), tokenizer, template, templates.PROMPTING)
     prompt = "".join(text for text, _ in templates.prompt_segments(first_response))
     return [prompt] + ["".join(text for text, _ in segments) for segments in rendered]
 
@@ -236,7 +237,8 @@ def prompt_only_text(example: Example, tokenizer: Any, template: str) -> str:
         return example.prompt
     answered = Example("chat", messages=example.messages + ({"role": "assistant", "content": ""},),
                        location=example.location)
-    return "".join(text for text, _ in templates.prompt_segments(render_segments(answered, tokenizer, template)))
+    return "".join(text for text, _ in templates.prompt_segments(render_segments(answered, tokenizer, template,
+                                                                                 templates.PROMPTING)))
 
 
 def encode_prompt_only(example: Example, tokenizer: Any, template: str, max_prompt: int,
@@ -365,7 +367,7 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     rendered = {"instruction", "chat", "prompt_only", *PREFERENCE_COLUMNS}
     template = resolve_template(data.template, tokenizer) if formats & rendered else "none"
     encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt,
-                       data.max_length - config.grpo.max_completion_length)
+                       data.max_length - config.grpo.max_completion_length, templates.Learning.of(data))
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
     group = config.training.micro_batch_size
@@ -445,8 +447,9 @@ def load_prepared(folder: Path) -> PreparedData:
 class _Encoder:
     """Renders and tokenizes examples into split builders, collecting per-row problems."""
 
-    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int):
-        self.tokenizer, self.template = tokenizer, template
+    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int,
+                 learning: templates.Learning):
+        self.tokenizer, self.template, self.learning = tokenizer, template, learning
         self.max_length, self.train_on_prompt = max_length, train_on_prompt
         self.max_prompt = max_prompt  # a prompt-only row's room: its completion follows it
         self.add_bos = adds_bos(tokenizer)
@@ -469,7 +472,7 @@ class _Encoder:
             return encode_prompt_only(example, self.tokenizer, self.template, self.max_prompt, self.add_bos)
         if example.kind in PREFERENCE_COLUMNS:
             return encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos)
-        segments = render_segments(example, self.tokenizer, self.template)
+        segments = render_segments(example, self.tokenizer, self.template, self.learning)
         return encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
 
     def raise_problems(self) -> None:
