@@ -11,6 +11,7 @@ from studio.core.data.dataset import inspect_files
 from studio.core.data.row_formats import to_messages
 from studio.core.data.templates import BUILTIN_JINJA, Learning, render
 from studio.core.errors import ProblemsError
+from studio.core.presets import AGENT_CHAT
 from studio.gui.state.data_preview import TokenizerInfo, render_example
 from studio.train.data.prepare import encode, render_segments
 
@@ -206,3 +207,53 @@ def test_the_length_histogram_counts_the_reasoning_and_the_tool_turns(tmp_path, 
     reasoning = len(backend.encode("<think>\n7 has no divisor but 1 and 7.\n</think>\n\n", add_special_tokens=False).ids)
     assert lengths[1] - lengths[0] >= reasoning - 2  # a token or two may merge across the borders
     assert lengths[2] > len(backend.encode(json.dumps(WEATHER), add_special_tokens=False).ids)
+
+
+# ---------------------------------------------------------------- the demo rows: exported and trained
+
+
+def test_an_export_of_the_built_in_template_renders_the_tools_as_training_did(plain, tmp_path):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from studio.train.export.chat import carry_chat_template
+
+    exported = carry_chat_template(make_tokenizer_copy(plain, None), "chatml", tmp_path, GenerationConfig())
+    saved = AutoTokenizer.from_pretrained(tmp_path)
+    assert exported.end_of_turn == saved.eos_token == "<|im_end|>"
+    for row in inspect_files([AGENT_CHAT]).examples:
+        trained = "".join(text for text, _ in render_segments(row, plain, "chatml"))
+        assert saved.apply_chat_template(list(row.messages), tools=list(row.tools) or None, tokenize=False) == trained
+
+
+def test_a_short_run_on_the_demo_tool_and_reasoning_rows_learns_them(tmp_path):
+    from helpers import losses, quick_config
+    from studio.core.run.commands import EXIT_OK
+    from studio.train.worker import run
+
+    config = quick_config(AGENT_CHAT, data={"train_files": (str(AGENT_CHAT),), "template": "chatml",
+                                            "max_length": 512})
+    code, run_dir = run(config, tmp_path / "run", watch_stdin=False)
+    assert code == EXIT_OK
+    steps = losses(run_dir)
+    assert steps[-1] < 0.7 * steps[0], steps
+
+
+def test_the_data_panel_previews_the_reasoning_learned_or_masked_as_the_toggle_says(qtbot):
+    from studio.core.presets import demo_config
+    from studio.gui.panels.data import DataPanel
+    from studio.gui.widgets.common import ConfigStore
+
+    store = ConfigStore(demo_config().replace(data={"train_files": (str(AGENT_CHAT),), "template": "chatml"}))
+    panel = DataPanel(store)
+    qtbot.addWidget(panel)
+
+    def reasoning_learned() -> bool | None:
+        if panel.task.busy or panel.preview is None:
+            return None
+        segments = panel.preview.examples[2].segments  # the row with reasoning_content
+        return any("part of a face" in text for text, trainable in segments if trainable)
+
+    qtbot.waitUntil(lambda: reasoning_learned() is True, timeout=20000)
+    panel.learn_reasoning.check.setChecked(False)
+    assert store.config.data.learn_reasoning is False
+    qtbot.waitUntil(lambda: reasoning_learned() is False, timeout=20000)

@@ -14,6 +14,9 @@ PREFERENCE_TRAIN = DEMO_DATASETS / "preference_train.jsonl"
 PREFERENCE_HELDOUT = DEMO_DATASETS / "preference_heldout.jsonl"
 GRPO_TRAIN = DEMO_DATASETS / "grpo_train.jsonl"
 GRPO_HELDOUT = DEMO_DATASETS / "grpo_heldout.jsonl"
+AGENT_CHAT = DEMO_DATASETS / "agent_chat.jsonl"
+"""The demo task as agents and reasoning models are trained: a row of each kind (OpenAI tool calls, LLaMA-Factory's
+function_call / observation, reasoning_content, <think> tags, a turn marked train: false)."""
 DEMO_FORMAT = r"kind of [a-z ]+ \."
 """The GRPO demo's format reward: the "kind of" phrasing of a fact, whole."""
 

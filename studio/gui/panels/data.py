@@ -62,6 +62,14 @@ class DataPanel(VerticalScroll):
         self.train_on_prompt = ToggleControl(store, "data.train_on_prompt", "Also learn the prompts",
                                              "Off: the loss covers the responses only (the usual choice). On: prompts "
                                              "are learned too, which suits continued pre-training.", compact=True)
+        self.last_turn_only = ToggleControl(store, "data.last_turn_only", "Learn only the last turn",
+                                            "Chat rows. Off: every assistant turn is learned, tool calls included. "
+                                            "On: only the last; the earlier turns are context. A turn marked train: "
+                                            "false is never learned; tool results never are.", compact=True)
+        self.learn_reasoning = ToggleControl(store, "data.learn_reasoning", "Learn the reasoning",
+                                             "On: an assistant turn's reasoning (reasoning_content, thinking, or "
+                                             "<think> tags) is learned with its answer. Off: it is context, and only "
+                                             "the answer after it is learned.", compact=True)
         self.eval_fraction = NumberControl(store, "data.eval_fraction", "Held out for eval", "A share of the rows "
                                            "kept out of training to measure eval loss (0 = none).", 0.0, 0.5,
                                            decimals=2, step=0.05, compact=True)
@@ -93,8 +101,8 @@ class DataPanel(VerticalScroll):
         layout.addWidget(self.summary)
         grid = QGridLayout()
         grid.setContentsMargins(0, 0, 0, 0)
-        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.eval_fraction,
-                                        self.sample_every)):
+        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.last_turn_only,
+                                        self.learn_reasoning, self.eval_fraction, self.sample_every)):
             grid.addWidget(widget, index // 2, index % 2)
         layout.addLayout(grid)
 
