@@ -257,3 +257,14 @@ def test_the_data_panel_previews_the_reasoning_learned_or_masked_as_the_toggle_s
     panel.learn_reasoning.check.setChecked(False)
     assert store.config.data.learn_reasoning is False
     qtbot.waitUntil(lambda: reasoning_learned() is False, timeout=20000)
+
+
+def test_preference_and_prompt_only_rows_carry_their_tools_into_the_prompt(plain):
+    from studio.train.data.prepare import prompt_only_text
+
+    pair = {"tools": [WEATHER], "prompt": TOOL_ROW["messages"][:1], "chosen": TOOL_ROW["messages"][1:],
+            "rejected": [{"role": "assistant", "content": "No idea."}]}
+    assert "<tools>" in "".join(text for text, _ in render_segments(example(pair), plain, "chatml"))
+    prompt = to_messages({"tools": [WEATHER], "prompt": TOOL_ROW["messages"][:1]}, "prompt_only", "grpo.jsonl:1")
+    assert prompt_only_text(prompt, plain, "chatml").endswith("Weather in Paris?<|im_end|>\n<|im_start|>assistant\n")
+    assert '"name": "get_weather"' in prompt_only_text(prompt, plain, "chatml")

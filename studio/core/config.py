@@ -67,7 +67,9 @@ class DataConfig:
     format: DataFormat = _field(
         "auto",
         "Row format. instruction: alpaca instruction/input/output; chat: OpenAI messages "
-        "(role/content) or ShareGPT conversations (from/value); prompt_completion: prompt/completion; "
+        "(role/content; assistant tool_calls, tool turns and a tools column of JSON schemas; reasoning_content) or "
+        "ShareGPT conversations (from/value; LLaMA-Factory's function_call and observation); prompt_completion: "
+        "prompt/completion; "
         "text: plain text; preference: prompt/chosen/rejected pairs (TRL's preference rows, plain or conversational; "
         "without a prompt field, the turns chosen and rejected share are the prompt); unpaired_preference: "
         "prompt/completion/label rows (TRL's unpaired preference rows, for kto: label true marks a desirable "
@@ -78,7 +80,8 @@ class DataConfig:
     template: Template = _field(
         "auto",
         "How instruction and chat rows are rendered. auto: the tokenizer's chat template if it has "
-        "one, else chatml. tokenizer: require the tokenizer's template. chatml / alpaca: built-in.",
+        "one, else chatml. tokenizer: require the tokenizer's template (given the row's tools). chatml / alpaca: "
+        "built-in; chatml renders tools, tool calls and results, and reasoning in Qwen's convention (README).",
     )
     eval_files: tuple[str, ...] = _field((), "Held-out files for eval loss; empty: split off eval_fraction.")
     eval_fraction: float = _field(

@@ -110,7 +110,7 @@ class Example:
     row: dict[str, Any] | None = None
     """prompt_only: the row as read, every column: what the rewards are given."""
     tools: tuple[dict[str, Any], ...] = ()
-    """chat: the functions the model may call, each ``{"type": "function", "function": {...}}``."""
+    """Conversational rows: the functions the model may call, each ``{"type": "function", "function": {...}}``."""
 
     @property
     def conversational(self) -> bool:
@@ -126,7 +126,7 @@ class Example:
         """A preference pair as the response row of its chosen answer (chat, or prompt_completion for plain text):
         what is rendered, prompted and shown of a pair where one response is wanted."""
         if self.conversational:
-            return Example("chat", messages=self.messages + self.chosen, location=self.location)
+            return Example("chat", messages=self.messages + self.chosen, location=self.location, tools=self.tools)
         return Example("prompt_completion", prompt=self.prompt, completion=self.chosen, location=self.location)
 
 
@@ -476,7 +476,8 @@ def _conversational_preference(record: dict, location: str) -> Example:
         if not response:
             raise DataError(location, f"field '{key}' holds no turn beyond the prompt", "give it an assistant turn")
         _check_turn_order(prompt + response, f"prompt+{key}", location)
-    return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location)
+    return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location,
+                   tools=_tools(record, location))
 
 
 def _unpaired_preference(record: dict, location: str) -> Example:
@@ -492,7 +493,7 @@ def _unpaired_preference(record: dict, location: str) -> Example:
             turns[key] = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(value))
         _check_turn_order(turns["prompt"] + turns["completion"], "prompt+completion", location)
         return Example("unpaired_preference", messages=turns["prompt"], completion=turns["completion"], label=label,
-                       location=location)
+                       location=location, tools=_tools(record, location))
     prompt = _text(record, "prompt", location, blank_ok=True)
     completion = _text(record, "completion", location)
     return Example("unpaired_preference", prompt=prompt, completion=completion, label=label, location=location)
@@ -515,7 +516,8 @@ def _prompt_only(record: dict, location: str) -> Example:
                         "end it with the user's turn: grpo's model writes the answer")
     # the prompt with a stand-in answer is a conversation every template renders, as the model's answer will make it
     _check_turn_order(turns + ({"role": "assistant", "content": ""},), "prompt", location)
-    return Example("prompt_only", messages=turns, reference=reference, location=location, row=record)
+    return Example("prompt_only", messages=turns, reference=reference, location=location, row=record,
+                   tools=_tools(record, location))
 
 
 def reference_answer(record: dict) -> Any:

@@ -179,12 +179,13 @@ def sequences_of(example: Example, template: str, tokenizer: TokenizerInfo,
         return [[(example.prompt, False), (response if response.endswith(eos) else response + eos, True)]
                 for response in example.responses]
     first = example.responses[0][:1]
-    asked = render_example(Example("chat", messages=example.messages + first), template, tokenizer, learning=PROMPTING)
+    asked = render_example(Example("chat", messages=example.messages + first, tools=example.tools), template, tokenizer,
+                           learning=PROMPTING)
     prompt = "".join(text for text, _ in templates.prompt_segments(asked))
     sequences = []
     for response in example.responses:
-        whole = "".join(text for text, _ in render_example(Example("chat", messages=example.messages + response),
-                                                           template, tokenizer))
+        whole = "".join(text for text, _ in render_example(Example("chat", messages=example.messages + response,
+                                                                   tools=example.tools), template, tokenizer))
         sequences.append([(prompt, False), (whole[len(prompt):], True)] if whole.startswith(prompt)
                          else [(whole, True)])
     return [[segment for segment in segments if segment[0]] for segments in sequences]

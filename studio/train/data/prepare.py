@@ -222,10 +222,11 @@ def _preference_texts(example: Example, tokenizer: Any, template: str) -> list[s
         eos = tokenizer.eos_token or ""
         return [example.prompt] + [example.prompt + (text if text.endswith(eos) else text + eos)
                                    for text in example.responses]
-    rendered = [render_segments(Example("chat", messages=example.messages + response, location=example.location),
-                                tokenizer, template) for response in example.responses]
-    first_response = render_segments(Example("chat", messages=example.messages + example.responses[0][:1],
-                                             location=example.location), tokenizer, template, templates.PROMPTING)
+    def chat(turns: tuple) -> Example:
+        return Example("chat", messages=example.messages + turns, location=example.location, tools=example.tools)
+
+    rendered = [render_segments(chat(response), tokenizer, template) for response in example.responses]
+    first_response = render_segments(chat(example.responses[0][:1]), tokenizer, template, templates.PROMPTING)
     prompt = "".join(text for text, _ in templates.prompt_segments(first_response))
     return [prompt] + ["".join(text for text, _ in segments) for segments in rendered]
 
@@ -236,7 +237,7 @@ def prompt_only_text(example: Example, tokenizer: Any, template: str) -> str:
     if not example.messages:
         return example.prompt
     answered = Example("chat", messages=example.messages + ({"role": "assistant", "content": ""},),
-                       location=example.location)
+                       location=example.location, tools=example.tools)
     return "".join(text for text, _ in templates.prompt_segments(render_segments(answered, tokenizer, template,
                                                                                  templates.PROMPTING)))
 
