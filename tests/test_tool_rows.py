@@ -268,3 +268,20 @@ def test_preference_and_prompt_only_rows_carry_their_tools_into_the_prompt(plain
     prompt = to_messages({"tools": [WEATHER], "prompt": TOOL_ROW["messages"][:1]}, "prompt_only", "grpo.jsonl:1")
     assert prompt_only_text(prompt, plain, "chatml").endswith("Weather in Paris?<|im_end|>\n<|im_start|>assistant\n")
     assert '"name": "get_weather"' in prompt_only_text(prompt, plain, "chatml")
+
+
+def test_rows_with_no_turn_to_learn_are_left_out_by_name_and_a_dataset_of_them_is_refused(tmp_path, plain):
+    from studio.core.config import RunConfig
+    from studio.train.data.prepare import prepare_data
+
+    silent = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "train": False}]}
+    data = tmp_path / "agent.jsonl"
+    data.write_text(json.dumps(REASONING_ROW) + "\n" + json.dumps(silent) + "\n")
+    config = RunConfig().replace(data={"train_files": (str(data),), "template": "chatml"})
+    prepared = prepare_data(config, plain)
+    assert prepared.stats["train"]["rows"] == 1 and prepared.stats["train"]["unlearned"] == 1
+    ((message, _),) = prepared.warnings
+    assert message.startswith("1 of 2 training rows learn nothing") and "(agent.jsonl:2)" in message
+    data.write_text(json.dumps(silent) + "\n")
+    with pytest.raises(ProblemsError, match="no row is left to train on: 1 of the training rows learn nothing"):
+        prepare_data(config, plain)

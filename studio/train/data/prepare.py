@@ -73,7 +73,7 @@ class PreparedData:
     ``stats`` maps "train" (and "eval" when there is one) to: rows (kept),
     tokens (input tokens after truncation), target_tokens (tokens with a
     label), truncated (kept rows cut at max_length), dropped (rows whose
-    response lay wholly beyond max_length), format and template.
+    response lay wholly beyond max_length), unlearned (rows none of whose turns is learned), format and template.
     """
 
     train: datasets.Dataset
@@ -149,8 +149,9 @@ def adds_bos(tokenizer: Any) -> bool:
 
 def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_on_prompt: bool = False,
            add_bos: bool | None = None) -> dict[str, Any]:
-    """Token ids, labels, whether the example was cut at ``max_length`` (right truncation) and where its
-    first learned token was before the cut (``response_start``; the length when none is).
+    """Token ids, labels, whether the example was cut at ``max_length`` (right truncation), where its
+    first learned token was before the cut (``response_start``; the length when none is) and whether it has one
+    (``learns``: not when every turn is marked train: false).
 
     A bos token is prepended when the tokenizer adds one (``add_bos``; None:
     ask it) and the text does not start with it already (a template wrote it).
@@ -170,7 +171,7 @@ def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_o
         labels += piece if trainable or train_on_prompt else [IGNORE_INDEX] * len(piece)
     response_start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
     return {"input_ids": ids[:max_length], "labels": labels[:max_length], "truncated": len(ids) > max_length,
-            "response_start": response_start}
+            "response_start": response_start, "learns": response_start < len(labels)}
 
 
 def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list[int], str]:
@@ -288,15 +289,20 @@ class _SplitBuilder:
     def __init__(self, fmt: str, template: str, kl_group: int):
         self.kl_group = kl_group  # unpaired rows: the groups whose completions are mismatched (KTO's KL term)
         self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
-                                      "dropped": 0, "format": fmt, "template": template}
+                                      "dropped": 0, "unlearned": 0, "format": fmt, "template": template}
         self.prompts_only = fmt == "prompt_only"
         self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()))
         self._schema = pa.schema([(name, _COLUMN_TYPES.get(name, pa.list_(pa.int32()))) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
         self.dropped: list[RowStart] = []  # the rows whose response lay beyond max_length, and where it started
+        self.unlearned: list[str] = []  # where the rows are whose every assistant turn is marked not learned
 
     def add(self, encoded: dict[str, Any], location: str) -> None:
+        if not encoded.get("learns", True):  # nothing to learn whatever max_length: not a row the cut dropped
+            self.stats["unlearned"] += 1
+            self.unlearned.append(location)
+            return
         if self.prompts_only:
             left_out = not encoded["input_ids"]  # no room for a completion
         else:  # the response lay beyond max_length: nothing to learn
@@ -384,6 +390,9 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     if train.stats["rows"] == 0 and train.prompts_only:
         message, hint = long_prompts_warning(train.dropped, "the training prompts", config)
         raise ProblemsError([Problem("data.train_files", f"no prompt is left to train on: {message}", hint)], "data")
+    if train.stats["rows"] == 0 and not train.dropped:
+        message, hint = unlearned_warning(train.unlearned, "the training rows")
+        raise ProblemsError([Problem("data.train_files", f"no row is left to train on: {message}", hint)], "data")
     if train.stats["rows"] == 0:
         raise ProblemsError(beyond_max_length_problems(train.dropped, data.max_length), "data", "the training data")
     warnings = _dropped_warnings(train, evaluation, config)
@@ -400,9 +409,13 @@ def _dropped_warnings(train: _SplitBuilder, evaluation: _SplitBuilder | None,
     warnings = []
     for split, name, consequence in ((train, "training", "the run trains on the other {kept:,} rows"),
                                      (evaluation, "eval", "eval loss is measured on the other {kept:,} rows")):
-        if split is None or not split.dropped:
+        if split is None:
             continue
         kept = split.stats["rows"]
+        if split.unlearned:
+            warnings.append(unlearned_warning(split.unlearned, f"{kept + len(split.unlearned):,} {name} rows"))
+        if not split.dropped:
+            continue
         checked = f"{kept + len(split.dropped):,} {name} rows"
         said = consequence.format(kept=kept) if kept else "this run measures no eval loss"
         if split.prompts_only:
@@ -411,6 +424,15 @@ def _dropped_warnings(train: _SplitBuilder, evaluation: _SplitBuilder | None,
         else:
             warnings.append(beyond_max_length_warning(split.dropped, checked, config.data.max_length, said))
     return tuple(warnings)
+
+
+def unlearned_warning(locations: list[str], checked: str) -> tuple[str, str]:
+    """(message, hint) for rows left out because none of their assistant turns is learned."""
+    named = "; ".join(locations[:SHOWN_ROWS]) + (f"; and {len(locations) - SHOWN_ROWS:,} more"
+                                                 if len(locations) > SHOWN_ROWS else "")
+    return (f"{len(locations):,} of {checked} learn nothing and are left out: every assistant turn of theirs is "
+            f"marked train: false or weight: 0, or data.last_turn_only leaves only such a turn ({named})",
+            "mark a turn to learn (remove its train: false), or remove the rows")
 
 
 def long_prompts_warning(rows: list[RowStart], checked: str, config: RunConfig) -> tuple[str, str]:
