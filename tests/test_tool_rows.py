@@ -285,3 +285,20 @@ def test_rows_with_no_turn_to_learn_are_left_out_by_name_and_a_dataset_of_them_i
     data.write_text(json.dumps(silent) + "\n")
     with pytest.raises(ProblemsError, match="no row is left to train on: 1 of the training rows learn nothing"):
         prepare_data(config, plain)
+
+
+def test_parquet_rows_read_as_json_rows_though_parquet_fills_every_field_with_nulls(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def arguments_as_text(record):  # as Hub datasets store them: one schema for every call's arguments
+        messages = [{**m, "tool_calls": [{**call, "function": {**call["function"], "arguments": json.dumps(
+            call["function"]["arguments"])}} for call in m["tool_calls"]]} if "tool_calls" in m else m
+            for m in record["messages"]]
+        return {**record, "messages": messages}
+
+    rows = [arguments_as_text(TOOL_ROW), REASONING_ROW]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "agent.parquet")
+    read = inspect_files([tmp_path / "agent.parquet"]).examples
+    assert [row.messages for row in read] == [example(row).messages for row in (TOOL_ROW, REASONING_ROW)]
+    assert read[0].tools[0]["function"]["name"] == "get_weather"

@@ -322,8 +322,10 @@ def _reasoning(turn: dict, path: str, location: str) -> dict[str, str]:
 
 
 def _learned(turn: dict, path: str, location: str) -> dict[str, bool]:
-    """``{"train": False}`` for an assistant turn marked ``train: false`` or ``weight: 0``; else nothing."""
-    train, weight = turn.get("train", True), turn.get("weight", 1)
+    """``{"train": False}`` for an assistant turn marked ``train: false`` or ``weight: 0``; else nothing (null, as
+    Parquet fills a field other rows have, marks nothing)."""
+    train, weight = (turn.get(key) for key in ("train", "weight"))
+    train, weight = True if train is None else train, 1 if weight is None else weight
     if not isinstance(train, bool):
         raise DataError(location, f"{path}.train must be true or false, got {describe_value(train)}")
     if isinstance(weight, bool) or weight not in (0, 1):
