@@ -302,3 +302,29 @@ def test_parquet_rows_read_as_json_rows_though_parquet_fills_every_field_with_nu
     read = inspect_files([tmp_path / "agent.parquet"]).examples
     assert [row.messages for row in read] == [example(row).messages for row in (TOOL_ROW, REASONING_ROW)]
     assert read[0].tools[0]["function"]["name"] == "get_weather"
+
+
+def test_the_preview_names_the_row_a_template_without_tools_cannot_render(tmp_path, backend):  # noqa: F811
+    from studio.core.data.row_formats import DataError
+    from studio.gui.state.data_preview import rows_beyond
+
+    backend.save(str(tmp_path / "tokenizer.json"))
+    no_tools = TokenizerInfo("{% for m in messages %}{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}",
+                             {"eos_token": "</s>"}, tmp_path / "tokenizer.json")
+    data = tmp_path / "agent.jsonl"
+    data.write_text(json.dumps(REASONING_ROW) + "\n" + json.dumps(TOOL_ROW) + "\n")
+    with pytest.raises(DataError, match="agent.jsonl:1: the tokenizer's chat template leaves out the reasoning"):
+        rows_beyond([str(data)], "chat", "auto", no_tools, 512)  # studio config check's count of every row
+
+
+def test_last_turn_only_in_the_config_leaves_the_tool_call_out_of_the_loss(tmp_path, plain):
+    from studio.core.config import RunConfig
+    from studio.train.data.prepare import prepare_data
+
+    data = tmp_path / "agent.jsonl"
+    data.write_text(json.dumps(TOOL_ROW) + "\n")
+    for last_turn_only, call_learned in ((False, True), (True, False)):
+        config = RunConfig().replace(data={"train_files": (str(data),), "template": "chatml",
+                                           "last_turn_only": last_turn_only, "max_length": 1024})
+        text = trained_text(plain, prepare_data(config, plain).train[0])
+        assert ("<tool_call>" in text) is call_learned and "Sunny and 21 C." in text

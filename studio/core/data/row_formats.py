@@ -80,6 +80,10 @@ class DataError(StudioError):
         self.problem = Problem(where, message, hint)
         super().__init__(f"{where}: {message}" if where else message, hint, kind="data")
 
+    def at(self, location: str) -> "DataError":
+        """This problem at ``location`` (a row), unless it names where it is already."""
+        return self if self.problem.where else DataError(location, self.problem.message, self.problem.hint)
+
 
 @dataclass(frozen=True)
 class Example:

@@ -217,15 +217,23 @@ def render_example(example: Example, template: str, tokenizer: TokenizerInfo,
         segments = [(example.prompt, False), (example.completion + eos, True)]
     elif example.kind == "text":
         segments = [(example.text + eos, True)]
-    elif template == "tokenizer":
-        segments = templates.split_rendered_chat(example.messages, example.tools, partial(_apply, tokenizer), learning)
     else:
-        segments = templates.render(template, example.messages, eos, example.tools, learning)
+        segments = _chat_segments(example, template, tokenizer, learning)
     segments = [(text, trainable or train_on_prompt) for text, trainable in segments if text]
     return templates.merge_segments(segments)
 
 
 # ---------------------------------------------------------------- the tokenizer's chat template
+
+
+def _chat_segments(example: Example, template: str, tokenizer: TokenizerInfo, learning: Learning) -> list[Segment]:
+    """A conversation through the tokenizer's template or a built-in one; a problem names the row."""
+    try:
+        if template == "tokenizer":
+            return templates.split_rendered_chat(example.messages, example.tools, partial(_apply, tokenizer), learning)
+        return templates.render(template, example.messages, tokenizer.eos, example.tools, learning)
+    except DataError as exc:
+        raise exc.at(example.location) from None
 
 
 def _apply(tokenizer: TokenizerInfo, messages, tools, generation_prompt: bool) -> str:

@@ -120,9 +120,7 @@ def render_segments(example: Example, tokenizer: Any, template: str,
                                                  learning)
         return templates.render(name, example.messages, eos, example.tools, learning)
     except DataError as exc:
-        if exc.problem.where:
-            raise
-        raise DataError(example.location, exc.problem.message, exc.problem.hint) from None
+        raise exc.at(example.location) from None
 
 
 def _apply_template(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict],
