@@ -357,16 +357,21 @@ def _tool_calls(value: Any, path: str, location: str) -> list[dict[str, Any]]:
         where = f"{path}[{index}]"
         if not isinstance(call, dict):
             raise DataError(location, f"{where} must be an object, got {describe_value(call)}", _CALL_HINT)
-        function = call.get("function", call)
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"].strip():
+        function = call.get("function") or call
+        if not _names_function(function):
             raise DataError(location, f"{where} names no function", _CALL_HINT)
-        arguments = _json_field(function.get("arguments", {}), f"{where}.arguments", location)
+        arguments = _json_field(function.get("arguments") or {}, f"{where}.arguments", location)
         if not isinstance(arguments, dict):
             raise DataError(location, f"{where}.arguments must be an object, got {describe_value(arguments)}",
                             _CALL_HINT)
         ids = {"id": call["id"]} if isinstance(call.get("id"), str) else {}
         calls.append({**ids, "type": "function", "function": {"name": function["name"], "arguments": arguments}})
     return calls
+
+
+def _names_function(function: Any) -> bool:
+    """Whether a call or a tool's schema is an object with a function's name (Parquet's nulls aside)."""
+    return isinstance(function, dict) and isinstance(function.get("name"), str) and bool(function["name"].strip())
 
 
 def _tools(record: dict, location: str) -> tuple[dict[str, Any], ...]:
@@ -380,11 +385,11 @@ def _tools(record: dict, location: str) -> tuple[dict[str, Any], ...]:
                         f"{describe_value(value)}", _TOOL_HINT)
     tools = []
     for index, tool in enumerate(value):
-        function = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"].strip():
+        function = (tool.get("function") or tool) if isinstance(tool, dict) else None
+        if not _names_function(function):
             raise DataError(location, f"field 'tools'[{index}] is not a function's JSON schema (it names no "
                             "function)", _TOOL_HINT)
-        if not isinstance(function.get("parameters", {}), dict):
+        if not isinstance(function.get("parameters") or {}, dict):
             raise DataError(location, f"field 'tools'[{index}].parameters must be a JSON schema object, got "
                             f"{describe_value(function['parameters'])}", _TOOL_HINT)
         tools.append({"type": "function", "function": function})
@@ -411,10 +416,7 @@ def _check_turn_order(messages: tuple[dict[str, Any], ...], key: str, location: 
                                 "a tool turn follows the assistant turn whose tool_calls it answers")
             _check_call_id(message, calls, where, location)
         elif role != _EXPECTED[follows]:
-            what = "the conversation starts with an assistant turn" if follows == "start" \
-                else f"two {role} turns in a row" if role != "user" or follows != "tool" \
-                else "a user turn after tool results: the assistant answers them first"
-            raise DataError(location, f"{where}: {what}", _ORDER_HINT)
+            raise DataError(location, f"{where}: {_order_problem(role, follows)}", _ORDER_HINT)
         if message.get("tool_calls"):
             follows, calls = "calls", message["tool_calls"]
         else:
@@ -425,6 +427,15 @@ def _check_turn_order(messages: tuple[dict[str, Any], ...], key: str, location: 
 
 _EXPECTED = {"start": "user", "user": "assistant", "assistant": "user", "tool": "assistant"}
 """The role of the turn after each (tool results may also follow one another)."""
+
+
+def _order_problem(role: str, follows: str) -> str:
+    """What is wrong with a ``role`` turn after a ``follows`` one (a key of _EXPECTED), in words."""
+    if follows == "start":
+        return "the conversation starts with an assistant turn"
+    if follows == "tool":
+        return "a user turn after tool results: the assistant answers them first"
+    return f"two {role} turns in a row"
 
 
 def _check_call_id(message: dict, calls: list[dict], where: str, location: str) -> None:
