@@ -328,3 +328,16 @@ def test_last_turn_only_in_the_config_leaves_the_tool_call_out_of_the_loss(tmp_p
                                            "last_turn_only": last_turn_only, "max_length": 1024})
         text = trained_text(plain, prepare_data(config, plain).train[0])
         assert ("<tool_call>" in text) is call_learned and "Sunny and 21 C." in text
+
+
+def test_a_template_that_drops_earlier_turns_reasoning_as_qwen3_s_trains_the_last_turn_only(backend):  # noqa: F811
+    history_drops_reasoning = make_tokenizer(backend, (
+        "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}"
+        "{% endif %}{% endfor %}" + QWEN_LIKE.replace("{% if m.reasoning_content %}",
+                                                     "{% if m.reasoning_content and loop.index0 > ns.last %}")))
+    two_turns = {"messages": [*REASONING_ROW["messages"], {"role": "user", "content": "And 9?"},
+                              {"role": "assistant", "reasoning_content": "9 is 3 times 3.", "content": "No."}]}
+    with pytest.raises(Exception, match="(?s)leaves out the reasoning '7 has no divisor.*set data.last_turn_only"):
+        learned(history_drops_reasoning, two_turns)
+    text = learned(history_drops_reasoning, two_turns, learning=Learning(last_turn_only=True))
+    assert text == "<think>\n9 is 3 times 3.\n</think>\n\nNo.<|im_end|>\n"

@@ -247,19 +247,22 @@ Render = Callable[[Sequence[Message], Sequence[dict], bool], str]
 
 def split_rendered_chat(messages: Sequence[Message], tools: Sequence[dict], render: Render,
                         learning: Learning = Learning()) -> list[Segment]:
-    """Segments of a conversation rendered by a chat template, assistant turns trainable as ``learning`` says.
+    """Segments of a conversation rendered by a chat template, the assistant turns ``learning`` names trainable.
 
     ``render`` renders with the template (the tokenizer's, in the worker; a
-    sandboxed copy, in the GUI's preview). An
+    sandboxed copy, in the GUI's preview). A learned
     assistant turn's text is what rendering messages[:i+1] adds to rendering
     messages[:i] with the generation prompt. Both must be prefixes of the full
     rendering, or the template renders history differently from the end (it
-    drops reasoning, say) and there is no honest way to mask it. A template that
-    leaves out the tools, a call or a reasoning is refused too: training would
-    not see what the row says.
+    drops reasoning, say) and there is no honest way to mask it. The turns not
+    learned are context whatever the template makes of them (Qwen3's drops the
+    reasoning of turns before the last user turn): with data.last_turn_only such
+    rows train. A template that leaves out the tools, a call or a learned turn's
+    reasoning is refused: training would not see what the row says.
     """
+    learned = sorted(learned_turns(messages, learning))
     full = render(messages, tools, False)
-    _check_rendered(full, messages, tools)
+    _check_rendered(full, messages, tools, learned)
 
     def prefix_length(head: Sequence[Message], generation_prompt: bool, at_least: int) -> int:
         text = render(head, tools, generation_prompt)
@@ -270,28 +273,27 @@ def split_rendered_chat(messages: Sequence[Message], tools: Sequence[dict], rend
                             TEMPLATE_HINT)
         return len(text)
 
-    learned = learned_turns(messages, learning)
     segments: list[Segment] = []
     done = 0
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
+    for index in learned:
         start = prefix_length(messages[:index], True, done)
         end = prefix_length(messages[: index + 1], False, start)
-        segments += [(full[done:start], False), *turn_segments(full[start:end], message, index in learned, learning)]
+        segments += [(full[done:start], False), *turn_segments(full[start:end], messages[index], True, learning)]
         done = end
     segments.append((full[done:], False))
     return merge_segments([segment for segment in segments if segment[0]])
 
 
-def _check_rendered(full: str, messages: Sequence[Message], tools: Sequence[dict]) -> None:
-    """Refuse a template that drops the row's tools, calls or reasoning: each name and reasoning is in the text."""
+def _check_rendered(full: str, messages: Sequence[Message], tools: Sequence[dict], learned: Sequence[int]) -> None:
+    """Refuse a template that drops the row's tools, calls or a learned turn's reasoning: each name and reasoning
+    is in the text."""
     names = [("the tool", tool["function"]["name"]) for tool in tools]
     names += [("the call of", call["function"]["name"]) for message in messages for call in message.get("tool_calls", ())]
-    names += [("the reasoning", message["reasoning_content"].strip()[:40]) for message in messages
-              if message.get("reasoning_content")]
+    names += [("the reasoning", messages[index]["reasoning_content"].strip()[:40]) for index in learned
+              if messages[index].get("reasoning_content")]
     for what, text in names:
         if text not in full:
             raise DataError("", f"the tokenizer's chat template leaves out {what} {text!r}",
                             "its template renders no tools or no reasoning (or, like Qwen3's, only the last turns' "
-                            "reasoning): set data.template to chatml, which renders them in Qwen's convention")
+                            "reasoning: set data.last_turn_only); or set data.template to chatml, which renders "
+                            "them in Qwen's convention")
