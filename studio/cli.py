@@ -347,6 +347,7 @@ def _check_lengths(config, fmt: str) -> str:
     tokenizer was there to count with."""
     from studio.core.data.dataset import beyond_max_length_problems, beyond_max_length_warning
     from studio.core.errors import ProblemsError
+    from studio.core.data.templates import Learning
     from studio.gui.state.data_preview import rows_beyond, tokenizer_of
     from studio.gui.state.model_summary import summarize_model
 
@@ -355,7 +356,8 @@ def _check_lengths(config, fmt: str) -> str:
         tokenizer = tokenizer_of(summarize_model(config.model.name_or_path, config.model.revision))
     except StudioError:  # not on this machine yet: the worker downloads it and measures then
         tokenizer = tokenizer_of(None)
-    measured = rows_beyond(data.train_files, fmt, data.template, tokenizer, data.max_length, data.train_on_prompt)
+    measured = rows_beyond(data.train_files, fmt, data.template, tokenizer, data.max_length, data.train_on_prompt,
+                           Learning.of(data))
     if measured is None:
         return ("note: the rows' token lengths are not checked: the model's tokenizer.json is not on this machine "
                 "(training measures them)")

@@ -212,7 +212,7 @@ def test_prepare_data_builds_datasets_and_stats(tmp_path, plain):
     stats = prepared.stats["train"]
     assert stats == {"rows": 10, "tokens": sum(len(r) for r in prepared.train["input_ids"]),
                      "target_tokens": sum(sum(label != IGNORE_INDEX for label in r) for r in prepared.train["labels"]),
-                     "truncated": 0, "dropped": 0, "format": "instruction", "template": "chatml"}
+                     "truncated": 0, "dropped": 0, "unlearned": 0, "format": "instruction", "template": "chatml"}
     row = prepared.train[3]
     assert trained_text(plain, row) == "3<|im_end|>"
 

@@ -67,7 +67,9 @@ class DataConfig:
     format: DataFormat = _field(
         "auto",
         "Row format. instruction: alpaca instruction/input/output; chat: OpenAI messages "
-        "(role/content) or ShareGPT conversations (from/value); prompt_completion: prompt/completion; "
+        "(role/content; assistant tool_calls, tool turns and a tools column of JSON schemas; reasoning_content) or "
+        "ShareGPT conversations (from/value; LLaMA-Factory's function_call and observation); prompt_completion: "
+        "prompt/completion; "
         "text: plain text; preference: prompt/chosen/rejected pairs (TRL's preference rows, plain or conversational; "
         "without a prompt field, the turns chosen and rejected share are the prompt); unpaired_preference: "
         "prompt/completion/label rows (TRL's unpaired preference rows, for kto: label true marks a desirable "
@@ -78,7 +80,8 @@ class DataConfig:
     template: Template = _field(
         "auto",
         "How instruction and chat rows are rendered. auto: the tokenizer's chat template if it has "
-        "one, else chatml. tokenizer: require the tokenizer's template. chatml / alpaca: built-in.",
+        "one, else chatml. tokenizer: require the tokenizer's template (given the row's tools). chatml / alpaca: "
+        "built-in; chatml renders tools, tool calls and results, and reasoning in Qwen's convention (README).",
     )
     eval_files: tuple[str, ...] = _field((), "Held-out files for eval loss; empty: split off eval_fraction.")
     eval_fraction: float = _field(
@@ -91,6 +94,16 @@ class DataConfig:
     max_length: int = _field(512, "Maximum tokens per example; longer examples are truncated (and counted).")
     train_on_prompt: bool = _field(
         False, "Also compute the loss on prompt tokens. Off: loss only on the response tokens."
+    )
+    last_turn_only: bool = _field(
+        False, "Chat rows: learn only the last assistant turn (the earlier ones are context). Off: every assistant "
+        "turn is learned, its tool calls included; tool results never are. Either way a turn marked train: false "
+        "(or weight: 0) is not learned."
+    )
+    learn_reasoning: bool = _field(
+        True, "Chat rows: learn an assistant turn's reasoning (its reasoning_content or thinking field, or the "
+        "<think> tags in its content), rendered as the chat template renders it. Off: the reasoning, and the "
+        "</think> closing it, is context the loss ignores; the answer after it is learned."
     )
     packing: Packing = _field(
         "padding_free",

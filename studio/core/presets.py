@@ -15,13 +15,17 @@ PREFERENCE_TRAIN = DEMO_DATASETS / "preference_train.jsonl"
 PREFERENCE_HELDOUT = DEMO_DATASETS / "preference_heldout.jsonl"
 GRPO_TRAIN = DEMO_DATASETS / "grpo_train.jsonl"
 GRPO_HELDOUT = DEMO_DATASETS / "grpo_heldout.jsonl"
+AGENT_CHAT = DEMO_DATASETS / "agent_chat.jsonl"
+"""The demo task as agents and reasoning models are trained: a row of each kind (OpenAI tool calls, LLaMA-Factory's
+function_call / observation, reasoning_content, <think> tags, a turn marked train: false)."""
 DEMO_FORMAT = r"kind of [a-z ]+ \."
 """The GRPO demo's format reward: the "kind of" phrasing of a fact, whole."""
 
 
 # The data choices the demo model keeps when it is picked for data of the user's own (with its held-out rows go
 # the samples of them while training).
-_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "sample_prompts", "format", "template", "train_on_prompt")
+_USERS_DATA = ("train_files", "eval_files", "eval_fraction", "sample_prompts", "format", "template", "train_on_prompt",
+              "last_turn_only", "learn_reasoning")
 
 
 def demo_config() -> RunConfig:

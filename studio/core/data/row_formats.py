@@ -7,7 +7,14 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
   assistant turns alternate, starting with user and ending with assistant.
   TRL's conversational prompt/completion rows (``prompt`` and ``completion``
   each a list of messages) are chat rows too: the prompt's turns, then the
-  completion's.
+  completion's. Tool calling, in the OpenAI / TRL shapes: an assistant turn's
+  ``tool_calls`` (``{"function": {"name", "arguments"}}`` or ``{"name", "arguments"}``) are followed by their
+  results, ``tool`` turns (with an optional ``tool_call_id`` or ``name``), then by the assistant again; the
+  functions the model may call are the row's ``tools`` (a list of JSON schemas, or that list as JSON text).
+  LLaMA-Factory's ShareGPT shape is read too: ``function_call`` turns (the call as JSON) and ``observation``
+  turns (its result). An assistant turn's reasoning is its ``reasoning_content`` or ``thinking`` (or
+  ``<think>`` tags already in its content), and ``train: false`` (or ``weight: 0``) keeps the turn out of the
+  loss.
 - instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
   optional ``system``); becomes a user and an assistant message.
 - prompt_completion: ``prompt`` (may be empty) and ``completion``.
@@ -37,9 +44,17 @@ from studio.core.errors import Problem, StudioError
 FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference", "prompt_only")
 REFERENCE_COLUMNS = ("answer", "solution", "reference")
 """Where a prompt-only row keeps its reference answer, in the order looked for: GSM8K's and MATH's names, and ours."""
-ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
-_ROLE_ALIASES = {**SHAREGPT_ROLES, "user": "user", "assistant": "assistant"}
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "function_call": "assistant",
+                  "observation": "tool"}
+_ROLE_ALIASES = {**SHAREGPT_ROLES, **{role: role for role in ROLES}}
+REASONING_FIELDS = ("reasoning_content", "thinking")
+"""Where an assistant turn keeps its reasoning, in the order looked for; it becomes ``reasoning_content``, the
+field chat templates (Qwen3's, DeepSeek-R1's) read."""
+_TOOL_HINT = ('each tool is a JSON schema: {"type": "function", "function": {"name": ..., "description": ..., '
+              '"parameters": {...}}}')
+_CALL_HINT = 'each call is {"function": {"name": ..., "arguments": {...}}} (or {"name": ..., "arguments": {...}})'
+_ORDER_HINT = "after an optional first system turn, user and assistant turns alternate, starting with user"
 _FORMAT_FIELDS = {  # the fields that make a row look like each format, in detection order
     "preference": (("chosen", "rejected"),),
     "unpaired_preference": (("completion", "label"),),
@@ -65,13 +80,19 @@ class DataError(StudioError):
         self.problem = Problem(where, message, hint)
         super().__init__(f"{where}: {message}" if where else message, hint, kind="data")
 
+    def at(self, location: str) -> "DataError":
+        """This problem at ``location`` (a row), unless it names where it is already."""
+        return self if self.problem.where else DataError(location, self.problem.message, self.problem.hint)
+
 
 @dataclass(frozen=True)
 class Example:
     """One validated row in a format-independent shape.
 
     ``kind`` is the row format. Instruction and chat rows carry ``messages``
-    (dicts with ``role`` and ``content``, ready for a chat template);
+    (dicts with ``role`` and ``content``, ready for a chat template: an assistant's may hold ``tool_calls``,
+    ``reasoning_content`` and ``train`` (false: not learned), a tool result's ``tool_call_id`` or ``name``) and
+    the ``tools`` the model may call (JSON schemas, OpenAI's shape);
     prompt_completion rows ``prompt`` and ``completion``; text rows ``text``.
     Preference rows carry ``chosen`` and ``rejected``: plain, as text after the text ``prompt``; conversational,
     as turns after the prompt's turns in ``messages``. Unpaired preference rows carry their ``completion`` the same
@@ -79,7 +100,7 @@ class Example:
     """
 
     kind: str
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     prompt: str = ""
     completion: str | tuple[dict[str, str], ...] = ""
     text: str = ""
@@ -92,6 +113,8 @@ class Example:
     """prompt_only: the reference answer the rewards compare with ("" when the row has none)."""
     row: dict[str, Any] | None = None
     """prompt_only: the row as read, every column: what the rewards are given."""
+    tools: tuple[dict[str, Any], ...] = ()
+    """Conversational rows: the functions the model may call, each ``{"type": "function", "function": {...}}``."""
 
     @property
     def conversational(self) -> bool:
@@ -107,7 +130,7 @@ class Example:
         """A preference pair as the response row of its chosen answer (chat, or prompt_completion for plain text):
         what is rendered, prompted and shown of a pair where one response is wanted."""
         if self.conversational:
-            return Example("chat", messages=self.messages + self.chosen, location=self.location)
+            return Example("chat", messages=self.messages + self.chosen, location=self.location, tools=self.tools)
         return Example("prompt_completion", prompt=self.prompt, completion=self.chosen, location=self.location)
 
 
@@ -251,7 +274,7 @@ def _chat(record: dict, location: str) -> Example:
         raise DataError(location, f"field '{key}' has no turns")
     messages = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(turns))
     _check_turn_order(messages, key, location)
-    return Example("chat", messages=messages, location=location)
+    return Example("chat", messages=messages, location=location, tools=_tools(record, location))
 
 
 def _conversational_prompt_completion(record: dict, location: str) -> Example:
@@ -262,11 +285,12 @@ def _conversational_prompt_completion(record: dict, location: str) -> Example:
     turns += [(turn, f"completion[{index}]") for index, turn in enumerate(record["completion"])]
     messages = tuple(_turn(turn, path, location) for turn, path in turns)
     _check_turn_order(messages, "prompt+completion", location)
-    return Example("chat", messages=messages, location=location)
+    return Example("chat", messages=messages, location=location, tools=_tools(record, location))
 
 
-def _turn(turn: Any, path: str, location: str) -> dict[str, str]:
-    """One chat turn, OpenAI style (role/content) or ShareGPT style (from/value)."""
+def _turn(turn: Any, path: str, location: str) -> dict[str, Any]:
+    """One chat turn, OpenAI style (role/content) or ShareGPT style (from/value), with its tool and reasoning
+    fields."""
     if not isinstance(turn, dict):
         raise DataError(location, f"{path} must be an object with role and content, got {describe_value(turn)}")
     sharegpt = turn.get("from") is not None and turn.get("role") is None
@@ -277,27 +301,149 @@ def _turn(turn: Any, path: str, location: str) -> dict[str, str]:
     role = _ROLE_ALIASES.get(name) if isinstance(name, str) else None
     if role is None:
         raise DataError(location, f"{path}.{role_key} {_short(name)} is not one of {', '.join(allowed)}")
-    content = _text(turn, content_key, location, path=f"{path}.{content_key}", blank_ok=role == "system")
-    return {"role": role, "content": content}
+    if sharegpt and name == "function_call":  # LLaMA-Factory: the value is the call (or calls) as JSON
+        calls = _tool_calls(turn.get("value"), f"{path}.value", location)
+        return {"role": "assistant", "content": "", "tool_calls": calls, **_learned(turn, path, location)}
+    calls = turn.get("tool_calls") if role == "assistant" else None
+    content = _text(turn, content_key, location, path=f"{path}.{content_key}", required=calls is None,
+                    blank_ok=role in ("system", "tool") or calls is not None)
+    message: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant":
+        if calls is not None:
+            message["tool_calls"] = _tool_calls(calls, f"{path}.tool_calls", location)
+        message.update(_reasoning(turn, path, location), **_learned(turn, path, location))
+    if role == "tool":
+        message.update({key: _text(turn, key, location, path=f"{path}.{key}") for key in ("tool_call_id", "name")
+                        if turn.get(key) is not None})
+    return message
 
 
-def _check_turn_order(messages: tuple[dict[str, str], ...], key: str, location: str) -> None:
-    """[system] user assistant (user assistant)...: what every chat template can render and learn from."""
-    hint = "after an optional first system turn, user and assistant turns alternate, starting with user"
-    expected = "user"
+def _reasoning(turn: dict, path: str, location: str) -> dict[str, str]:
+    """An assistant turn's reasoning as ``reasoning_content`` (none when it has none)."""
+    key = next((key for key in REASONING_FIELDS if turn.get(key) is not None), None)
+    reasoning = _text(turn, key, location, path=f"{path}.{key}", blank_ok=True) if key else ""
+    return {"reasoning_content": reasoning} if reasoning.strip() else {}
+
+
+def _learned(turn: dict, path: str, location: str) -> dict[str, bool]:
+    """``{"train": False}`` for an assistant turn marked ``train: false`` or ``weight: 0``; else nothing (null, as
+    Parquet fills a field other rows have, marks nothing)."""
+    train, weight = (turn.get(key) for key in ("train", "weight"))
+    train, weight = True if train is None else train, 1 if weight is None else weight
+    if not isinstance(train, bool):
+        raise DataError(location, f"{path}.train must be true or false, got {describe_value(train)}")
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise DataError(location, f"{path}.weight must be 0 or 1, got {describe_value(weight)}",
+                        "weight 0 (or train: false) keeps the turn out of the loss")
+    return {} if train and weight else {"train": False}
+
+
+def _json_field(value: Any, path: str, location: str) -> Any:
+    """A field's value, JSON text (a CSV cell, LLaMA-Factory's columns) read as JSON; other text as it is."""
+    looks_like_json = isinstance(value, str) and value.lstrip()[:1] in ("[", "{")
+    return parse_json(value, location, path) if looks_like_json else value
+
+
+def _tool_calls(value: Any, path: str, location: str) -> list[dict[str, Any]]:
+    """An assistant turn's calls in OpenAI's shape, ``{"type": "function", "function": {"name", "arguments"}}``
+    (and the call's ``id``), from that shape or LLaMA-Factory's bare ``{"name", "arguments"}``."""
+    value = _json_field(value, path, location)
+    if isinstance(value, dict):  # LLaMA-Factory's single call
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise DataError(location, f"{path} must be a list of tool calls, got {describe_value(value)}", _CALL_HINT)
+    calls = []
+    for index, call in enumerate(value):
+        where = f"{path}[{index}]"
+        if not isinstance(call, dict):
+            raise DataError(location, f"{where} must be an object, got {describe_value(call)}", _CALL_HINT)
+        function = call.get("function") or call
+        if not _names_function(function):
+            raise DataError(location, f"{where} names no function", _CALL_HINT)
+        arguments = _json_field(function.get("arguments") or {}, f"{where}.arguments", location)
+        if not isinstance(arguments, dict):
+            raise DataError(location, f"{where}.arguments must be an object, got {describe_value(arguments)}",
+                            _CALL_HINT)
+        ids = {"id": call["id"]} if isinstance(call.get("id"), str) else {}
+        calls.append({**ids, "type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    return calls
+
+
+def _names_function(function: Any) -> bool:
+    """Whether a call or a tool's schema is an object with a function's name (Parquet's nulls aside)."""
+    return isinstance(function, dict) and isinstance(function.get("name"), str) and bool(function["name"].strip())
+
+
+def _tools(record: dict, location: str) -> tuple[dict[str, Any], ...]:
+    """The row's ``tools``: JSON schemas of functions, in OpenAI's shape (LLaMA-Factory's bare schemas wrapped)."""
+    value = record.get("tools")
+    if value is None or value == "":
+        return ()
+    value = _json_field(value, "field 'tools'", location)
+    if not isinstance(value, list):
+        raise DataError(location, f"field 'tools' must be a list of JSON schemas of functions, got "
+                        f"{describe_value(value)}", _TOOL_HINT)
+    tools = []
+    for index, tool in enumerate(value):
+        function = (tool.get("function") or tool) if isinstance(tool, dict) else None
+        if not _names_function(function):
+            raise DataError(location, f"field 'tools'[{index}] is not a function's JSON schema (it names no "
+                            "function)", _TOOL_HINT)
+        if not isinstance(function.get("parameters") or {}, dict):
+            raise DataError(location, f"field 'tools'[{index}].parameters must be a JSON schema object, got "
+                            f"{describe_value(function['parameters'])}", _TOOL_HINT)
+        tools.append({"type": "function", "function": function})
+    return tuple(tools)
+
+
+def _check_turn_order(messages: tuple[dict[str, Any], ...], key: str, location: str) -> None:
+    """[system] user assistant (user assistant)...: what every chat template can render and learn from. An
+    assistant turn with tool calls is followed by their results (tool turns), then by the assistant again."""
+    follows = "start"
+    calls: list[dict] = []  # the calls the tool turns now answer
     for index, message in enumerate(messages):
-        role = message["role"]
+        role, where = message["role"], f"{key}[{index}]"
         if role == "system" and index == 0:
             continue
         if role == "system":
-            raise DataError(location, f"{key}[{index}] is a system turn after the start", "a system turn may only come first")
-        if role != expected:
-            what = "the conversation starts with an assistant turn" if expected == "user" and index <= 1 \
-                else f"two {role} turns in a row"
-            raise DataError(location, f"{key}[{index}]: {what}", hint)
-        expected = "assistant" if role == "user" else "user"
-    if expected == "assistant" or len(messages) < 2:
+            raise DataError(location, f"{where} is a system turn after the start", "a system turn may only come first")
+        if follows == "calls" and role != "tool":
+            raise DataError(location, f"{where}: the tool calls of {key}[{index - 1}] get no result",
+                            "a tool turn holding each call's result follows the assistant turn that calls")
+        if role == "tool":
+            if follows not in ("calls", "tool"):
+                raise DataError(location, f"{where} is a tool result with no tool call before it",
+                                "a tool turn follows the assistant turn whose tool_calls it answers")
+            _check_call_id(message, calls, where, location)
+        elif role != _EXPECTED[follows]:
+            raise DataError(location, f"{where}: {_order_problem(role, follows)}", _ORDER_HINT)
+        if message.get("tool_calls"):
+            follows, calls = "calls", message["tool_calls"]
+        else:
+            follows = role
+    if follows not in ("assistant", "calls") or len(messages) < 2:
         raise DataError(location, f"field '{key}' does not end with an assistant turn", "the last turn is the response to learn")
+
+
+_EXPECTED = {"start": "user", "user": "assistant", "assistant": "user", "tool": "assistant"}
+"""The role of the turn after each (tool results may also follow one another)."""
+
+
+def _order_problem(role: str, follows: str) -> str:
+    """What is wrong with a ``role`` turn after a ``follows`` one (a key of _EXPECTED), in words."""
+    if follows == "start":
+        return "the conversation starts with an assistant turn"
+    if follows == "tool":
+        return "a user turn after tool results: the assistant answers them first"
+    return f"two {role} turns in a row"
+
+
+def _check_call_id(message: dict, calls: list[dict], where: str, location: str) -> None:
+    """A tool result's ``tool_call_id`` names one of the calls it answers, when those calls have ids."""
+    ids = [call["id"] for call in calls if "id" in call]
+    if "tool_call_id" in message and ids and message["tool_call_id"] not in ids:
+        raise DataError(location, f"{where}.tool_call_id {_short(message['tool_call_id'])} is not the id of a "
+                        f"call it answers ({', '.join(ids)})", "give each tool result the id of its call")
 
 
 def _prompt_completion(record: dict, location: str) -> Example:
@@ -347,7 +493,8 @@ def _conversational_preference(record: dict, location: str) -> Example:
         if not response:
             raise DataError(location, f"field '{key}' holds no turn beyond the prompt", "give it an assistant turn")
         _check_turn_order(prompt + response, f"prompt+{key}", location)
-    return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location)
+    return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location,
+                   tools=_tools(record, location))
 
 
 def _unpaired_preference(record: dict, location: str) -> Example:
@@ -363,7 +510,7 @@ def _unpaired_preference(record: dict, location: str) -> Example:
             turns[key] = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(value))
         _check_turn_order(turns["prompt"] + turns["completion"], "prompt+completion", location)
         return Example("unpaired_preference", messages=turns["prompt"], completion=turns["completion"], label=label,
-                       location=location)
+                       location=location, tools=_tools(record, location))
     prompt = _text(record, "prompt", location, blank_ok=True)
     completion = _text(record, "completion", location)
     return Example("unpaired_preference", prompt=prompt, completion=completion, label=label, location=location)
@@ -386,7 +533,8 @@ def _prompt_only(record: dict, location: str) -> Example:
                         "end it with the user's turn: grpo's model writes the answer")
     # the prompt with a stand-in answer is a conversation every template renders, as the model's answer will make it
     _check_turn_order(turns + ({"role": "assistant", "content": ""},), "prompt", location)
-    return Example("prompt_only", messages=turns, reference=reference, location=location, row=record)
+    return Example("prompt_only", messages=turns, reference=reference, location=location, row=record,
+                   tools=_tools(record, location))
 
 
 def reference_answer(record: dict) -> Any:

@@ -14,6 +14,7 @@ from studio.core.config import RunConfig
 from studio.core.data.dataset import (SUFFIXES, beyond_max_length_problems, beyond_max_length_warning,
                                      objective_refusal)
 from studio.core.data.row_formats import DataError
+from studio.core.data.templates import Learning
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN, train_files_changes
 from studio.gui.state.data_preview import PREFERENCE_KINDS, Preview, TokenizerInfo, build_preview, tokenizer_of
@@ -25,7 +26,8 @@ from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleCont
 from studio.gui.widgets.histogram import LengthHistogram
 
 # The input fields whose change needs the files read again; max_length only moves the cut line.
-_PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt")
+_PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt", "last_turn_only",
+                 "learn_reasoning")
 _PREVIEW_SETTINGS = ("row_format", "learns_preferences")  # the objective's: pairs, or rows of a response
 
 
@@ -60,6 +62,14 @@ class DataPanel(VerticalScroll):
         self.train_on_prompt = ToggleControl(store, "data.train_on_prompt", "Also learn the prompts",
                                              "Off: the loss covers the responses only (the usual choice). On: prompts "
                                              "are learned too, which suits continued pre-training.", compact=True)
+        self.last_turn_only = ToggleControl(store, "data.last_turn_only", "Learn only the last turn",
+                                            "Chat rows. Off: every assistant turn is learned, tool calls included. "
+                                            "On: only the last; the earlier turns are context. A turn marked train: "
+                                            "false is never learned; tool results never are.", compact=True)
+        self.learn_reasoning = ToggleControl(store, "data.learn_reasoning", "Learn the reasoning",
+                                             "On: an assistant turn's reasoning (reasoning_content, thinking, or "
+                                             "<think> tags) is learned with its answer. Off: it is context, and only "
+                                             "the answer after it is learned.", compact=True)
         self.eval_fraction = NumberControl(store, "data.eval_fraction", "Held out for eval", "A share of the rows "
                                            "kept out of training to measure eval loss (0 = none).", 0.0, 0.5,
                                            decimals=2, step=0.05, compact=True)
@@ -95,8 +105,8 @@ class DataPanel(VerticalScroll):
         layout.addWidget(self.summary)
         grid = QGridLayout()
         grid.setContentsMargins(0, 0, 0, 0)
-        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.eval_fraction,
-                                        self.sample_every, self.eval_every)):
+        for index, widget in enumerate((self.format, self.template, self.train_on_prompt, self.last_turn_only,
+                                        self.learn_reasoning, self.eval_fraction, self.sample_every, self.eval_every)):
             grid.addWidget(widget, index // 2, index % 2)
         layout.addLayout(grid)
 
@@ -180,7 +190,7 @@ class DataPanel(VerticalScroll):
         tokenizer, row_format = self.tokenizer, config.row_format
         self.summary.setText(f"<span style='color:{MUTED}'>Reading {len(data.train_files)} file(s)…</span>")
         self.task.submit(lambda: build_preview(data.train_files, row_format, data.template, tokenizer,
-                                               data.train_on_prompt))
+                                               data.train_on_prompt, Learning.of(data)))
 
     def _show_preview(self, preview: Preview) -> None:
         config = self.store.config

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Sequence
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 from studio.core.data import templates
 from studio.core.data.dataset import RowStart, inspect_files, iter_examples
 from studio.core.data.row_formats import DataError, Example
-from studio.core.data.templates import Segment
+from studio.core.data.templates import PROMPTING, Learning, Segment
 from studio.gui.state.model_summary import ModelSummary
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class Preview:
 
 
 def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo,
-                  train_on_prompt: bool = False) -> Preview:
+                  train_on_prompt: bool = False, learning: Learning = Learning()) -> Preview:
     """Read the files (all rows, for the count), render the first examples and measure a sample.
 
     Raises the dataset's ProblemsError/StudioError with every problem found.
@@ -109,7 +110,7 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
     for index, example in enumerate(report.examples):
         try:
             sequences = [_measure(segments, tokenizer, train_on_prompt, encoder)
-                         for segments in sequences_of(example, resolved, tokenizer, train_on_prompt)]
+                         for segments in sequences_of(example, resolved, tokenizer, train_on_prompt, learning)]
         except DataError as exc:
             if index < PREVIEW_EXAMPLES:
                 rendered.append(RenderedExample(example.location, (), None, str(exc)))
@@ -130,7 +131,7 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
 
 
 def rows_beyond(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo, max_length: int,
-                train_on_prompt: bool = False) -> tuple[list[RowStart], int] | None:
+                train_on_prompt: bool = False, learning: Learning = Learning()) -> tuple[list[RowStart], int] | None:
     """Every row whose response starts at or after ``max_length`` tokens, and how many rows there are; None
     without a tokenizer.json to count with.
 
@@ -144,7 +145,7 @@ def rows_beyond(files: Sequence[str], fmt: str, template: str, tokenizer: Tokeni
     beyond, rows = [], 0
     for example in iter_examples(files, fmt):
         rows += 1
-        segments = _with_bos(render_example(example, resolved, tokenizer, train_on_prompt), encoder, tokenizer,
+        segments = _with_bos(render_example(example, resolved, tokenizer, train_on_prompt, learning), encoder, tokenizer,
                              train_on_prompt)
         prompt = [text for text, _ in itertools.takewhile(lambda segment: not segment[1], segments)]
         if _may_reach(prompt, max_length) and (start := sum(encoder.counts(prompt))) >= max_length:
@@ -167,23 +168,24 @@ def _templated(fmt: str) -> bool:
 
 
 def sequences_of(example: Example, template: str, tokenizer: TokenizerInfo,
-                 train_on_prompt: bool = False) -> list[list[Segment]]:
+                 train_on_prompt: bool = False, learning: Learning = Learning()) -> list[list[Segment]]:
     """What the model reads of a row, as (text, trainable) segments: one sequence, a pair's chosen and rejected
     ones, or an unpaired row's completion (the prompt masked, every token after it learned, as
     studio.train.data.prepare.encode_preference learns them)."""
     if example.kind not in PREFERENCE_KINDS:
-        return [render_example(example, template, tokenizer, train_on_prompt)]
+        return [render_example(example, template, tokenizer, train_on_prompt, learning)]
     if not example.conversational:
         eos = tokenizer.eos
         return [[(example.prompt, False), (response if response.endswith(eos) else response + eos, True)]
                 for response in example.responses]
     first = example.responses[0][:1]
-    asked = render_example(Example("chat", messages=example.messages + first), template, tokenizer)
+    asked = render_example(Example("chat", messages=example.messages + first, tools=example.tools), template, tokenizer,
+                           learning=PROMPTING)
     prompt = "".join(text for text, _ in templates.prompt_segments(asked))
     sequences = []
     for response in example.responses:
-        whole = "".join(text for text, _ in render_example(Example("chat", messages=example.messages + response),
-                                                           template, tokenizer))
+        whole = "".join(text for text, _ in render_example(Example("chat", messages=example.messages + response,
+                                                                   tools=example.tools), template, tokenizer))
         sequences.append([(prompt, False), (whole[len(prompt):], True)] if whole.startswith(prompt)
                          else [(whole, True)])
     return [[segment for segment in segments if segment[0]] for segments in sequences]
@@ -208,17 +210,15 @@ def resolve_template(template: str, tokenizer: TokenizerInfo) -> str:
 
 
 def render_example(example: Example, template: str, tokenizer: TokenizerInfo,
-                   train_on_prompt: bool = False) -> list[Segment]:
+                   train_on_prompt: bool = False, learning: Learning = Learning()) -> list[Segment]:
     """The example as (text, trainable) segments, exactly as the worker renders it."""
     eos = tokenizer.eos
     if example.kind == "prompt_completion":
         segments = [(example.prompt, False), (example.completion + eos, True)]
     elif example.kind == "text":
         segments = [(example.text + eos, True)]
-    elif template == "tokenizer":
-        segments = _chat_template_segments(example.messages, tokenizer)
     else:
-        segments = templates.render(template, example.messages, eos)
+        segments = _chat_segments(example, template, tokenizer, learning)
     segments = [(text, trainable or train_on_prompt) for text, trainable in segments if text]
     return templates.merge_segments(segments)
 
@@ -226,14 +226,21 @@ def render_example(example: Example, template: str, tokenizer: TokenizerInfo,
 # ---------------------------------------------------------------- the tokenizer's chat template
 
 
-def _chat_template_segments(messages: Sequence[dict[str, str]], tokenizer: TokenizerInfo) -> list[Segment]:
-    return templates.split_rendered_chat(messages, lambda head, prompt: _apply(tokenizer, head, prompt))
+def _chat_segments(example: Example, template: str, tokenizer: TokenizerInfo, learning: Learning) -> list[Segment]:
+    """A conversation through the tokenizer's template or a built-in one; a problem names the row."""
+    try:
+        if template == "tokenizer":
+            return templates.split_rendered_chat(example.messages, example.tools, partial(_apply, tokenizer), learning)
+        return templates.render(template, example.messages, tokenizer.eos, example.tools, learning)
+    except DataError as exc:
+        raise exc.at(example.location) from None
 
 
-def _apply(tokenizer: TokenizerInfo, messages, generation_prompt: bool) -> str:
+def _apply(tokenizer: TokenizerInfo, messages, tools, generation_prompt: bool) -> str:
     try:
         return _compiled(tokenizer.chat_template).render(
-            messages=list(messages), add_generation_prompt=generation_prompt, **tokenizer.special_tokens)
+            messages=list(messages), tools=list(tools) or None, add_generation_prompt=generation_prompt,
+            **tokenizer.special_tokens)
     except Exception as exc:  # jinja raises whatever the template author wrote
         raise DataError("", f"the tokenizer's chat template failed: {exc}", templates.TEMPLATE_HINT) from None
 

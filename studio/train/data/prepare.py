@@ -36,6 +36,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,7 @@ class PreparedData:
     ``stats`` maps "train" (and "eval" when there is one) to: rows (kept),
     tokens (input tokens after truncation), target_tokens (tokens with a
     label), truncated (kept rows cut at max_length), dropped (rows whose
-    response lay wholly beyond max_length), format and template.
+    response lay wholly beyond max_length), unlearned (rows none of whose turns is learned), format and template.
     """
 
     train: datasets.Dataset
@@ -97,15 +98,16 @@ def resolve_template(template: str, tokenizer: Any) -> str:
     return template
 
 
-def render_segments(example: Example, tokenizer: Any, template: str) -> list[Segment]:
+def render_segments(example: Example, tokenizer: Any, template: str,
+                    learning: templates.Learning = templates.Learning()) -> list[Segment]:
     """The example as (text, trainable) segments.
 
-    Instruction and chat rows go through the template; prompt_completion rows
-    are the prompt then the completion with eos; text rows are wholly trainable
-    text with eos; a preference pair as its chosen answer. Raises DataError naming the example's location.
+    Instruction and chat rows go through the template (with their tools), the assistant text ``learning`` names
+    trainable; prompt_completion rows are the prompt then the completion with eos; text rows are wholly
+    trainable text with eos; a preference pair as its chosen answer. Raises DataError naming the example's location.
     """
     if example.kind == "preference":
-        return render_segments(example.chosen_row(), tokenizer, template)
+        return render_segments(example.chosen_row(), tokenizer, template, learning)
     eos = tokenizer.eos_token or ""
     if example.kind == "prompt_completion":
         return [(example.prompt, False), (example.completion + eos, True)]
@@ -114,21 +116,18 @@ def render_segments(example: Example, tokenizer: Any, template: str) -> list[Seg
     try:
         name = resolve_template(template, tokenizer)
         if name == "tokenizer":
-            return _tokenizer_segments(example.messages, tokenizer)
-        return templates.render(name, example.messages, eos)
+            return templates.split_rendered_chat(example.messages, example.tools, partial(_apply_template, tokenizer),
+                                                 learning)
+        return templates.render(name, example.messages, eos, example.tools, learning)
     except DataError as exc:
-        if exc.problem.where:
-            raise
-        raise DataError(example.location, exc.problem.message, exc.problem.hint) from None
+        raise exc.at(example.location) from None
 
 
-def _tokenizer_segments(messages: Sequence[dict[str, str]], tokenizer: Any) -> list[Segment]:
-    return templates.split_rendered_chat(messages, lambda head, prompt: _apply_template(tokenizer, head, prompt))
-
-
-def _apply_template(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+def _apply_template(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict],
+                    generation_prompt: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
     except Exception as exc:  # jinja raises anything the template author wrote
         raise DataError("", f"the tokenizer's chat template failed: {exc}", templates.TEMPLATE_HINT) from None
 
@@ -148,8 +147,9 @@ def adds_bos(tokenizer: Any) -> bool:
 
 def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_on_prompt: bool = False,
            add_bos: bool | None = None) -> dict[str, Any]:
-    """Token ids, labels, whether the example was cut at ``max_length`` (right truncation) and where its
-    first learned token was before the cut (``response_start``; the length when none is).
+    """Token ids, labels, whether the example was cut at ``max_length`` (right truncation), where its
+    first learned token was before the cut (``response_start``; the length when none is) and whether it has one
+    (``learns``: not when every turn is marked train: false).
 
     A bos token is prepended when the tokenizer adds one (``add_bos``; None:
     ask it) and the text does not start with it already (a template wrote it).
@@ -169,7 +169,7 @@ def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_o
         labels += piece if trainable or train_on_prompt else [IGNORE_INDEX] * len(piece)
     response_start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
     return {"input_ids": ids[:max_length], "labels": labels[:max_length], "truncated": len(ids) > max_length,
-            "response_start": response_start}
+            "response_start": response_start, "learns": response_start < len(labels)}
 
 
 def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list[int], str]:
@@ -186,7 +186,7 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
-    prompt = templates.prompt_segments(render_segments(example, tokenizer, template))
+    prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
     ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
     expected = example.messages[-1]["content"] if example.messages else example.completion
     return ids, expected
@@ -221,10 +221,11 @@ def _preference_texts(example: Example, tokenizer: Any, template: str) -> list[s
         eos = tokenizer.eos_token or ""
         return [example.prompt] + [example.prompt + (text if text.endswith(eos) else text + eos)
                                    for text in example.responses]
-    rendered = [render_segments(Example("chat", messages=example.messages + response, location=example.location),
-                                tokenizer, template) for response in example.responses]
-    first_response = render_segments(Example("chat", messages=example.messages + example.responses[0][:1],
-                                             location=example.location), tokenizer, template)
+    def chat(turns: tuple) -> Example:
+        return Example("chat", messages=example.messages + turns, location=example.location, tools=example.tools)
+
+    rendered = [render_segments(chat(response), tokenizer, template) for response in example.responses]
+    first_response = render_segments(chat(example.responses[0][:1]), tokenizer, template, templates.PROMPTING)
     prompt = "".join(text for text, _ in templates.prompt_segments(first_response))
     return [prompt] + ["".join(text for text, _ in segments) for segments in rendered]
 
@@ -235,8 +236,9 @@ def prompt_only_text(example: Example, tokenizer: Any, template: str) -> str:
     if not example.messages:
         return example.prompt
     answered = Example("chat", messages=example.messages + ({"role": "assistant", "content": ""},),
-                       location=example.location)
-    return "".join(text for text, _ in templates.prompt_segments(render_segments(answered, tokenizer, template)))
+                       location=example.location, tools=example.tools)
+    return "".join(text for text, _ in templates.prompt_segments(render_segments(answered, tokenizer, template,
+                                                                                 templates.PROMPTING)))
 
 
 def encode_prompt_only(example: Example, tokenizer: Any, template: str, max_prompt: int,
@@ -285,15 +287,20 @@ class _SplitBuilder:
     def __init__(self, fmt: str, template: str, kl_group: int):
         self.kl_group = kl_group  # unpaired rows: the groups whose completions are mismatched (KTO's KL term)
         self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
-                                      "dropped": 0, "format": fmt, "template": template}
+                                      "dropped": 0, "unlearned": 0, "format": fmt, "template": template}
         self.prompts_only = fmt == "prompt_only"
         self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()))
         self._schema = pa.schema([(name, _COLUMN_TYPES.get(name, pa.list_(pa.int32()))) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
         self.dropped: list[RowStart] = []  # the rows whose response lay beyond max_length, and where it started
+        self.unlearned: list[str] = []  # where the rows are whose every assistant turn is marked not learned
 
     def add(self, encoded: dict[str, Any], location: str) -> None:
+        if not encoded.get("learns", True):  # nothing to learn whatever max_length: not a row the cut dropped
+            self.stats["unlearned"] += 1
+            self.unlearned.append(location)
+            return
         if self.prompts_only:
             left_out = not encoded["input_ids"]  # no room for a completion
         else:  # the response lay beyond max_length: nothing to learn
@@ -365,7 +372,7 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     rendered = {"instruction", "chat", "prompt_only", *PREFERENCE_COLUMNS}
     template = resolve_template(data.template, tokenizer) if formats & rendered else "none"
     encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt,
-                       data.max_length - config.grpo.max_completion_length)
+                       data.max_length - config.grpo.max_completion_length, templates.Learning.of(data))
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
     group = config.training.micro_batch_size
@@ -381,6 +388,9 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     if train.stats["rows"] == 0 and train.prompts_only:
         message, hint = long_prompts_warning(train.dropped, "the training prompts", config)
         raise ProblemsError([Problem("data.train_files", f"no prompt is left to train on: {message}", hint)], "data")
+    if train.stats["rows"] == 0 and not train.dropped:
+        message, hint = unlearned_warning(train.unlearned, "the training rows")
+        raise ProblemsError([Problem("data.train_files", f"no row is left to train on: {message}", hint)], "data")
     if train.stats["rows"] == 0:
         raise ProblemsError(beyond_max_length_problems(train.dropped, data.max_length), "data", "the training data")
     warnings = _dropped_warnings(train, evaluation, config)
@@ -397,9 +407,13 @@ def _dropped_warnings(train: _SplitBuilder, evaluation: _SplitBuilder | None,
     warnings = []
     for split, name, consequence in ((train, "training", "the run trains on the other {kept:,} rows"),
                                      (evaluation, "eval", "eval loss is measured on the other {kept:,} rows")):
-        if split is None or not split.dropped:
+        if split is None:
             continue
         kept = split.stats["rows"]
+        if split.unlearned:
+            warnings.append(unlearned_warning(split.unlearned, f"{kept + len(split.unlearned):,} {name} rows"))
+        if not split.dropped:
+            continue
         checked = f"{kept + len(split.dropped):,} {name} rows"
         said = consequence.format(kept=kept) if kept else "this run measures no eval loss"
         if split.prompts_only:
@@ -408,6 +422,15 @@ def _dropped_warnings(train: _SplitBuilder, evaluation: _SplitBuilder | None,
         else:
             warnings.append(beyond_max_length_warning(split.dropped, checked, config.data.max_length, said))
     return tuple(warnings)
+
+
+def unlearned_warning(locations: list[str], checked: str) -> tuple[str, str]:
+    """(message, hint) for rows left out because none of their assistant turns is learned."""
+    named = "; ".join(locations[:SHOWN_ROWS]) + (f"; and {len(locations) - SHOWN_ROWS:,} more"
+                                                 if len(locations) > SHOWN_ROWS else "")
+    return (f"{len(locations):,} of {checked} learn nothing and are left out: every assistant turn of theirs is "
+            f"marked train: false or weight: 0, or data.last_turn_only leaves only such a turn ({named})",
+            "mark a turn to learn (remove its train: false), or remove the rows")
 
 
 def long_prompts_warning(rows: list[RowStart], checked: str, config: RunConfig) -> tuple[str, str]:
@@ -445,8 +468,9 @@ def load_prepared(folder: Path) -> PreparedData:
 class _Encoder:
     """Renders and tokenizes examples into split builders, collecting per-row problems."""
 
-    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int):
-        self.tokenizer, self.template = tokenizer, template
+    def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int,
+                 learning: templates.Learning):
+        self.tokenizer, self.template, self.learning = tokenizer, template, learning
         self.max_length, self.train_on_prompt = max_length, train_on_prompt
         self.max_prompt = max_prompt  # a prompt-only row's room: its completion follows it
         self.add_bos = adds_bos(tokenizer)
@@ -469,7 +493,7 @@ class _Encoder:
             return encode_prompt_only(example, self.tokenizer, self.template, self.max_prompt, self.add_bos)
         if example.kind in PREFERENCE_COLUMNS:
             return encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos)
-        segments = render_segments(example, self.tokenizer, self.template)
+        segments = render_segments(example, self.tokenizer, self.template, self.learning)
         return encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
 
     def raise_problems(self) -> None:

@@ -23,6 +23,7 @@ import torch
 from studio.core.config import RunConfig, load_config
 from studio.core.data.dataset import inspect_files, iter_examples
 from studio.core.data.row_formats import Example
+from studio.core.data.templates import Learning
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir, write_atomically
 from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
@@ -103,7 +104,8 @@ class _AnswerScorer:
                  encoded: list[dict[str, Any]] | None = None):
         self.tokenizer, self.examples, self.max_new_tokens = tokenizer, examples, max_new_tokens
         self.encoded = encoded if encoded is not None else [
-            encode(render_segments(e, tokenizer, config.data.template), tokenizer, config.data.max_length)
+            encode(render_segments(e, tokenizer, config.data.template, Learning.of(config.data)), tokenizer,
+                   config.data.max_length)
             for e in examples]
         self.tokens = [target_tokens(tokens["labels"]) for tokens in self.encoded]
         self.prompts = {i: encode_prompt(e, tokenizer, config.data.template)

@@ -22,6 +22,7 @@ import torch
 
 from studio.core.config import RunConfig, load_config
 from studio.core.data.dataset import inspect_files
+from studio.core.data.templates import Learning
 from studio.core.errors import StudioError
 from studio.core.run.commands import EXPORT_RECORD
 from studio.core.run.directory import RunDir, atomic_folder
@@ -179,8 +180,8 @@ def _verification_ids(example, tokenizer, config: RunConfig) -> list[int]:
     """An example's tokens as training saw them (a prompt-only row: its prompt, which the completions followed)."""
     if example.kind == "prompt_only":
         return encode_prompt(example, tokenizer, config.data.template)[0][:config.data.max_length]
-    return encode(render_segments(example, tokenizer, config.data.template), tokenizer, config.data.max_length,
-                  config.data.train_on_prompt)["input_ids"]
+    return encode(render_segments(example, tokenizer, config.data.template, Learning.of(config.data)), tokenizer,
+                  config.data.max_length, config.data.train_on_prompt)["input_ids"]
 
 
 @torch.no_grad()
