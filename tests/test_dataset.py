@@ -387,3 +387,24 @@ def test_prompt_only_rows_are_read_for_grpo_and_refused_by_line_and_field(tmp_pa
         inspect_files([tmp_path / "bad.jsonl"], fmt)
     assert [str(p) for p in caught.value.problems] == [
         "bad.jsonl:2: field 'prompt' is missing", "bad.jsonl:3: field 'answer' must be text or a number, got an object"]
+
+
+def test_grpo_reads_supervised_rows_as_prompts_with_their_answers_as_references(tmp_path):
+    """A user's SFT data (GSM8K as instruction rows, a chat export, prompt/completion pairs) trains GRPO as it is."""
+    from studio.core.presets import DEMO_TRAIN, demo_config
+
+    fmt = demo_config().replace(objective="grpo").row_format
+    rows = {"instruction": {"instruction": "What is 2+3?", "input": "Show the sum.", "output": "#### 5"},
+            "chat": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                                  {"role": "assistant", "content": "4"}]},
+            "completion": {"prompt": "a plum is a", "completion": " kind of fruit ."},
+            "own reference": {"instruction": "3+3?", "output": "It is six.", "answer": "6"}}
+    examples = {name: inspect_files([write(tmp_path / f"{index}.jsonl", [row])], fmt).examples[0]
+                for index, (name, row) in enumerate(rows.items())}
+    assert all(e.kind == "prompt_only" for e in examples.values())
+    assert examples["instruction"].messages == ({"role": "user", "content": "What is 2+3?\n\nShow the sum."},)
+    assert examples["instruction"].reference == "#### 5"
+    assert [m["role"] for m in examples["chat"].messages] == ["system", "user"] and examples["chat"].reference == "4"
+    assert examples["completion"].prompt == "a plum is a" and examples["completion"].reference == " kind of fruit ."
+    assert examples["own reference"].reference == "6"  # a reference column wins over the answer
+    assert inspect_files([DEMO_TRAIN], fmt).format == "prompt_only"  # the SFT demo trains grpo as it is

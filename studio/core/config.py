@@ -74,7 +74,8 @@ class DataConfig:
         "without a prompt field, the turns chosen and rejected share are the prompt); unpaired_preference: "
         "prompt/completion/label rows (TRL's unpaired preference rows, for kto: label true marks a desirable "
         "completion, false an undesirable one); prompt_only: prompt rows, plain text or a list of messages, with an "
-        "optional reference answer in answer, solution or reference (for grpo, which writes the completions). auto "
+        "optional reference answer in answer, solution or reference (for grpo, which writes the completions; grpo "
+        "reads instruction, chat and prompt_completion rows as prompts too, each row's answer its reference). auto "
         "detects it from the columns.",
     )
     template: Template = _field(

@@ -16,7 +16,7 @@ from studio.core.choices import choice_label
 from studio.core.config import RunConfig
 from studio.core.data.dataset import SUFFIXES
 from studio.core.data.hub import is_hub_spec, parse_hub_spec
-from studio.core.data.row_formats import DataError
+from studio.core.data.row_formats import ANSWERED_FORMATS, DataError
 from studio.core.errors import Problem, ProblemsError
 from studio.core.memory.savers import SAVER_SPECS
 from studio.core.methods import ADALORA_BUDGET, ATTENTION_TOKENS, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
@@ -215,7 +215,8 @@ def _check_preference(config: RunConfig) -> list[Problem]:
             problems.append(Problem("data.format", f"{fmt} rows are for {_FORMAT_OBJECTIVES[fmt][0]}",
                                     f"set objective to {_FORMAT_OBJECTIVES[fmt][1]}, or choose another data.format"))
         return problems
-    if fmt not in ("auto", wanted):  # one reason for every other format: the window lists them once
+    read_as_prompts = wanted == "prompt_only" and fmt in ANSWERED_FORMATS  # grpo: each answer becomes the reference
+    if fmt not in ("auto", wanted) and not read_as_prompts:  # one reason for every other format: listed once
         problems.append(Problem("data.format", f"objective {objective} learns from {wanted} rows",
                                 f"set data.format to {wanted} or auto"))
     if not config.learns_preferences:

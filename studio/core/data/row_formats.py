@@ -42,6 +42,8 @@ from typing import Any
 from studio.core.errors import Problem, StudioError
 
 FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference", "prompt_only")
+ANSWERED_FORMATS = ("instruction", "chat", "prompt_completion")
+"""The supervised row formats a prompt-only reader (GRPO's) takes too: the prompt, its answer the reference."""
 REFERENCE_COLUMNS = ("answer", "solution", "reference")
 """Where a prompt-only row keeps its reference answer, in the order looked for: GSM8K's and MATH's names, and ours."""
 ROLES = ("system", "user", "assistant", "tool")
@@ -517,7 +519,11 @@ def _unpaired_preference(record: dict, location: str) -> Example:
 
 
 def _prompt_only(record: dict, location: str) -> Example:
-    """A prompt to answer, text or turns ending with a user turn, and its optional reference answer."""
+    """A prompt to answer, text or turns ending with a user turn, and its optional reference answer; a row of
+    supervised data (instruction, chat, prompt and completion) is its prompt, its answer the reference."""
+    answered = detect_format(record)
+    if answered in ANSWERED_FORMATS:
+        return _answered_as_prompt(_BUILDERS[answered](record, location), record)
     reference = reference_answer(record)
     if reference is not None and (isinstance(reference, bool) or not isinstance(reference, (str, int, float))):
         column = next(key for key in REFERENCE_COLUMNS if key in record)
@@ -535,6 +541,18 @@ def _prompt_only(record: dict, location: str) -> Example:
     _check_turn_order(turns + ({"role": "assistant", "content": ""},), "prompt", location)
     return Example("prompt_only", messages=turns, reference=reference, location=location, row=record,
                    tools=_tools(record, location))
+
+
+def _answered_as_prompt(example: Example, record: dict) -> Example:
+    """A supervised row as GRPO reads it: the turns before its last answer, that answer the reference (unless the
+    row has a reference column of its own)."""
+    reference = reference_answer(record)
+    if example.kind == "prompt_completion":
+        return Example("prompt_only", prompt=example.prompt, location=example.location, row=record,
+                       reference=str(example.completion if reference is None else reference))
+    *turns, answer = example.messages
+    return Example("prompt_only", messages=tuple(turns), location=example.location, row=record, tools=example.tools,
+                   reference=str(answer["content"] if reference is None else reference))
 
 
 def reference_answer(record: dict) -> Any:
