@@ -20,7 +20,7 @@ from studio.train.worker import run
 
 STEPS = 6
 FORMAT = RewardConfig(name="matches_format", pattern=DEMO_FORMAT)
-SHORT = RewardConfig(name="length_within", max_length=3, weight=0.5)  # at most 3 words: "fruit ." but not the format
+SHORT = RewardConfig(name="length_within", max_length=4, unit="words", weight=0.5)  # "kind of fruit ." or shorter
 
 
 def _trained(tmp_path, **grpo):

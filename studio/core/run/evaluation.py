@@ -27,6 +27,7 @@ from studio.core.rewards import REWARD_FILE_NAME
 EVALUATION_FILE = "evaluation.json"
 BENCHMARKS_FILE = "benchmarks.json"  # `studio eval RUN --tasks`: lm-evaluation-harness's metrics, base and tuned
 MODELS = ("base", "tuned")
+BAR_LABELS = {"contains": "contains", "full_reward": "every reward"}  # where the table's words are too long for a bar
 ANSWER_SCORES = ("exact_match", "contains", "f1")
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -120,7 +121,8 @@ def bar_measures(tuned: dict[str, Any]) -> list[tuple[str, str]]:
     """(summary key, label) of the shares a summary has, for the window's bar chart in percent: the answer scores and
     the preference accuracy; a grpo run's prompts given every reward and each built-in's mean (a share: it scores 0
     or 1; a reward file's may be any number)."""
-    shares = [(key, label) for label, key, is_share in _measures(tuned) if is_share and tuned.get(key) is not None]
+    shares = [(key, BAR_LABELS.get(key, label)) for label, key, is_share in _measures(tuned)
+              if is_share and tuned.get(key) is not None]
     if "reward_functions" in tuned:
         shares += [(f"eval_rewards/{name}/mean", name) for name in tuned["reward_functions"]
                    if name != REWARD_FILE_NAME and tuned.get(f"eval_rewards/{name}/mean") is not None]
