@@ -48,7 +48,8 @@ def test_studio_eval_scores_the_base_and_tuned_model_by_each_of_the_runs_rewards
     assert [e["step"] for e in evals] == [0, STEPS]
     for figures, measured in ((base, evals[0]), (tuned, evals[-1])):
         assert figures["eval_reward"] == pytest.approx(measured["eval_reward"])
-        assert figures["eval_rewards/matches_format/mean"] == pytest.approx(measured["eval_rewards/matches_format/mean"])
+        name = "eval_rewards/matches_format/mean"
+        assert figures[name] == pytest.approx(measured[name])
     assert tuned["eval_rewards/matches_format/mean"] > base["eval_rewards/matches_format/mean"]  # it learns the format
     assert tuned["eval_reward"] == pytest.approx(tuned["eval_rewards/matches_format/mean"]
                                                  + 0.5 * tuned["eval_rewards/length_within/mean"])

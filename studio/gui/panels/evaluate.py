@@ -3,9 +3,9 @@
 Runs ``studio eval RUN_DIR`` in a subprocess (it prints its progress on stderr and writes
 RUN_DIR/evaluation.json); the table (each measure, base, fine-tuned and the change) and the bar chart compare the
 two models, the list below holds every row, the weakest first. A grpo run's rows are its held-out prompts: the
-table has each reward function's mean and the weighted total, a row's score is its completion's rewards. Standard benchmarks run the same way (``studio eval RUN_DIR --tasks ...``, through
-lm-evaluation-harness, into RUN_DIR/benchmarks.json), in a table of their own. A run evaluated before shows its
-last results at once.
+table has each reward function's mean and the weighted total, a row's score is its completion's rewards. Standard
+benchmarks run the same way (``studio eval RUN_DIR --tasks ...``, through lm-evaluation-harness, into
+RUN_DIR/benchmarks.json), in a table of their own. A run evaluated before shows its last results at once.
 """
 
 from __future__ import annotations

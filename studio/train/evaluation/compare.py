@@ -27,8 +27,8 @@ from studio.core.config import RunConfig, load_config
 from studio.core.data.dataset import inspect_files, iter_examples
 from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
-from studio.core.run.directory import RunDir, write_atomically
 from studio.core.rewards import Rewards, Scores
+from studio.core.run.directory import RunDir, write_atomically
 from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
 from studio.train.data.prepare import (IGNORE_INDEX, adds_bos, collate, encode, encode_preference, encode_prompt,
                                        encode_prompt_only, held_out_rows, render_segments, resolve_template)
@@ -79,9 +79,9 @@ def held_out_examples(config: RunConfig, files: Sequence[str] = ()) -> tuple[lis
         held = held_out_rows(report.rows, data.eval_fraction, config.training.seed)
         rows = [e for i, e in enumerate(iter_examples(data.train_files, report.format)) if i in held]
         return rows, tuple(f"{name} (held out: {data.eval_fraction:g})" for name in data.train_files)
-    rows = "prompts" if config.objective == "grpo" else "rows"
-    raise StudioError(f"the run has no held-out {rows} to evaluate on",
-                      f"pass --data FILE with {rows} the run did not train on, or give its config data.eval_files "
+    what = "prompts" if config.objective == "grpo" else "rows"
+    raise StudioError(f"the run has no held-out {what} to evaluate on",
+                      f"pass --data FILE with {what} the run did not train on, or give its config data.eval_files "
                       "or data.eval_fraction", kind="usage")
 
 
@@ -96,8 +96,8 @@ def row_text(example: Example) -> dict[str, Any]:
     if example.kind == "prompt_completion":
         return {"location": example.location, "prompt": example.prompt, "reference": example.completion}
     if example.kind == "prompt_only":
-        return {"location": example.location, "prompt": _last_question(example.messages) if example.messages else example.prompt,
-                "reference": example.reference or None}
+        asked = _last_question(example.messages) if example.messages else example.prompt
+        return {"location": example.location, "prompt": asked, "reference": example.reference or None}
     return {"location": example.location, "prompt": _last_question(example.messages[:-1]),
             "reference": example.messages[-1]["content"]}
 
