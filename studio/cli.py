@@ -68,13 +68,15 @@ def _add_eval(commands) -> None:
                             description="Score the run's base model and its newest checkpoint on held-out rows: loss "
                             "and perplexity over completion tokens, and for rows with a reference answer exact match, "
                             "contains and token F1 of greedy answers; for a preference run, held-out pairs ranked as "
-                            "its objective ranks them: the preference accuracy and the mean margin. Writes "
-                            "RUN_DIR/evaluation.json (every row, worst first) and an event the model card shows.")
+                            "its objective ranks them: the preference accuracy and the mean margin; for a grpo run, "
+                            "held-out prompts answered greedily (deterministic) and scored by the run's own rewards: "
+                            "each function's mean, the weighted total and the share of prompts given every reward. "
+                            "Writes RUN_DIR/evaluation.json (every row, worst first) and an event the model card shows.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--data", nargs="+", metavar="FILE", help="rows to evaluate on (default: the run's eval_files, "
                    "else the rows its eval_fraction held out)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer generated (default 256; "
-                   "each batch stops 16 tokens past its longest reference)")
+    p.add_argument("--max-new-tokens", type=int, help="the longest answer generated (default 256, each batch "
+                   "stopping 16 tokens past its longest reference; a grpo run: its grpo.max_completion_length)")
     p.add_argument("--tasks", nargs="+", metavar="TASK", help="instead: lm-evaluation-harness tasks (hellaswag, "
                    "arc_easy, mmlu, ... or your own), base vs fine-tuned; writes RUN_DIR/benchmarks.json. Needs "
                    'pip install "finetune-studio[lm-eval]" and the tasks\' datasets in the Hugging Face cache')

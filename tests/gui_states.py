@@ -469,18 +469,47 @@ def evaluated(window, qtbot, tmp_path):
     evaluation = {"checkpoint": "step-000020", "data": ["categories_heldout.jsonl"], "summary": summary, "rows": rows}
     benchmarks = {"checkpoint": "step-000020", "limit": 100, "chat_template": True,
                   "tasks": {"arc_easy": {"base": {"acc": 0.25, "acc_norm": 0.27}, "tuned": {"acc": 0.31, "acc_norm": 0.3}}}}
-
-    def writes(name, result, progress):
-        return lambda run_dir, *_: [sys.executable, "-c", (
-            f"import pathlib, sys; print({progress!r}, file=sys.stderr); "
-            f"(pathlib.Path({str(run_dir)!r}) / {name!r}).write_text({json.dumps(result)!r})")]
-    panel.command = writes("evaluation.json", evaluation, "base model: 80/80 [####################]")
-    panel.benchmarks_command = writes("benchmarks.json", benchmarks, "benchmarks: 2/2 [####################]")
+    panel.command = _writes("evaluation.json", evaluation, "base model: 80/80 [####################]")
+    panel.benchmarks_command = _writes("benchmarks.json", benchmarks, "benchmarks: 2/2 [####################]")
     window.run_tabs.setCurrentWidget(panel)
     panel.evaluate_button.click()
     qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
     panel.tasks.setText("arc_easy")
     panel.benchmarks_button.click()
+    qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
+
+
+def _writes(name, result, progress):
+    """A stand-in for a studio eval command: its progress line, then its result file in the run directory."""
+    return lambda run_dir, *_: [sys.executable, "-c", (
+        f"import pathlib, sys; print({progress!r}, file=sys.stderr); "
+        f"(pathlib.Path({str(run_dir)!r}) / {name!r}).write_text({json.dumps(result)!r})")]
+
+
+def grpo_evaluation(rows: int = 12) -> dict:
+    """What studio eval writes of a grpo run scored by two rewards: the first 3 prompts' completions miss the format."""
+    def scores(answer, format_reward):
+        return {"answer": answer, "reward": format_reward + 0.5, "full_reward": bool(format_reward),
+                "rewards": {"matches_format": format_reward, "length_within": 1.0}}
+
+    def figures(reward):
+        return {"rows": rows, "eval_reward": reward + 0.5, "eval_rewards/matches_format/mean": reward,
+                "eval_rewards/length_within/mean": 1.0, "full_reward": reward,
+                "reward_functions": ["matches_format", "length_within"], "decoding": "greedy", "max_new_tokens": 12}
+    listed = [{"location": f"grpo_heldout.jsonl:{i}", "prompt": "a melon is a", "reference": "fruit",
+               "base": scores("fruit .", 0.0), "tuned": scores("kind of fruit ." if i > 3 else "fruit .", float(i > 3))}
+              for i in range(1, rows + 1)]
+    return {"checkpoint": "step-000020", "data": ["grpo_heldout.jsonl"], "rows": listed,
+            "summary": {"base": figures(0.0), "tuned": figures(0.75)}}
+
+
+def grpo_evaluated(window, qtbot, tmp_path):
+    """Evaluate, after studio eval scored a grpo run's held-out prompts by its rewards (scripted: its result file)."""
+    _train(window, qtbot, tmp_path, steps=20, finish=True)
+    panel = window.evaluate_panel
+    panel.command = _writes("evaluation.json", grpo_evaluation(), "base model: 12/12 [####################]")
+    window.run_tabs.setCurrentWidget(panel)
+    panel.evaluate_button.click()
     qtbot.waitUntil(lambda: not panel._process.running, timeout=20000)
 
 
@@ -510,5 +539,6 @@ STATES = (preset_model, preset_data, preset_techniques, scale_out_offload, zero3
           unknown_columns, does_not_fit, fit_to_gpu, eight_b_fit_with_problems, long_estimate_notes, minimum_size,
           simulated, simulation_dropped, unreadable_last_choices,
           loading_model, training, training_two_gpus, completed, run_failed, history_compare, history_empty,
-          export_verified, gguf_published, gguf_refused, try_it, evaluated, preference_setup, grpo_setup)
+          export_verified, gguf_published, gguf_refused, try_it, evaluated, grpo_evaluated, preference_setup,
+          grpo_setup)
 TWO_GPU_STATES = (preset_techniques, fit_to_gpu, zero3_full_logits, training_two_gpus, long_estimate_notes)

@@ -1,6 +1,7 @@
-"""GRPO's loss equals TRL's GRPOTrainer: on the same tiny model, completions, advantages and settings, the loss and
-every trained parameter's gradient (1e-5), for each loss type, without and with the KL term, with the sampling
-model's log-probabilities given (several steps per generation batch) or not (one step: the detached current ones).
+"""GRPO's loss equals TRL's GRPOTrainer: on the same tiny model, completions, advantages and settings, the loss,
+every trained parameter's gradient (1e-5) and every metric (the entropy too), for each loss type, without and with
+the KL term, with the sampling model's log-probabilities given (several steps per generation batch) or not (one step:
+the detached current ones).
 
 TRL's ``_compute_loss`` is fed the inputs dict its ``_generate_and_score_completions`` builds. The prompts have one
 length: TRL pads prompts on the left and calls the model without position ids, which shifts a shorter prompt's
@@ -163,6 +164,27 @@ def test_packed_or_full_logits_give_the_padded_chunked_loss_and_gradients(model_
     torch.testing.assert_close(loss, padded_loss, atol=1e-5, rtol=1e-5)
     for name in padded_grads:
         torch.testing.assert_close(grads[name], padded_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["chunked", "packed", "full_logits"])
+def test_the_entropy_is_the_mean_over_completion_tokens_of_the_sampling_distributions_entropy(model_folder, layout):
+    """TRL's ``entropy``: each completion token's distribution at the sampling temperature, its entropy in nats,
+    averaged over the tokens; here straight from each sequence's full logits, one at a time."""
+    config = _config(model_folder, loss_type="grpo")
+    if layout == "full_logits":
+        config = config.replace(training={"chunked_loss": False})
+    rows = [{**row, "advantage": float(a)} for row, a in zip(_completions(), group_advantages(REWARDS, GROUP))]
+    _, _, metrics = _ours(config, rows, packed=layout == "packed")
+    model, entropies = _policy(config), []
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
+            logits = model(input_ids=ids).logits[0, len(row["prompt_ids"]) - 1:-1] / config.grpo.temperature
+            probabilities = logits.softmax(-1)
+            entropies.append(-(probabilities * probabilities.log()).sum(-1))
+    expected = torch.cat(entropies).mean().item()
+    assert 0 < expected < torch.log(torch.tensor(1200.0)).item()  # neither certain nor uniform
+    assert metrics["entropy"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_group_advantages_are_trls():

@@ -1,9 +1,10 @@
 """What the window says of a run beyond its curves: the pauses that sample answers cost, where its TensorBoard files
-are, and the benchmarks picked in the Evaluate tab, base beside fine-tuned."""
+are, the benchmarks picked in the Evaluate tab, base beside fine-tuned, and a grpo run's rewards there."""
 
 from __future__ import annotations
 
-from gui_states import evaluated, training
+
+from gui_states import evaluated, grpo_evaluated, training
 from PySide6.QtWidgets import QApplication
 
 from studio.core.run.evaluation import progress_of
@@ -93,3 +94,22 @@ def test_a_preference_run_charts_its_reward_margin_and_accuracy_beside_the_loss(
     assert list(charts.lr.curves) == ["0.margin", "0.eval_margin"]
     assert {"0.accuracy", "0.eval_accuracy"} <= set(charts.loss.curves)
     assert list(charts.loss.curves["0.eval_accuracy"].getData()[1]) == [0.9]
+
+
+
+def test_a_grpo_evaluation_shows_each_reward_base_beside_fine_tuned_with_the_change(qtbot, app_dirs, tmp_path):
+    window = open_window(qtbot)
+    grpo_evaluated(window, qtbot, tmp_path)
+    panel = window.evaluate_panel
+    table = [tuple(panel.table.item(r, c).text() for c in range(4)) for r in range(panel.table.rowCount())]
+    assert table == [("reward (weighted total)", "0.5", "1.25", "+0.75"),
+                     ("reward matches_format", "0", "0.75", "+0.75"), ("reward length_within", "1", "1", "+0"),
+                     ("prompts given every reward", "0.0%", "75.0%", "+75.0 pts")]
+    ticks = [label for _, label in panel.chart.getAxis("bottom")._tickLevels[0]]
+    assert ticks == ["every\nreward", "matches_\nformat", "length_\nwithin"] and panel.chart.isVisible()  # no overlap
+    first = panel.rows.topLevelItem(0)
+    assert panel.rows.topLevelItemCount() == 12 and first.text(2) == "fruit"
+    assert first.text(5) == "reward 0.5"
+    assert "fine-tuned reward 0.5: matches_format 0, length_within 1" in first.toolTip(5)  # each function's
+    assert "12 held-out prompts, one greedy completion each (at most 12 tokens); checkpoint step-000020" in \
+        panel.status.text()

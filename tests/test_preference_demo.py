@@ -87,7 +87,7 @@ def test_the_console_names_pairs_the_tuned_model_ranks_the_wrong_way():
     assert result["summary"]["tuned"]["preference_accuracy"] == 0.5 and result["summary"]["base"]["margin"] == -1.0
     lines = comparison_lines(result, "RUN")
     assert lines[0] == "2 held-out pairs, 10 chosen-response tokens; checkpoint step-000001"
-    assert "preference accuracy               0.0%       50.0%" in lines
+    assert "preference accuracy                   0.0%       50.0%   +50.0 pts" in lines
     assert ("weakest: pairs.jsonl:3: ranks the rejected ' fruit .' above the chosen ' kind of fruit .' (margin -0.5)"
             in lines)
 

@@ -59,6 +59,17 @@ def test_the_weighted_sum_keeps_each_function_score():
     assert unjudged.by_function["equals_reference"] is None and unjudged.total == 0.0
 
 
+
+def test_every_reward_is_the_best_each_judging_built_in_gives_a_penalty_best_at_zero():
+    grpo = GrpoConfig(rewards=(RewardConfig("equals_reference"), RewardConfig("contains", weight=-1.0, text="sorry")))
+    rewards = Rewards(grpo)
+    assert rewards.got_everything(rewards.score("#### 72", GSM8K_ROW, 0))
+    assert not rewards.got_everything(rewards.score("sorry, 72", GSM8K_ROW, 0))  # the penalty gave it -1
+    assert not rewards.got_everything(rewards.score("#### 71", GSM8K_ROW, 0))
+    assert rewards.got_everything(rewards.score("no idea", {"prompt": "q"}, 1))  # no reference: the penalty alone
+    judged_by_none = Rewards(GrpoConfig(rewards=(RewardConfig("equals_reference"),)))
+    assert not judged_by_none.got_everything(judged_by_none.score("no idea", {"prompt": "q"}, 1))
+
 USER_FILE = '''import re
 
 

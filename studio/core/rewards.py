@@ -243,3 +243,13 @@ class Rewards:
             weights.append(self.file_weight)
         scored = [weight * value for weight, value in zip(weights, values) if value is not None]
         return Scores(sum(scored) if scored else None, dict(zip(self.names, values)), failure)
+
+    def got_everything(self, scores: Scores) -> bool | None:
+        """Whether a completion got the most the run's rewards give its row: every built-in that judged it at its
+        best (1.0, or 0.0 for a negative weight; one weighted 0 counts for nothing), at least one judging. None with a
+        reward file, whose best is unknown."""
+        if self.reward_file is not None:
+            return None
+        judged = [(reward.weight, scores.by_function[name]) for reward, name in zip(self.built_ins, self.names)
+                  if scores.by_function[name] is not None]
+        return bool(judged) and all(value == (1.0 if weight > 0 else 0.0) for weight, value in judged if weight)

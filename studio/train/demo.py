@@ -8,6 +8,8 @@ questions ("What kind of thing is a guava?", `studio eval`) and exports the adap
 ``studio demo --objective dpo`` teaches a preference instead: DPO on pairs of two phrasings of a fact the base knows
 ("a guava is a" + " kind of fruit ." chosen, + " fruit ." rejected; resources/build_preference_pairs.py), measured
 by the preference accuracy on held-out pairs and the greedy answers to their prompts, base vs tuned.
+``studio demo --objective grpo`` teaches that phrasing from prompts and a format reward alone, measured by the reward
+of the greedy answers to held-out prompts, base vs tuned.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from pathlib import Path
 
 from studio.core.presets import demo_config, grpo_demo_config, preference_demo_config
 from studio.core.run.commands import EXIT_OK
-from studio.core.run.directory import RunDir
-from studio.core.run.events import read_events
 from studio.core.run.evaluation import comparison_lines
 from studio.train.evaluation.compare import evaluate_run
 from studio.train.export.hf_format import export_run
@@ -36,15 +36,6 @@ DEMOS = {  # objective: (its config, what it teaches)
 }
 
 
-def held_out_reward_lines(rd: RunDir) -> str:
-    """The GRPO demo's result: the held-out prompts' reward (the share whose greedy answer has the format), as the
-    run measured it before its first step and after its last."""
-    evals = [event for event in read_events(rd.events) if event["type"] == "eval" and "eval_reward" in event]
-    first, last = evals[0], evals[-1]
-    return (f"held-out prompts answered in the rewarded format: {first['eval_reward']:.0%} before training (step "
-            f"{first['step']}), {last['eval_reward']:.0%} after (step {last['step']})")
-
-
 def run_demo(run_dir: Path | None = None, objective: str = "sft") -> int:
     """Train, measure and export the demo of ``objective`` (a key of DEMOS); returns the exit code."""
     make_config, teaches = DEMOS[objective]
@@ -54,10 +45,7 @@ def run_demo(run_dir: Path | None = None, objective: str = "sft") -> int:
     if code != EXIT_OK or rd.latest_checkpoint() is None:
         print(f"training did not finish; see {rd.log}")
         return code or 1
-    if objective == "grpo":
-        print(held_out_reward_lines(rd))
-    else:
-        print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions or pairs
+    print("\n".join(comparison_lines(evaluate_run(rd.path), rd.path)))  # on its held-out questions, pairs or prompts
     export_run(rd.path, "adapter")  # logs where it went and how it verified
     print(f"run directory: {rd.path}")
     return 0

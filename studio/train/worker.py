@@ -55,7 +55,7 @@ from studio.train.distributed.engine import leave_process_group, make_engine, pr
 from studio.train.distributed.failure import FailureReporter, SilentEvents
 from studio.train.distributed.launcher import launch, launched_by_studio
 from studio.train.distributed.rankwatch import is_lost_contact
-from studio.train.evaluation.exact_match import generate_answers
+from studio.train.evaluation.exact_match import rewarded_answers
 from studio.train.evaluation.samples import Sampler, why_no_samples
 from studio.train.measure.memtrack import tracker_for
 from studio.train.measure.metrics import describe_devices, device_readings, library_versions, memory_snapshot
@@ -526,17 +526,13 @@ class Worker:
     def _evaluate_rewards(self) -> float:
         """grpo: each held-out prompt's greedy completion scored by the run's rewards; returns their mean (NaN when
         none was scored)."""
-        rewards, size = self.sampler_of_groups.rewards, self.config.training.micro_batch_size
-        scores = []
+        rewards = self.sampler_of_groups.rewards
         self.model.eval()
         with self.engine.autocast():
-            for start in range(0, len(self.eval_rows), size):
-                prompts = [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))]
-                answers = generate_answers(self.raw_model, self.tokenizer, [list(p["input_ids"]) for p in prompts],
-                                           self.config.grpo.max_completion_length)
-                scores += [rewards.score(answer, json.loads(p["row"]), p["location"]) for answer, p in zip(answers, prompts)]
+            answered = rewarded_answers(self.raw_model, self.tokenizer, self.eval_rows, rewards,
+                                        self.config.grpo.max_completion_length, self.config.training.micro_batch_size)
         self.model.train()
-        means = held_out_rewards(scores, rewards.names)
+        means = held_out_rewards([scores for _, scores in answered], rewards.names)
         self.events.emit("eval", step=self.step, **means)
         return means.get("eval_reward", math.nan)
 

@@ -175,8 +175,8 @@ def _evaluation(events: list[dict[str, Any]]) -> str:
     found = _last(events, "evaluation")
     if not found:
         return ""
-    lines = ["| measure | base | fine-tuned |", "|---|---|---|"]
-    lines += [f"| {label} | {base} | {tuned} |" for label, base, tuned in comparison_rows(found)]
+    lines = ["| measure | base | fine-tuned | change |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(cells)} |" for cells in comparison_rows(found)]
     where = ", ".join(f"`{Path(name).name}`" for name in found["data"])
     return (f"## Evaluation\n\nOn {held_out_words(found['tuned'])} ({where}), checkpoint "
             f"`{found['checkpoint']}`:\n\n" + "\n".join(lines))

@@ -31,7 +31,8 @@ from it. Types and their main fields:
   prompt, reference or null and completions, each with its text, reward (the total, null when none scored it)
   and rewards (each function's score))
 - ``evaluation``: checkpoint, data (the files), base and tuned (each model's summary: rows, tokens, loss,
-  perplexity, answered, exact_match, contains, f1; studio.core.run.evaluation), written by `studio eval`
+  perplexity, answered, exact_match, contains, f1; a grpo run's: rows, eval_reward, eval_rewards/NAME/mean,
+  full_reward, reward_functions, decoding, max_new_tokens; studio.core.run.evaluation), written by `studio eval`
 - ``checkpoint``: step, path
 - ``export``: kind (adapter | merged), path, verification (max logit difference, passed)
 - ``warning``: message

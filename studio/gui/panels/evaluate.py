@@ -1,10 +1,11 @@
 """Evaluate: the base model and the run's newest checkpoint scored on the held-out rows, side by side.
 
 Runs ``studio eval RUN_DIR`` in a subprocess (it prints its progress on stderr and writes
-RUN_DIR/evaluation.json); the table and the bar chart compare the two models, the list below holds every
-row, the weakest first. Standard benchmarks run the same way (``studio eval RUN_DIR --tasks ...``, through
-lm-evaluation-harness, into RUN_DIR/benchmarks.json), in a table of their own. A run evaluated before shows its
-last results at once.
+RUN_DIR/evaluation.json); the table (each measure, base, fine-tuned and the change) and the bar chart compare the
+two models, the list below holds every row, the weakest first. A grpo run's rows are its held-out prompts: the
+table has each reward function's mean and the weighted total, a row's score is its completion's rewards. Standard
+benchmarks run the same way (``studio eval RUN_DIR --tasks ...``, through lm-evaluation-harness, into
+RUN_DIR/benchmarks.json), in a table of their own. A run evaluated before shows its last results at once.
 """
 
 from __future__ import annotations
@@ -16,20 +17,22 @@ from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
 from studio.core.run.commands import benchmarks_command, eval_command
-from studio.core.run.evaluation import BENCHMARKS_FILE, benchmark_rows, comparison_rows, progress_of, read_evaluation
+from studio.core.run.evaluation import (BENCHMARKS_FILE, bar_measures, benchmark_rows, comparison_rows, held_out_words,
+                                        progress_of, read_evaluation, reward_words)
 from studio.gui.process import LineProcess
 from studio.gui.state.console import console_error
 from studio.gui.widgets.common import ACCENT, BAD, MUTED, explanation
 from studio.gui.widgets.plotting import pg, plot_widget
 
 ROW_COLUMNS = ("Row", "Prompt", "Reference", "Fine-tuned answer", "Base answer", "Fine-tuned score")
-BAR_MEASURES = (("exact_match", "exact match"), ("contains", "contains"), ("f1", "token F1"),
-                ("preference_accuracy", "preference accuracy"))
+TABLE_COLUMNS = ("Measure", "Base", "Fine-tuned", "Change")
+AXIS_PADDING = 12  # pixels of the bottom axis beside its labels' lines: its ticks and their offset
 BARS = ((-0.2, "base", MUTED), (0.2, "tuned", ACCENT))  # offset, model, colour
 
 
@@ -50,10 +53,12 @@ class EvaluatePanel(QWidget):
         self.progress.setRange(0, 100)
         self.status = QLabel()
         self.status.setWordWrap(True)
-        self.table = QTableWidget(0, 3)
-        self.table.setHorizontalHeaderLabels(("Measure", "Base", "Fine-tuned"))
+        self.table = QTableWidget(0, len(TABLE_COLUMNS))
+        self.table.setHorizontalHeaderLabels(TABLE_COLUMNS)
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the figures whole
+        self.table.setWordWrap(False)
         self.chart = None  # the bar chart: pyqtgraph, made when there is something to draw
         self.chart_box = QVBoxLayout()
         self.chart_key = QLabel(f"<span style='color:{MUTED}'>■</span> base model &nbsp; "
@@ -120,8 +125,8 @@ class EvaluatePanel(QWidget):
         figures = QWidget()
         side_by_side = QHBoxLayout(figures)
         side_by_side.setContentsMargins(0, 0, 0, 0)
-        side_by_side.addWidget(self.table, 1)
-        side_by_side.addLayout(self.chart_box, 1)
+        side_by_side.addWidget(self.table, 3)  # four columns of words beside the chart's few bars
+        side_by_side.addLayout(self.chart_box, 2)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(figures)
         splitter.addWidget(self.benchmark_table)
@@ -131,7 +136,8 @@ class EvaluatePanel(QWidget):
         layout.addWidget(explanation("Scores the base model and the newest checkpoint on the run's held-out rows: loss "
                                      "and perplexity over the completion tokens; for rows with a reference answer, "
                                      "greedy answers by exact match, whether they contain the reference, and token "
-                                     "F1 (the same as the command studio eval RUN_DIR)."))
+                                     "F1; a grpo run's held-out prompts answered greedily and scored by its own "
+                                     "rewards (the same as the command studio eval RUN_DIR)."))
         layout.addLayout(buttons)
         layout.addLayout(benchmarks)
         layout.addWidget(self.status)
@@ -223,11 +229,13 @@ class EvaluatePanel(QWidget):
             self._draw_bars(None)
             return
         summary = result["summary"]
-        for label, base, tuned in comparison_rows(summary):
+        for cells in comparison_rows(summary):
             row = self.table.rowCount()
             self.table.insertRow(row)
-            for column, text in enumerate((label, base, tuned)):
-                self.table.setItem(row, column, QTableWidgetItem(text))
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)  # a measure cut short in a narrow column, whole
+                self.table.setItem(row, column, item)
         for row in result["rows"]:
             tuned, base = row["tuned"], row["base"]
             texts = [row["location"], row["prompt"], _reference_text(row), tuned.get("answer", "-"),
@@ -235,9 +243,11 @@ class EvaluatePanel(QWidget):
             item = QTreeWidgetItem(texts)
             for column, text in enumerate(texts):
                 item.setToolTip(column, text)  # a long prompt or answer, whole
+            if "rewards" in tuned:  # a grpo completion: each function's reward, base and fine-tuned
+                item.setToolTip(len(texts) - 1, f"fine-tuned {reward_words(tuned)}\nbase {reward_words(base)}")
             self.rows.addTopLevelItem(item)
         self._draw_bars(summary)
-        self._say(f"{summary['tuned']['rows']} held-out rows, checkpoint {html.escape(result['checkpoint'])}; "
+        self._say(f"{html.escape(held_out_words(summary['tuned']))}; checkpoint {html.escape(result['checkpoint'])}; "
                   "the rows below, the weakest first.", MUTED)
 
     def show_benchmarks(self, result: dict | None) -> None:
@@ -251,8 +261,9 @@ class EvaluatePanel(QWidget):
         self.benchmark_table.setVisible(bool(rows))
 
     def _draw_bars(self, summary: dict | None) -> None:
-        """Base (grey) and fine-tuned (blue) side by side for each answer score, in percent."""
-        measures = [(key, label) for key, label in BAR_MEASURES if summary and summary["tuned"].get(key) is not None]
+        """Base (grey) and fine-tuned (blue) side by side for each share (answer scores; a grpo run's rewards), in
+        percent."""
+        measures = bar_measures(summary["tuned"]) if summary else []
         if self.chart is None and not measures:
             return
         if self.chart is None:
@@ -262,11 +273,24 @@ class EvaluatePanel(QWidget):
         self.chart.setVisible(bool(measures))
         self.chart_key.setVisible(bool(measures))
         for offset, model, color in BARS:
-            heights = [100 * summary[model][key] for key, _ in measures]
+            heights = [100 * (summary[model].get(key) or 0.0) for key, _ in measures]
             self.chart.addItem(pg().BarGraphItem(x=[i + offset for i in range(len(measures))], height=heights,
                                                  width=0.38, brush=color))
-        self.chart.getAxis("bottom").setTicks([[(i, label) for i, (_, label) in enumerate(measures)]])
+        labels = [_two_lines(label) for _, label in measures]
+        axis = self.chart.getAxis("bottom")
+        axis.setTicks([list(enumerate(labels))])
+        lines = max((label.count("\n") + 1 for label in labels), default=1)
+        axis.setHeight(lines * QFontMetrics(self.chart.font()).lineSpacing() + AXIS_PADDING)  # room for each line
         self.chart.setYRange(0, 100)
+
+
+def _two_lines(label: str) -> str:
+    """A bar's label broken at its middle space or underscore (a reward's name), so that neighbours do not overlap."""
+    breaks = [i for i, char in enumerate(label) if char in " _"]
+    if not breaks:
+        return label
+    at = min(breaks, key=lambda i: abs(i - len(label) / 2))
+    return f"{label[:at + 1].rstrip()}\n{label[at + 1:]}"
 
 
 def _reference_text(row: dict) -> str:
@@ -277,7 +301,10 @@ def _reference_text(row: dict) -> str:
 
 
 def _score_text(scores: dict) -> str:
-    """A pair's margin (log-probability of chosen less rejected), else the answer's token F1."""
+    """A pair's margin (log-probability of chosen less rejected), a grpo completion's weighted reward, else the
+    answer's token F1."""
+    if "rewards" in scores:  # each function's in the tooltip
+        return "no reward" if scores["reward"] is None else f"reward {scores['reward']:.3g}"
     if "margin" in scores:
         return f"margin {scores['margin']:+.3g}"
     return f"F1 {scores['f1']:.0%}" if "f1" in scores else "-"

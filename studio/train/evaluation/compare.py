@@ -5,9 +5,12 @@ where the row has a reference answer, their greedy answers scored by exact match
 (studio.core.run.evaluation). A run of a preference objective is scored on pairs: both models'
 log-probabilities of each pair's chosen and rejected responses (tokenized as training tokenizes pairs), ranked as the
 objective ranks them (``Preference.ranked``), the chosen response's loss, and the greedy answer to the pair's
-prompt scored against the chosen response. The rows are the run's held-out ones (data.eval_files, else the rows its
-eval_fraction held out) or files the user names. Nothing is written until both models are done: a cancelled
-or failed evaluation leaves the run as it was.
+prompt scored against the chosen response. A grpo run is scored on prompts: both models' greedy completion of each
+held-out prompt (as the run's eval events answer them, up to grpo.max_completion_length tokens) scored by the run's
+own rewards (its reward file run only as its config trusts it): each function's mean, the weighted total's, and
+the share of prompts given every reward the row can give (``Rewards.got_everything``). The rows are the run's
+held-out ones (data.eval_files, else the rows its eval_fraction held out) or files the user names. Nothing is
+written until both models are done: a cancelled or failed evaluation leaves the run as it was.
 """
 
 from __future__ import annotations
@@ -25,41 +28,41 @@ from studio.core.data.dataset import inspect_files, iter_examples
 from studio.core.data.row_formats import Example
 from studio.core.data.templates import Learning
 from studio.core.errors import StudioError
+from studio.core.rewards import Rewards, Scores
 from studio.core.run.directory import RunDir, write_atomically
 from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
-from studio.train.data.prepare import (IGNORE_INDEX, collate, encode, encode_preference, encode_prompt, held_out_rows,
-                                       render_segments)
-from studio.train.evaluation.exact_match import generate_answers
+from studio.train.data.prepare import (IGNORE_INDEX, adds_bos, collate, encode, encode_preference, encode_prompt,
+                                       encode_prompt_only, held_out_rows, render_segments, resolve_template)
+from studio.train.evaluation.exact_match import generate_answers, rewarded_answers
 from studio.train.evaluation.generate import base_model, load_run_model
 from studio.train.objectives.next_token import token_logps, token_loss_sum
 from studio.train.objectives.preference import Preference, SequenceLogps
+from studio.train.objectives.rollout import held_out_rewards
 from studio.train.tracking.writer import tracked_events
 
 ANSWER_BATCH = 8
 SPARE_NEW_TOKENS = 16  # generated beyond the longest reference of a batch, so a longer answer shows as longer
+MAX_NEW_TOKENS = 256  # the longest answer, unless asked otherwise (grpo: its grpo.max_completion_length)
 
 
-def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int = 256) -> dict[str, Any]:
+def evaluate_run(run_dir: Path, files: Sequence[str] = (), max_new_tokens: int | None = None) -> dict[str, Any]:
     """Evaluate the run's newest checkpoint against its base; write RUN/evaluation.json and an event."""
-    config = load_config(RunDir(run_dir).config)
-    if config.objective == "grpo":  # its prompts have no answer to compare with but their rewards
-        raise StudioError("studio eval does not score grpo runs yet: the run measured its held-out prompts' reward "
-                          "itself, before its first step and at each eval", "read the eval events' eval_reward in "
-                          f"{RunDir(run_dir).events} (the window charts them)", kind="usage")
     config, tokenizer, model, checkpoint = load_run_model(run_dir)
     examples, source = held_out_examples(config, files)
-    if config.learns_preferences:
-        scorer = _PairScorer(tokenizer, config, examples, max_new_tokens)
+    if config.objective == "grpo":
+        scorer = _RewardScorer(tokenizer, config, examples, max_new_tokens or config.grpo.max_completion_length)
+    elif config.learns_preferences:
+        scorer = _PairScorer(tokenizer, config, examples, max_new_tokens or MAX_NEW_TOKENS)
     else:
-        scorer = _AnswerScorer(tokenizer, config, examples, max_new_tokens)
-    rows = [{**row_text(example), "tokens": tokens} for example, tokens in zip(scorer.examples, scorer.tokens)]
+        scorer = _AnswerScorer(tokenizer, config, examples, max_new_tokens or MAX_NEW_TOKENS)
+    rows = scorer.rows()
     for row, scores in zip(rows, scorer.score(model, "tuned")):
         row["tuned"] = scores
     with base_model(model, config) as base:
         for row, scores in zip(rows, scorer.score(base, "base")):
             row["base"] = scores
-    result = {"checkpoint": checkpoint.name, "data": list(source), "summary": {m: summary(rows, m) for m in MODELS},
-              "rows": worst_first(rows)}
+    result = {"checkpoint": checkpoint.name, "data": list(source),
+              "summary": {m: scorer.summary(rows, m) for m in MODELS}, "rows": worst_first(rows)}
     _record(RunDir(run_dir), result)
     return result
 
@@ -77,8 +80,9 @@ def held_out_examples(config: RunConfig, files: Sequence[str] = ()) -> tuple[lis
         held = held_out_rows(report.rows, data.eval_fraction, config.training.seed)
         rows = [e for i, e in enumerate(iter_examples(data.train_files, report.format)) if i in held]
         return rows, tuple(f"{name} (held out: {data.eval_fraction:g})" for name in data.train_files)
-    raise StudioError("the run has no held-out data to evaluate on",
-                      "pass --data FILE with rows the run did not train on, or give its config data.eval_files "
+    what = "prompts" if config.objective == "grpo" else "rows"
+    raise StudioError(f"the run has no held-out {what} to evaluate on",
+                      f"pass --data FILE with {what} the run did not train on, or give its config data.eval_files "
                       "or data.eval_fraction", kind="usage")
 
 
@@ -92,9 +96,16 @@ def row_text(example: Example) -> dict[str, Any]:
         return {"location": example.location, "prompt": example.text[:200], "reference": None}
     if example.kind == "prompt_completion":
         return {"location": example.location, "prompt": example.prompt, "reference": example.completion}
-    asked = [m["content"] for m in example.messages[:-1] if m["role"] == "user"]
-    return {"location": example.location, "prompt": asked[-1] if asked else "",
+    if example.kind == "prompt_only":
+        asked = _last_question(example.messages) if example.messages else example.prompt
+        return {"location": example.location, "prompt": asked, "reference": example.reference or None}
+    return {"location": example.location, "prompt": _last_question(example.messages[:-1]),
             "reference": example.messages[-1]["content"]}
+
+
+def _last_question(turns) -> str:
+    asked = [m["content"] for m in turns if m["role"] == "user"]
+    return asked[-1] if asked else ""
 
 
 class _AnswerScorer:
@@ -110,6 +121,13 @@ class _AnswerScorer:
         self.tokens = [target_tokens(tokens["labels"]) for tokens in self.encoded]
         self.prompts = {i: encode_prompt(e, tokenizer, config.data.template)
                         for i, e in enumerate(examples) if e.kind != "text"}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Each row's text and the tokens its loss is over, for the scores to go beside."""
+        return [{**row_text(example), "tokens": tokens} for example, tokens in zip(self.examples, self.tokens)]
+
+    def summary(self, rows: list[dict[str, Any]], model: str) -> dict[str, Any]:
+        return summary(rows, model)
 
     @torch.no_grad()
     def score(self, model, name: str) -> list[dict[str, Any]]:
@@ -165,6 +183,47 @@ class _PairScorer(_AnswerScorer):
                                "rejected_logp": ranked_rejected, "margin": ranked_chosen - ranked_rejected})
             progress.advance(len(indices))
         return scores
+
+
+class _RewardScorer:
+    """grpo: one model's greedy completion of every held-out prompt, scored by the run's rewards. A prompt without
+    room for a completion in data.max_length is left out, as training leaves it out."""
+
+    def __init__(self, tokenizer, config: RunConfig, examples: list[Example], max_new_tokens: int):
+        self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
+        self.rewards = Rewards.for_run(config.grpo)  # the reward file: refused unless the config trusts it
+        template = resolve_template(config.data.template, tokenizer)
+        room = config.data.max_length - config.grpo.max_completion_length
+        prompts = [encode_prompt_only(e, tokenizer, template, room, adds_bos(tokenizer)) for e in examples]
+        kept = [i for i, prompt in enumerate(prompts) if prompt["input_ids"]]
+        self.examples, self.prompts = [examples[i] for i in kept], [prompts[i] for i in kept]
+        self.scores: dict[str, list[Scores]] = {}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [row_text(example) for example in self.examples]
+
+    @torch.no_grad()
+    def score(self, model, name: str) -> list[dict[str, Any]]:
+        """Each prompt's completion, its weighted reward, each function's, and whether it got every reward."""
+        progress, answered = Progress(f"{name} model", len(self.prompts)), []
+        for indices in _batches(list(range(len(self.prompts))), ANSWER_BATCH):
+            answered += rewarded_answers(model, self.tokenizer, [self.prompts[i] for i in indices], self.rewards,
+                                         self.max_new_tokens, len(indices))
+            progress.advance(len(indices))
+        progress.done()
+        self.scores[name] = [scores for _, scores in answered]
+        return [{"answer": answer.strip(), "reward": scores.total, "rewards": scores.by_function,
+                 "full_reward": self.rewards.got_everything(scores)} for answer, scores in answered]
+
+    def summary(self, rows: list[dict[str, Any]], model: str) -> dict[str, Any]:
+        """The model's means over the completions, named as the run's eval events name them (``eval_reward``,
+        ``eval_rewards/NAME/mean``), the share of prompts given every reward (None with a reward file), and how the
+        completions were generated."""
+        full = [row[model]["full_reward"] for row in rows]
+        return {"rows": len(rows), **held_out_rewards(self.scores[model], self.rewards.names),
+                "full_reward": sum(full) / len(full) if full and None not in full else None,
+                "reward_functions": list(self.rewards.names), "decoding": "greedy",
+                "max_new_tokens": self.max_new_tokens}
 
 
 def target_tokens(labels: list[int]) -> int:

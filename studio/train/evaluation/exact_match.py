@@ -1,9 +1,14 @@
-"""Generation-based evaluation: does the model answer held-out prompts exactly right?"""
+"""Generation-based evaluation: does the model answer held-out prompts exactly right, or (grpo) how do the run's
+rewards score its answers?"""
 
 from __future__ import annotations
 
+import json
+from typing import Any, Sequence
+
 import torch
 
+from studio.core.rewards import Rewards, Scores
 from studio.train.data.prepare import encode_prompt
 
 
@@ -35,3 +40,18 @@ def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens:
         do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
     )
     return tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def rewarded_answers(model, tokenizer, prompts: Sequence[dict[str, Any]], rewards: Rewards, max_new_tokens: int,
+                     batch_size: int) -> list[tuple[str, Scores]]:
+    """Each prompt's greedy answer and its scores by the run's rewards, ``batch_size`` prompts at a time. The prompts
+    are rows of grpo's prompt-only split (``input_ids``, ``row``, ``location``): the held-out reward of a run's eval
+    events and of ``studio eval``, measured alike."""
+    answered = []
+    for start in range(0, len(prompts), batch_size):
+        batch = [prompts[i] for i in range(start, min(start + batch_size, len(prompts)))]
+        answers = generate_answers(model, tokenizer, [list(p["input_ids"]) for p in batch], max_new_tokens)
+        answered += [(answer, rewards.score(answer, json.loads(p["row"]), p["location"]))
+                     for answer, p in zip(answers, batch)]
+    return answered

@@ -31,9 +31,10 @@ from studio.train.objectives.next_token import run_output_layer, token_logps
 from studio.train.objectives.preference import MetricTally, reference_for
 
 STD_FLOOR = 1e-4  # TRL's: a group whose rewards are all equal gets advantages of 0, not a division by 0
-METRIC_SUMS = ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "tokens")
-"""What GRPO keeps over a step: the KL estimate and how many tokens the clip held below, above and either way,
-summed over the completion tokens (TRL's means of them), and the tokens."""
+METRIC_SUMS = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "tokens")
+"""What GRPO keeps over a step: the KL estimate, the entropy of each token's distribution (at the sampling
+temperature), and how many tokens the clip held below, above and either way, summed over the completion tokens
+(TRL's means of them), and the tokens."""
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -91,7 +92,8 @@ class Grpo:
     def loss_sum(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         settings, completion_of = self.settings, batch["completion_of"]
         reference = self._reference_logps(model, batch) if settings.beta else None
-        logps = token_logps(model, batch, self.output_layer, settings.temperature)
+        entropies: list[torch.Tensor] = []  # from the logits the log-probabilities are taken of
+        logps = token_logps(model, batch, self.output_layer, settings.temperature, entropies)
         old = batch.get("old_logps", logps.detach())
         advantages = batch["advantages"].to(logps.device)[completion_of]
         ratio = torch.exp(logps - old)
@@ -101,14 +103,15 @@ class Grpo:
         if reference is not None:
             kl = (torch.exp(reference - logps) - (reference - logps) - 1) * ratio
             losses = losses + settings.beta * kl
-        self._tally(ratio.detach(), advantages, None if kl is None else kl.detach())
+        self._tally(ratio.detach(), advantages, torch.cat(entropies), None if kl is None else kl.detach())
         return self._reduce(losses, completion_of, len(batch["advantages"]))
 
     def take_metric_sums(self) -> dict[str, float]:
         return self._sums.take()
 
     def metrics(self, sums: dict[str, float], units: int) -> dict[str, float]:
-        """TRL's: the KL estimate (beta above 0) and the clipped tokens' shares, means over the completion tokens."""
+        """TRL's: the KL estimate (beta above 0), the entropy and the clipped tokens' shares, means over the
+        completion tokens."""
         tokens = max(sums.get("tokens", 0.0), 1.0)
         names = METRIC_SUMS[1:-1] + (("kl",) if self.settings.beta else ())
         return {name: sums.get(name, 0.0) / tokens for name in names}
@@ -141,12 +144,14 @@ class Grpo:
         lengths = torch.bincount(completion_of, minlength=completions).clamp(min=1).to(losses.device)
         return (per_completion / lengths).sum()
 
-    def _tally(self, ratio: torch.Tensor, advantages: torch.Tensor, kl: torch.Tensor | None) -> None:
+    def _tally(self, ratio: torch.Tensor, advantages: torch.Tensor, entropies: torch.Tensor,
+               kl: torch.Tensor | None) -> None:
         low = (ratio < 1 - self.settings.epsilon) & (advantages < 0)
         high = (ratio > 1 + self.settings.epsilon_high) & (advantages > 0)
         self._sums["clip_ratio/low_mean"] += float(low.sum())
         self._sums["clip_ratio/high_mean"] += float(high.sum())
         self._sums["clip_ratio/region_mean"] += float((low | high).sum())
+        self._sums["entropy"] += float(entropies.sum())
         self._sums["tokens"] += len(ratio)
         if kl is not None:
             self._sums["kl"] += float(kl.sum())

@@ -40,6 +40,7 @@ from studio.train.data.prepare import IGNORE_INDEX, collate
 log = logging.getLogger("studio.train")
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+ENTROPY_ROWS = 128  # TRL's entropy_from_logits chunk
 
 
 class NextToken:
@@ -152,9 +153,11 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_la
 
 
 def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer: torch.nn.Module,
-                        chunk_bytes: int = CHUNK_BYTES, temperature: float = 1.0) -> torch.Tensor:
+                        chunk_bytes: int = CHUNK_BYTES, temperature: float = 1.0,
+                        entropies: list[torch.Tensor] | None = None) -> torch.Tensor:
     """log_softmax(output_layer(hidden).float() / temperature)[targets] per position, fp32, without all the logits at
-    once (GRPO takes them at its sampling temperature, as TRL's).
+    once (GRPO takes them at its sampling temperature, as TRL's). Given ``entropies``, each chunk's entropies
+    (``token_entropy``) are appended to it, from the logits the chunk projects anyway.
 
     Unlike the summed loss, each position's gradient is only known after the forward (the preference losses weigh
     every sequence differently), so the backward projects each chunk again: one chunk's logits at a time, both
@@ -163,16 +166,16 @@ def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, output_laye
     trainable = [p for p in output_layer.parameters() if p.requires_grad]
     project = _on_device(output_layer, hidden.device)
     if torch.is_grad_enabled() and (hidden.requires_grad or trainable):
-        return _ChunkedTokenLogps.apply(hidden, targets, project, chunk, temperature, *trainable)
-    return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], project, temperature)
-                      for start in range(0, hidden.shape[0], chunk)])
+        return _ChunkedTokenLogps.apply(hidden, targets, project, chunk, temperature, entropies, *trainable)
+    return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], project, temperature,
+                                   entropies) for start in range(0, hidden.shape[0], chunk)])
 
 
 class _ChunkedTokenLogps(torch.autograd.Function):
     """The per-position log-probabilities, each chunk projected again in the backward pass (see above)."""
 
     @staticmethod
-    def forward(ctx, hidden, targets, output_layer, chunk, temperature, *trainable):
+    def forward(ctx, hidden, targets, output_layer, chunk, temperature, entropies, *trainable):
         ctx.save_for_backward(hidden, targets)
         ctx.output_layer, ctx.chunk, ctx.temperature, ctx.trainable = output_layer, chunk, temperature, trainable
         # the backward projects again as the forward did: under its autocast (fp32 hidden states of a k-bit model
@@ -181,7 +184,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         ctx.autocast = torch.autocast(device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         with torch.no_grad():
             return torch.cat([_chunk_logps(hidden[start:start + chunk], targets[start:start + chunk], output_layer,
-                                           temperature) for start in range(0, hidden.shape[0], chunk)])
+                                           temperature, entropies) for start in range(0, hidden.shape[0], chunk)])
 
     @staticmethod
     def backward(ctx, logps_grad):
@@ -199,26 +202,52 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             for kept, grad in zip(weight_grads, grads[1:]):
                 if grad is not None:
                     kept += grad
-        return hidden_grad, None, None, None, None, *weight_grads
+        return hidden_grad, None, None, None, None, None, *weight_grads
 
 
-def _chunk_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer, temperature: float = 1.0) -> torch.Tensor:
+def _chunk_logps(hidden: torch.Tensor, targets: torch.Tensor, output_layer, temperature: float = 1.0,
+                 entropies: list[torch.Tensor] | None = None) -> torch.Tensor:
     logits = output_layer(hidden).float() / temperature
+    if entropies is not None:
+        entropies.append(token_entropy(logits).to(hidden.device))
     return -cross_entropy(logits, targets.to(logits.device), reduction="none").to(hidden.device)
 
 
 def token_logps(model, batch: dict[str, torch.Tensor], output_layer: torch.nn.Module | None = None,
-                temperature: float = 1.0) -> torch.Tensor:
+                temperature: float = 1.0, entropies: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The log-probability of each target token (labels != -100), in the order of ``labels[:, 1:]``'s targets,
-    fp32, of the logits divided by ``temperature``; chunked when given the output layer, else from the full logits."""
+    fp32, of the logits divided by ``temperature``; chunked when given the output layer, else from the full logits.
+    Given ``entropies``, the entropies of the same positions' distributions are appended to it (``token_entropy``;
+    in pieces when chunked), from the same logits: no second forward."""
     targets = batch["labels"][:, 1:]
     keep = targets != IGNORE_INDEX
     if output_layer is not None:
         return chunked_token_logps(predicting_hidden_states(model, batch)[keep], targets[keep], output_layer,
-                                   temperature=temperature)
+                                   temperature=temperature, entropies=entropies)
     logits = model(**model_inputs(batch)).logits
     logits = logits[:, -batch["input_ids"].shape[1]:-1]  # prompt tuning prepends its virtual tokens' logits
-    return -cross_entropy(logits[keep].float() / temperature, targets[keep], reduction="none")
+    scaled = logits[keep].float() / temperature
+    if entropies is not None:
+        entropies.append(token_entropy(scaled))
+    return -cross_entropy(scaled, targets[keep], reduction="none")
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, rows: int = ENTROPY_ROWS) -> torch.Tensor:
+    """Each row's entropy in nats, TRL's ``entropy_from_logits`` (``-sum(p * log p)`` of its softmax), ``rows`` at a
+    time: a metric, without gradients."""
+    return torch.cat([_entropy(chunk) for chunk in logits.split(rows)])
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``logsumexp(z) - sum(p * z)``, the same entropy with one (rows x vocabulary) tensor beside the logits, the
+    probabilities made in place: the chunked loss's peak stays the one the estimate counts (logits and log-softmax)."""
+    with torch.autocast(logits.device.type, enabled=False):  # fp32 throughout, also the dot product
+        top = logits.max(dim=-1, keepdim=True).values
+        probabilities = (logits - top).exp_()
+        total = probabilities.sum(dim=-1, keepdim=True)
+        expected = torch.bmm(probabilities.div_(total).unsqueeze(1), logits.unsqueeze(2)).view(-1)
+        return (total.log() + top).view(-1) - expected
 
 
 def _on_device(output_layer: torch.nn.Module, device: torch.device):

@@ -15,7 +15,8 @@ from studio.core.run.evaluation import MODELS
 
 STEP_SCALARS = {"loss": "train/loss", "lr": "train/learning_rate", "grad_norm": "train/grad_norm",
                 "tokens_per_s": "train/tokens_per_s", "step_seconds": "train/step_seconds"}
-SUMMARY_SCALARS = ("loss", "perplexity", "exact_match", "contains", "f1")
+SUMMARY_SCALARS = ("loss", "perplexity", "exact_match", "contains", "f1",
+                   "eval_reward", "full_reward")  # a grpo run's held-out prompts
 SAMPLE_COLUMNS = ("prompt", "reference", "answer")
 
 
