@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 MARGIN, ACCURACY = "rewards/margins", "rewards/accuracies"  # a preference run's step metrics, as TRL names them
 # a GRPO run's step metrics the charts draw beside its reward and each function's (TRL's names)
-ROLLOUT_METRICS = ("reward_std_in_group", "frac_reward_zero_std", "completions/mean_length",
+ROLLOUT_METRICS = ("reward_std_in_group", "frac_reward_zero_std", "entropy", "completions/mean_length",
                    "completions/clipped_ratio", "loss", "kl", "clip_ratio/region_mean")
 COMPLETION_STEPS_KEPT = 20  # the Samples tab shows the groups of the last this many samplings
 SMOOTHING = 0.8  # weight of the loss's exponential moving average (debiased, as TensorBoard does); lags ~5 steps

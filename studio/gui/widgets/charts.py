@@ -263,10 +263,11 @@ class ChartsPanel(QWidget):
     def _draw_rewards(self, index: int, run: RunSeries, palette: Palette, prefix: str) -> None:
         """A GRPO run: its reward (total, smoothed, each function's, held-out) where the loss would be; beside it
         the spread within groups, which is what it learns from (a group whose completions all score the same
-        teaches nothing); then its completions' length and how far each step moves the policy."""
+        teaches nothing), and the tokens' entropy, which sampling needs to find a spread; then its completions'
+        length and how far each step moves the policy."""
         if index == 0:
             self.loss.set_title("Reward: total, each function's, held-out", "reward")
-            self.lr.set_title("Reward spread within groups", "reward")
+            self.lr.set_title("Spread: rewards within groups, the tokens' entropy", "reward, nats")
         self._update(index, "reward_raw", run.reward.raw,
                      self.loss.curve(f"{index}.reward_raw", None if prefix else "reward", palette.raw))
         self._update(index, "reward_smooth", run.reward.smoothed,
@@ -284,6 +285,7 @@ class ChartsPanel(QWidget):
                 (self.lr, "reward_std_in_group", "std within groups", palette.main, Qt.PenStyle.SolidLine),
                 (self.lr, "frac_reward_zero_std", "groups with no spread (share)", palette.other,
                  Qt.PenStyle.DashLine),
+                (self.lr, "entropy", "entropy of the completion tokens", palette.eval, Qt.PenStyle.DotLine),
                 (self.completion_length, "completions/mean_length", "mean length (tokens)", palette.main,
                  Qt.PenStyle.SolidLine),
                 (self.policy, "loss", "loss", palette.raw, Qt.PenStyle.SolidLine),
