@@ -29,6 +29,13 @@ def test_answers_are_scored_on_words_not_on_case_or_punctuation():
     assert answer_scores("", "a kind of fruit")["f1"] == 0.0
 
 
+def test_a_reasoning_models_answer_is_scored_after_its_reasoning():
+    reasoned = "<think>\nA plum grows on a tree, so it is a kind of fruit.\n</think>\n\nA kind of fruit."
+    assert answer_scores(reasoned, "a kind of fruit")["exact_match"] == 1.0
+    assert answer_scores("<think>\nA plum grows on a tree, so", "a kind of fruit")["contains"] == 0.0  # cut short
+    assert answer_scores("a kind of fruit", "<think>why</think>a kind of fruit")["exact_match"] == 1.0
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """The demo task trained briefly, with 16 held-out questions it never saw."""

@@ -35,7 +35,7 @@ Segment = tuple[str, bool]
 Message = dict[str, Any]
 BUILTIN_TEMPLATES = ("chatml", "alpaca")
 CHATML_END = "<|im_end|>"
-THINK_END = "</think>"
+THINK_START, THINK_END = "<think>", "</think>"
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 
 

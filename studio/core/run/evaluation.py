@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+from studio.core.data.templates import THINK_END, THINK_START
 from studio.core.rewards import REWARD_FILE_NAME
 
 EVALUATION_FILE = "evaluation.json"
@@ -41,9 +42,18 @@ def normalized_words(text: str) -> list[str]:
     return _WORD.findall(text.lower().translate(str.maketrans("", "", string.punctuation)))
 
 
+def after_reasoning(text: str) -> str:
+    """What a text answers after its reasoning: what follows its last ``</think>``; nothing while a ``<think>``
+    is still open (the reasoning was cut before it answered); the text itself when it has no reasoning."""
+    if THINK_END in text:
+        return text.rpartition(THINK_END)[2]
+    return "" if THINK_START in text else text
+
+
 def answer_scores(answer: str, reference: str) -> dict[str, float]:
-    """Exact match and contains on normalized words, and the token-level F1 (SQuAD's) of one answer."""
-    said, wanted = normalized_words(answer), normalized_words(reference)
+    """Exact match and contains on normalized words, and the token-level F1 (SQuAD's) of one answer; a reasoning
+    model's answer is scored after its reasoning."""
+    said, wanted = normalized_words(after_reasoning(answer)), normalized_words(after_reasoning(reference))
     common = sum((Counter(said) & Counter(wanted)).values())
     f1 = 0.0 if not common else 2 * common / (len(said) + len(wanted))
     joined, target = " ".join(said), " ".join(wanted)
