@@ -206,6 +206,8 @@ def _export_gguf(args) -> Path:
               f"{check['top1_agreement']:.1%} of the time on {check['samples']} held-out samples "
               f"(max logit difference {check['max_abs_diff']:.3g}); Ollama: cd {out} && ollama create NAME -f "
               f"{file['modelfile']['file']}")
+        if file["modelfile"].get("note"):
+            print(f"    Modelfile: {file['modelfile']['note']}")
     return out
 
 

@@ -190,6 +190,17 @@ def test_a_single_turn_template_is_left_to_ollama(tokenizer, tmp_path):
     assert "PARAMETER temperature 0.6" in text and "PARAMETER top_p 0.9" in text
 
 
+def test_a_template_for_tool_calling_is_translated_for_plain_turns_and_says_the_tools_are_left_out(tokenizer,
+                                                                                                     tmp_path):
+    tokenizer.chat_template = BUILTIN_JINJA["chatml"]  # it renders tools, calls and results (Qwen's convention)
+    kept = write_modelfile(tmp_path, "run-q8_0.gguf", "Modelfile.q8_0", tokenizer,
+                           {"template": "chatml", "end_of_turn": "<|im_end|>"})
+    assert kept["template"] == "translated" and "tool calls and tool results" in kept["note"]
+    tokenizer.chat_template = LLAMA3  # this one takes no tools: nothing is left out
+    assert not write_modelfile(tmp_path, "run-q8_0.gguf", "Modelfile.q8_0", tokenizer,
+                               {"template": "llama-3", "end_of_turn": "<|eot_id|>"})["note"]
+
+
 def test_the_modelfile_names_its_file_stops_and_defaults():
     text = modelfile("run-f16.gguf", "{{ .Prompt }}", ["<|im_end|>", "</s>"], ollama_parameters({"do_sample": False}))
     assert text.splitlines() == ["FROM ./run-f16.gguf", 'TEMPLATE """{{ .Prompt }}"""', 'PARAMETER stop "<|im_end|>"',

@@ -40,7 +40,8 @@ def verification_html(info: dict) -> str:
             f"with the merged model on {v.get('samples', '?')} held-out examples."] + [
             f"{html.escape(f['file'])}: {f['bytes'] / 1e6:.1f} MB, same next token "
             f"{f['verification']['top1_agreement']:.1%} of the time; Ollama: "
-            f"<code>ollama create NAME -f {html.escape(f['modelfile']['file'])}</code>" for f in files])
+            f"<code>ollama create NAME -f {html.escape(f['modelfile']['file'])}</code>" for f in files] + [
+            f"<span style='color:{MUTED}'>Modelfile: {html.escape(note)}.</span>" for note in _modelfile_notes(files)])
     lines = form + [f"<b style='color:{color}'>{verdict}</b>: reloaded the way you would load it and compared with "
                     f"the trained model on {v.get('samples', '?')} examples.",
                     f"Max logit difference {v.get('max_abs_diff', float('nan')):.3g}; same next token "
@@ -49,6 +50,11 @@ def verification_html(info: dict) -> str:
         lines.append(f"It differs from the untrained base model by up to {v['base_max_abs_diff']:.3g} "
                      "(training changed the model).")
     return "<br>".join(lines)
+
+
+def _modelfile_notes(files) -> list[str]:
+    """What the Modelfiles say they left out or left to Ollama, each said once."""
+    return list(dict.fromkeys(f["modelfile"]["note"] for f in files if f["modelfile"].get("note")))
 
 
 class ExportPanel(QWidget):

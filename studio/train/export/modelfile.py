@@ -5,7 +5,8 @@ learned by rendering it: a few small conversations with marker contents, split a
 give the text before and after a system, user and assistant turn and the generation prompt
 (``ChatTurns``). Every rendering is then rebuilt from those pieces; a template whose turns depend
 on more than their role (a position, a tool call) does not rebuild, and its Modelfile leaves the
-template to Ollama, which reads the one inside the GGUF.
+template to Ollama, which reads the one inside the GGUF. A template that renders tools is translated for plain
+conversations, and the export's note says that the tools are left out.
 """
 
 from __future__ import annotations
@@ -70,9 +71,25 @@ def _template(tokenizer: Any, trained: str) -> tuple[str | None, str]:
     if trained == "none":  # prompt/completion or plain text: the prompt goes in as it is
         return go_template(None), ""
     try:
-        return go_template(chat_turns(tokenizer)), ""
+        translated = go_template(chat_turns(tokenizer))
     except Untranslatable as exc:
         return None, f"not translated: {exc}; Ollama uses the template inside the GGUF"
+    return translated, TOOLS_DROPPED if _renders_tools(tokenizer) else ""
+
+
+TOOLS_DROPPED = ("the Modelfile's template writes plain turns: the tools, tool calls and tool results the chat "
+                 "template renders are left out (Ollama's tool calling needs a template written for it)")
+_TOOL = "studio_tool_3e8a"
+
+
+def _renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template writes the tools it is given (a template for tool calling)."""
+    tools = [{"type": "function", "function": {"name": _TOOL, "description": "", "parameters": {"type": "object"}}}]
+    try:
+        text = tokenizer.apply_chat_template([_message("user", _USER)], tools=tools, tokenize=False)
+    except Exception:  # jinja2's errors, or a template's raise_exception: it does not take tools
+        return False
+    return _TOOL in text
 
 
 def _message(role: str, content: str) -> dict[str, str]:
