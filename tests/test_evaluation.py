@@ -115,7 +115,7 @@ def test_the_user_s_own_sample_prompts_are_asked_as_the_rows_ask():
 
 
 def test_a_run_without_held_out_rows_says_where_to_get_them():
-    with pytest.raises(StudioError, match="no held-out data") as caught:
+    with pytest.raises(StudioError, match="no held-out rows") as caught:
         held_out_examples(demo_config().replace(data={"eval_files": ()}))
     assert "--data" in caught.value.hint and "data.eval_fraction" in caught.value.hint
 

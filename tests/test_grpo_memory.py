@@ -10,7 +10,7 @@ from studio.core.memory.estimate import estimate
 from studio.core.presets import DEMO_MODEL, grpo_demo_config
 from studio.core.run.commands import EXIT_OK
 from studio.core.run.events import read_events
-from studio.train.objectives.rollout import GroupSampler
+from studio.train.objectives.rollout import HfGenerate
 from studio.train.worker import run
 
 MODEL_CONFIG = json.loads((DEMO_MODEL / "config.json").read_text())
@@ -33,13 +33,13 @@ def _prompts_of(length: int, path):
 @pytest.mark.parametrize("group,completion", [(8, 24), (16, 40)])
 def test_the_generation_phase_is_estimated_as_measured(tmp_path, monkeypatch, group, completion):
     """Every completion runs to the completion length (the estimate's worst case: an end token is not sampled)."""
-    original = GroupSampler.__init__
+    original = HfGenerate.__init__
 
-    def full_length(self, config, *args):
-        original(self, config, *args)
-        self.generation.min_new_tokens = config.grpo.max_completion_length
+    def full_length(self, settings, *args):
+        original(self, settings, *args)
+        self.generation.min_new_tokens = settings.max_completion_length
 
-    monkeypatch.setattr(GroupSampler, "__init__", full_length)
+    monkeypatch.setattr(HfGenerate, "__init__", full_length)
     max_length = 64
     data = _prompts_of(max_length - completion, tmp_path / "long_prompts.jsonl")
     config = grpo_demo_config().replace(

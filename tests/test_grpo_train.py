@@ -118,3 +118,30 @@ def test_a_step_of_part_groups_and_a_prompt_without_room_are_refused_by_name(tmp
     assert warning["message"].startswith("1 of 17 training rows are left out: their prompt is longer than the 52 "
                                          "tokens data.max_length 64 leaves beside grpo.max_completion_length 12")
     assert "prompts.jsonl:1:" in warning["message"]
+
+
+def test_vllm_sampling_is_refused_in_words_where_it_cannot_run(tmp_path, monkeypatch):
+    """vLLM is optional and CUDA only: absent, or without an NVIDIA GPU, the run stops before the model loads; it
+    loads a plain LoRA adapter in one process, which validation says."""
+    import importlib.util
+
+    from studio.core.validation import machine_problems
+    from studio.train.objectives import vllm_sampling
+
+    config = grpo_demo_config().replace(grpo={"generation_backend": "vllm"})
+    assert not validate(config)
+    assert [p.where for p in machine_problems(config, nvidia_gpu=False)] == ["grpo.generation_backend"]
+    refused = {"dora": config.replace(lora={"use_dora": True}),
+               "two processes": config.replace(distributed={"num_processes": 2}),
+               "all of the GPU": config.replace(grpo={"vllm_memory_fraction": 1.0})}
+    assert all(validate(refused_config) for refused_config in refused.values())
+
+    code, rd = run(config, tmp_path / "run", watch_stdin=False)
+    error = next(e for e in read_events(rd.events) if e["type"] == "error")
+    absent = importlib.util.find_spec("vllm") is None
+    assert code != EXIT_OK and ("vllm is not installed" if absent else "NVIDIA GPU only") in error["message"]
+    assert "grpo.generation_backend to hf" in error["hint"]
+    assert not any(e["type"] == "run_started" for e in read_events(rd.events))  # the model never loaded
+    monkeypatch.setattr(vllm_sampling.importlib.util, "find_spec", lambda name: object())  # installed, no GPU
+    with pytest.raises(StudioError, match="NVIDIA GPU only"):
+        vllm_sampling.check_vllm_available(cuda=False)

@@ -128,6 +128,16 @@ GRPO_LOSS_WORDS: ChoiceWords = {
                                    "same (TRL's default)."),
 }
 
+GenerationBackend = Literal["hf", "vllm"]
+GENERATION_BACKEND_WORDS: ChoiceWords = {
+    "hf": ("the training weights (HF generate)", "Samples with the weights being trained, the adapter on: no second "
+                                                "copy, on any device."),
+    "vllm": ("vLLM (NVIDIA GPU)", "Samples with vLLM, much faster for long completions: its own copy of the base "
+                                  "and a KV cache pool take grpo.vllm_memory_fraction of the GPU, the adapter is "
+                                  "handed to it after every optimizer step (LoRA runs of one process; vllm "
+                                  "installed)."),
+}
+
 RewardName = Literal["equals_reference", "matches_format", "length_within", "contains"]
 REWARD_NAME_WORDS: ChoiceWords = {
     "equals_reference": ("answer equals the reference", "1 when the completion's answer (its last \\boxed{...}, "
@@ -219,6 +229,7 @@ CHOICE_WORDS: dict[str, ChoiceWords] = {
     "preference.dpo_loss": DPO_LOSS_WORDS,
     "preference.reference": REFERENCE_LOGPS_WORDS,
     "grpo.loss_type": GRPO_LOSS_WORDS,
+    "grpo.generation_backend": GENERATION_BACKEND_WORDS,
     "grpo.rewards.name": REWARD_NAME_WORDS,
     "grpo.rewards.unit": LENGTH_UNIT_WORDS,
     "distributed.sharding": SHARDING_WORDS,

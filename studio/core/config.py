@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from studio.core.choices import (DataFormat, DpoLoss, GrpoLoss, LengthUnit, LoadIn, Method, Objective, Offload,
+from studio.core.choices import (DataFormat, DpoLoss, GenerationBackend, GrpoLoss, LengthUnit, LoadIn, Method, Objective, Offload,
                                  Optimizer, Packing, Precision, QatActivations, QatWeights, QuantType, ReferenceLogps,
                                  RewardName, Scheduler, Sharding, Template, Tracker, WeightDtype)
 from studio.core.data.hub import is_hub_spec
@@ -253,6 +253,15 @@ class GrpoConfig:
     trust_reward_code: bool = _field(
         False, "Run reward_file's code (as trust_remote_code runs a model's): it can do anything your user can. An "
         "exception in it gives that completion no reward from it and a warning naming the file, line and row.")
+    generation_backend: GenerationBackend = _field(
+        "hf", "What samples the completions. hf: HF generate with the weights being trained, the adapter on (no "
+        "second copy, any device). vllm: vLLM on an NVIDIA GPU (pip install vllm), with its own copy of the base "
+        "model and the run's LoRA adapter handed to it after each optimizer step; LoRA (not DoRA or rsLoRA) in one "
+        "process. Seeded by the step as hf is, so a resume samples alike; vLLM's kernels are not HF's, so its "
+        "completions differ from hf's.")
+    vllm_memory_fraction: float = _field(
+        0.3, "vllm: the share of the GPU's memory vLLM takes at the start for its copy of the weights and its KV "
+        "cache pool (its gpu_memory_utilization); training has the rest.")
 
 
 @dataclass(frozen=True)

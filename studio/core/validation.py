@@ -43,14 +43,19 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
 def machine_problems(config: RunConfig, nvidia_gpu: bool) -> list[Problem]:
     """What ``config`` needs that this machine lacks (``nvidia_gpu``: whether it has one): a run that would start
     but not finish correctly here. Not part of ``validate``: a config may be made here for another machine."""
-    load_in = config.effective_load_in
-    if nvidia_gpu or load_in == "none":
+    if nvidia_gpu:
         return []
-    label = choice_label("quantization.load_in", load_in)
-    return [Problem("quantization.load_in", f"{label} base weights need an NVIDIA GPU: without one bitsandbytes "
-                    "computes them on the CPU, which it warns may be silently wrong, and the export of such a run "
-                    "does not reproduce the trained model",
-                    "choose base weights none (16/32-bit) here, with LoRA, or train on a machine with an NVIDIA GPU")]
+    problems, load_in = [], config.effective_load_in
+    if load_in != "none":
+        label = choice_label("quantization.load_in", load_in)
+        problems.append(Problem("quantization.load_in", f"{label} base weights need an NVIDIA GPU: without one "
+                                "bitsandbytes computes them on the CPU, which it warns may be silently wrong, and the "
+                                "export of such a run does not reproduce the trained model", "choose base weights "
+                                "none (16/32-bit) here, with LoRA, or train on a machine with an NVIDIA GPU"))
+    if config.objective == "grpo" and config.grpo.generation_backend == "vllm":
+        problems.append(Problem("grpo.generation_backend", "vllm samples on an NVIDIA GPU only",
+                                "set grpo.generation_backend to hf here, or train on a machine with an NVIDIA GPU"))
+    return problems
 
 
 def raise_if_invalid(config: RunConfig, source: str = "the config", check_files: bool = True,
@@ -276,6 +281,24 @@ def _check_grpo(config: RunConfig, check_files: bool) -> list[Problem]:
     if not grpo.rewards and not grpo.reward_file:
         problems.append(Problem("grpo.rewards", "no reward scores the completions",
                                 "add a built-in reward, or a reward_file of your own"))
+    return problems + (_check_vllm(config) if grpo.generation_backend == "vllm" else [])
+
+
+def _check_vllm(config: RunConfig) -> list[Problem]:
+    """vLLM samples with its own copy of the base and the run's LoRA adapter, which it loads as peft saves it."""
+    problems, lora = [], config.lora
+    if config.method != "lora" or lora.use_dora or lora.use_rslora:
+        problems.append(Problem("grpo.generation_backend", "vllm loads the run's adapter as a plain LoRA: method "
+                                f"{config.method}{' with DoRA' if lora.use_dora else ''}"
+                                f"{' with rsLoRA' if lora.use_rslora else ''} is not one",
+                                "use method lora without DoRA and rsLoRA, or set grpo.generation_backend to hf"))
+    if config.distributed.num_processes > 1 or config.distributed.layer_split:
+        problems.append(Problem("grpo.generation_backend", "vllm samples in one process on one GPU",
+                                "set distributed.num_processes to 1 without the layer split, or "
+                                "grpo.generation_backend to hf"))
+    if not 0 < config.grpo.vllm_memory_fraction < 1:
+        problems.append(Problem("grpo.vllm_memory_fraction", f"must be between 0 and 1, got "
+                                f"{config.grpo.vllm_memory_fraction}", "0.3 leaves most of the GPU to training"))
     return problems
 
 

@@ -67,6 +67,7 @@ from studio.train.model.layersplit import placement_of, run_scale_out
 from studio.train.model.methods import adapter_regularization, after_optimizer_step
 from studio.train.objectives import objective_for
 from studio.train.objectives.rollout import GroupSampler, Rollout, held_out_rewards, rollout_metrics, sum_names
+from studio.train.objectives.vllm_sampling import check_vllm_available
 from studio.train.optim import build_scheduler
 from studio.train.preflight import check_inputs
 from studio.train.savers.host_weights import host_weights
@@ -141,6 +142,8 @@ class Worker:
         self.engine = make_engine(self.config, self.run_dir.path)  # first: the processes meet before the data
         self.device = self.engine.device
         self._check_cpu_ram()
+        if self.config.objective == "grpo" and self.config.grpo.generation_backend == "vllm":
+            check_vllm_available(cuda=self.device.type == "cuda")  # before the model loads, not after
         for problem in machine_problems(self.config, nvidia_gpu=self.device.type == "cuda"):  # trains, unverifiable
             self.events.emit("warning", message=f"{problem.where}: {problem.message}", hint=problem.hint)
         data = self._load_data(reports)

@@ -278,6 +278,10 @@ def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> st
 def _generation_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:
     """What the generation phase counts, and what it does not."""
     group = config.grpo.group_size
+    if not regime.sampled_group:
+        return (f"grpo samples with vllm, which takes {config.grpo.vllm_memory_fraction:.0%} of the GPU when it "
+                "starts for its own copy of the base model and its KV cache: not counted here, the training must "
+                "fit in the rest")
     cache = kv_cache_bytes(shape, regime, group * config.data.max_length)
     return (f"grpo samples {group} completions of a prompt at a time between steps, beside the weights, gradients "
             f"and optimizer state: their KV cache (at most {format_bytes(cache)}) and one block's work at a time are "

@@ -194,6 +194,11 @@ def attention_for(config: RunConfig, shape: ModelShape) -> str:
     return config.model.attn_implementation if shape.family.sdpa else "eager"
 
 
+def samples_with_training_weights(config: RunConfig) -> bool:
+    """Whether the run samples completions with HF generate beside its training (grpo; vllm's are its own)."""
+    return config.objective == "grpo" and config.grpo.generation_backend == "hf"
+
+
 def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", loss_impl: str | None = None) -> Regime:
     training = config.training
     precision = training.precision  # the config's names are the estimate's dtype names
@@ -226,7 +231,7 @@ def regime_for(config: RunConfig, shape: ModelShape, device_type: str = "cuda", 
         activation_offload=training.activation_offload and training.gradient_checkpointing,
         tiled_mlp=training.tiled_mlp, token_logps=config.learns_preferences,
         frozen_reference=config.frozen_reference,
-        sampled_group=config.grpo.group_size if config.objective == "grpo" else 0,
-        completion_length=config.grpo.max_completion_length if config.objective == "grpo" else 0,
+        sampled_group=config.grpo.group_size if samples_with_training_weights(config) else 0,
+        completion_length=config.grpo.max_completion_length if samples_with_training_weights(config) else 0,
     )
 

@@ -117,10 +117,14 @@ class TechniquesPanel(SettingsColumn):
         self.iterations = NumberControl(store, "grpo.num_iterations", "Steps per generation", "Optimizer steps on "
                                         "each batch of sampled completions: more reuse them (cheaper) and move "
                                         "further from the model that sampled them.", 1, 1000)
+        self.generation_backend = ChoiceControl(store, "grpo.generation_backend", "Sampling with")
+        self.vllm_fraction = NumberControl(store, "grpo.vllm_memory_fraction", "vLLM's share of the GPU", "Taken "
+                                           "when vLLM starts, for its copy of the base and its KV cache; training "
+                                           "has the rest.", 0.05, 0.95, decimals=2, step=0.05)
         self.rewards, self.reward_file = RewardsEditor(store), RewardFile(store)
         return group_box("GRPO: sampling, loss and rewards", self.group_size, self.max_completion, self.temperature,
-                         self.top_p, self.grpo_loss, self.grpo_beta, self.epsilon, self.epsilon_high,
-                         self.iterations, self.rewards, self.reward_file)
+                         self.top_p, self.generation_backend, self.vllm_fraction, self.grpo_loss, self.grpo_beta,
+                         self.epsilon, self.epsilon_high, self.iterations, self.rewards, self.reward_file)
 
     def _show_objective_settings(self, config: RunConfig) -> None:
         """Only the settings the objective reads; those its loss ignores stay shown, greyed, with the reason."""
@@ -129,6 +133,7 @@ class TechniquesPanel(SettingsColumn):
                  "orpo": (self.beta,), "simpo": (self.beta, self.label_smoothing, self.sft_weight, self.simpo_gamma),
                  "kto": (self.beta, self.desirable_weight, self.undesirable_weight, self.reference)}
         self.grpo_group.setVisible(objective == "grpo")
+        self.vllm_fraction.setVisible(config.grpo.generation_backend == "vllm")
         visible = shown.get(objective, ())
         for control in self.preference_settings:
             control.setVisible(control in visible)

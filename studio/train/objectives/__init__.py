@@ -8,7 +8,8 @@
 * ``grpo``: learning from rewards (GRPO): the clipped loss of sampled completions weighed by their advantage over
   their group, with TRL's loss types and metrics.
 * ``rollout``: what GRPO learns from: a group of completions sampled per prompt with the training weights,
-  scored by the reward functions, and the group-relative advantages, with the metrics TRL logs of them.
+  scored by the reward functions, and the group-relative advantages, with the metrics TRL logs of them;
+* ``vllm_sampling``: the same groups sampled by vLLM (grpo.generation_backend vllm), on an NVIDIA GPU.
 
 The loop (``studio.train.worker``) takes each micro-batch from ``batch``, divides each ``loss_sum`` by the
 ``units`` of the whole step (of every rank), so that gradient accumulation and several processes equal one

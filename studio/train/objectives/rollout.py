@@ -5,7 +5,8 @@ Sampling is seeded by the generation's number and the process (``seed``), inside
 step samples the same completions after a resume, and the training's own random state (dropout) is untouched.
 A completion ends at its first end-of-sequence token (kept, as TRL keeps it) or at ``max_completion_length``.
 The model generates in eval mode with its KV cache (no gradients), the adapter on: the weights being trained, no
-second copy.
+second copy (``HfGenerate``); or vLLM samples with its own copy and the run's adapter (``grpo.generation_backend``
+vllm: studio.train.objectives.vllm_sampling).
 
 What the window charts is kept as sums (``ROLLOUT_SUMS`` and each reward function's), so that several processes
 add theirs up before ``rollout_metrics`` turns them into TRL's names.
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from studio.core.config import RunConfig
+from studio.core.config import GrpoConfig, RunConfig
 from studio.core.data.row_formats import reference_answer
 from studio.core.rewards import RewardFailure, Rewards, Scores
 from studio.train.objectives.grpo import group_advantages
@@ -51,21 +52,23 @@ class GroupSampler:
     """Samples and scores the groups of a step's prompts (rows of the prompt-only split)."""
 
     def __init__(self, config: RunConfig, tokenizer: Any, rewards: Rewards):
-        from transformers import GenerationConfig
-
         self.settings, self.tokenizer, self.rewards = config.grpo, tokenizer, rewards
         self.eos_ids = end_tokens(tokenizer)
-        self.generation = GenerationConfig(
-            max_new_tokens=self.settings.max_completion_length, do_sample=True,
-            temperature=self.settings.temperature, top_p=self.settings.top_p, top_k=0,  # TRL's: no top-k cut
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=self.eos_ids)
+        if config.grpo.generation_backend == "vllm":
+            from studio.train.objectives.vllm_sampling import VllmGenerate
+
+            self.backend = VllmGenerate(config, self.eos_ids)
+        else:
+            self.backend = HfGenerate(config.grpo, tokenizer, self.eos_ids)
 
     def rollout(self, model, prompts: list[dict[str, Any]], seed: int) -> Rollout:
         """The groups of ``prompts`` sampled by ``model`` (unwrapped, in its autocast), scored, with advantages."""
         started, group = time.perf_counter(), self.settings.group_size
         rows, scores, shown, failures = [], [], [], []
-        for index, prompt in enumerate(prompts):
-            completions = self._sample_group(model, list(prompt["input_ids"]), seed * 1_000_003 + index)
+        seeds = [seed * 1_000_003 + index for index in range(len(prompts))]
+        sampled = self.backend.groups(model, [list(prompt["input_ids"]) for prompt in prompts], seeds)
+        for prompt, generated in zip(prompts, sampled):
+            completions = [until_end(ids, self.eos_ids) for ids in generated]
             row = json.loads(prompt["row"])
             texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
             group_scores = [self.rewards.score(text, row, prompt["location"]) for text in texts]
@@ -81,10 +84,28 @@ class GroupSampler:
         sums = rollout_sums(totals, scores, rows, group, self.rewards.names, self.settings.max_completion_length)
         return Rollout(rows, sums, shown, failures, time.perf_counter() - started)
 
+
+class HfGenerate:
+    """Samples each prompt's group with HF generate on the training weights: eval mode, its KV cache, no
+    gradients, in a random state forked and seeded by the prompt's seed."""
+
+    def __init__(self, settings: GrpoConfig, tokenizer: Any, eos_ids: list[int]):
+        from transformers import GenerationConfig
+
+        self.group_size = settings.group_size
+        self.generation = GenerationConfig(
+            max_new_tokens=settings.max_completion_length, do_sample=True, temperature=settings.temperature,
+            top_p=settings.top_p, top_k=0,  # TRL's: no top-k cut
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
+
+    def groups(self, model, prompts: list[list[int]], seeds: list[int]) -> list[list[list[int]]]:
+        """Each prompt's group of generated ids (up to the completion length; what follows an end is padding)."""
+        return [self._sample_group(model, ids, seed) for ids, seed in zip(prompts, seeds)]
+
     @torch.no_grad()
     def _sample_group(self, model, prompt_ids: list[int], seed: int) -> list[list[int]]:
         device = next(model.parameters()).device
-        inputs = torch.tensor([prompt_ids] * self.settings.group_size, device=device)
+        inputs = torch.tensor([prompt_ids] * self.group_size, device=device)
         training = model.training
         model.eval()  # the KV cache (a checkpointed model in training mode generates without it)
         try:
@@ -94,7 +115,7 @@ class GroupSampler:
                                         generation_config=self.generation)
         finally:
             model.train(training)
-        return [until_end(ids, self.eos_ids) for ids in output[:, len(prompt_ids):].tolist()]
+        return output[:, len(prompt_ids):].tolist()
 
 
 def end_tokens(tokenizer: Any) -> list[int]:
