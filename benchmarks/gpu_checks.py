@@ -59,6 +59,7 @@ PART_SECONDS = {"frontier": 230, "worker": 130, "offload": 50, "self-test": 60, 
 RUN_MINUTES = 8.0
 WORKERS_AT_ONCE = 4
 CHECK_SECONDS = 90  # one worker check: start, load the tiny model, 8 steps
+GRPO_CHECK = {"group_size": 4, "max_completion_length": 16}  # two groups a micro-batch, the prompts' room 32 tokens
 SLOW_CHECK_SECONDS = 120  # DeepSpeed (its CPU Adam compiles on first use) and torch.compile
 LEAST_SECONDS = 20  # a process given less is not started
 POLL_SECONDS = 1.0
@@ -83,6 +84,8 @@ def checks(gpus: int) -> dict[str, dict]:
         "zero3 + weight and optimizer offload to CPU": {
             "distributed": {"sharding": "zero3", "offload_optimizer": "cpu", "offload_params": "cpu"}},
         "torch.compile": {"training": {"torch_compile": True}},
+        "grpo, HF generate sampling (its generation phase measured)": {"objective": "grpo", "grpo": GRPO_CHECK},
+        "grpo, vLLM sampling": {"objective": "grpo", "grpo": {**GRPO_CHECK, "generation_backend": "vllm"}},
     }
     if gpus >= 2:
         found["data parallel, 2 GPUs (NCCL)"] = {"distributed": {"num_processes": 2}}
@@ -101,7 +104,7 @@ def check_config(sections: dict):
 
 def needed_packages(sections: dict) -> list[str]:
     """The optional packages a check's run imports: bitsandbytes for k-bit weights and 8-bit optimizers,
-    deepspeed for ZeRO, torchao for QAT."""
+    deepspeed for ZeRO, torchao for QAT, vllm for GRPO's vLLM sampling."""
     config = check_config(sections)
     needed = []
     if config.effective_load_in != "none" or "8bit" in config.training.optimizer:
@@ -110,6 +113,8 @@ def needed_packages(sections: dict) -> list[str]:
         needed.append("deepspeed")
     if config.qat.enabled:
         needed.append("torchao")
+    if config.objective == "grpo" and config.grpo.generation_backend == "vllm":
+        needed.append("vllm")
     return needed
 
 
