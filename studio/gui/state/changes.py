@@ -11,7 +11,8 @@ from studio.core.choices import CHOICE_WORDS
 from studio.core.methods import METHOD_SPECS
 
 # Fields the window sets through widgets other than a bound control (the model picker, the data's file list)
-OTHER_LABELS = {"name": "Run name", "model.name_or_path": "Model", "data.train_files": "Training files", "data.eval_files": "Evaluation files"}
+OTHER_LABELS = {"name": "Run name", "model.name_or_path": "Model", "data.train_files": "Training files",
+                "data.eval_files": "Evaluation files"}
 
 
 def value_words(path: str, value: Any) -> str:

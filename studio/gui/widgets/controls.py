@@ -85,7 +85,11 @@ class BoundControl(QWidget):
 
     def write(self, value: Any) -> None:
         if read_field(self.store.config, self.path) != value:
-            self.store.update(**changes_for(self.path, value))
+            self.store.update(**self.changes_of(value))
+
+    def changes_of(self, value: Any) -> dict[str, Any]:
+        """What setting the field to ``value`` writes (``ConfigStore.update``'s sections)."""
+        return changes_for(self.path, value)
 
     def show_reason(self, text: str) -> None:
         self.reason.setText(text)
@@ -121,7 +125,7 @@ class ChoiceControl(BoundControl):
         self.label = label
         self.options = options_for(path, CHOICE_WORDS[path])
         self.extra_rule = extra_rule  # reasons core validation cannot know (e.g. what the tokenizer has)
-        self.changes = changes or (lambda value: changes_for(path, value))  # what choosing a value writes
+        self.changes = changes  # what choosing a value writes beside it, when more than the field
         self.combo = QComboBox()
         for option in self.options:
             self.combo.addItem(option.label)
@@ -145,12 +149,12 @@ class ChoiceControl(BoundControl):
         self.show_reason("Not available now — " + "; ".join(f"{', '.join(labels)}: {reason}"
                                                             for reason, labels in blocked.items()) if blocked else "")
 
-    def write(self, value: Any) -> None:
-        if read_field(self.store.config, self.path) != value:
-            self.store.update(**self.changes(value))
+    def changes_of(self, value: Any) -> dict[str, Any]:
+        return self.changes(value) if self.changes else super().changes_of(value)
 
     def _reason(self, value: Any) -> str:
-        return (self.extra_rule(value) if self.extra_rule else "") or self.store.blocked_reason(**self.changes(value))
+        return (self.extra_rule(value) if self.extra_rule else "") or \
+            self.store.blocked_reason(**self.changes_of(value))
 
 
 class RadioChoice(BoundControl):
