@@ -407,4 +407,6 @@ def test_grpo_reads_supervised_rows_as_prompts_with_their_answers_as_references(
     assert [m["role"] for m in examples["chat"].messages] == ["system", "user"] and examples["chat"].reference == "4"
     assert examples["completion"].prompt == "a plum is a" and examples["completion"].reference == " kind of fruit ."
     assert examples["own reference"].reference == "6"  # a reference column wins over the answer
+    assert examples["instruction"].row["reference"] == "#### 5"  # where the rewards read it
+    assert "reference" not in examples["own reference"].row
     assert inspect_files([DEMO_TRAIN], fmt).format == "prompt_only"  # the SFT demo trains grpo as it is

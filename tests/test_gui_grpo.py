@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication
 from studio.core.config import RewardConfig
 from studio.core.presets import DEMO_FORMAT
 from studio.gui.state.job_state import State
-from test_gui import open_window
+from test_gui import open_window, wait_for_preview
 from test_gui_runs import WORKER_TIMEOUT_MS
 
 
@@ -29,6 +29,12 @@ def test_choosing_grpo_shows_its_settings_and_leaves_room_for_a_prompt(qtbot, ap
     # the default completion length (256) left no prompt room in the demo's sequence length (64)
     assert config.grpo.max_completion_length == config.data.max_length // 2 == panel.max_completion.spin.value()
     assert not [p for p in window.store.problems() if p.where.startswith("grpo")]
+    # the demo's instruction rows are its prompts, their answers the references: it can start as it is
+    wait_for_preview(qtbot, window)
+    assert not window.data_panel.problems and window.start_action.isEnabled()
+    data = window.data_panel
+    assert not any(t.isEnabled() for t in (data.train_on_prompt, data.last_turn_only, data.learn_reasoning))
+    assert "learns the completions the model samples" in data.last_turn_only.toolTip()
 
 
 def test_rewards_are_set_row_by_row_and_each_row_says_what_is_wrong(qtbot, app_dirs, tmp_path):

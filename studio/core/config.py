@@ -247,8 +247,8 @@ class GrpoConfig:
         "Their fields are in the grpo.rewards table below.")
     reward_file: str = _field(
         "", "A Python file of your own with def reward(completion, prompt, row) returning a number or None "
-        "(completion: the text; prompt: the row's text or its messages; row: a dict of all its columns; None: no "
-        "reward), called once per completion; relative to the config's folder. It runs only with trust_reward_code.")
+        "(completion: the text; prompt: the row's text or its messages; row: a dict of all its columns, a supervised "
+        "row's answer as its reference column; None: no reward), called once per completion; relative to the config's folder. It runs only with trust_reward_code.")
     reward_file_weight: float = _field(1.0, "What reward_file's reward counts for in the total.")
     trust_reward_code: bool = _field(
         False, "Run reward_file's code (as trust_remote_code runs a model's): it can do anything your user can. An "

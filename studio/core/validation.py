@@ -220,9 +220,10 @@ def _check_preference(config: RunConfig) -> list[Problem]:
             problems.append(Problem("data.format", f"{fmt} rows are for {_FORMAT_OBJECTIVES[fmt][0]}",
                                     f"set objective to {_FORMAT_OBJECTIVES[fmt][1]}, or choose another data.format"))
         return problems
-    read_as_prompts = wanted == "prompt_only" and fmt in ANSWERED_FORMATS  # grpo: each answer becomes the reference
-    if fmt not in ("auto", wanted) and not read_as_prompts:  # one reason for every other format: listed once
-        problems.append(Problem("data.format", f"objective {objective} learns from {wanted} rows",
+    prompts = wanted == "prompt_only"  # grpo's: supervised rows are read as prompts too, each answer the reference
+    if fmt not in ("auto", wanted) and not (prompts and fmt in ANSWERED_FORMATS):  # one reason, listed once
+        rows = f"prompts ({', '.join((wanted, *ANSWERED_FORMATS))} rows)" if prompts else f"{wanted} rows"
+        problems.append(Problem("data.format", f"objective {objective} learns from {rows}",
                                 f"set data.format to {wanted} or auto"))
     if not config.learns_preferences:
         return problems

@@ -545,14 +545,15 @@ def _prompt_only(record: dict, location: str) -> Example:
 
 def _answered_as_prompt(example: Example, record: dict) -> Example:
     """A supervised row as GRPO reads it: the turns before its last answer, that answer the reference (unless the
-    row has a reference column of its own)."""
+    row has a reference column of its own); the rewards find it in the row as its ``reference`` column."""
+    answer = example.completion if example.kind == "prompt_completion" else example.messages[-1]["content"]
     reference = reference_answer(record)
+    row = record if reference is not None else {**record, "reference": answer}
+    reference = str(answer if reference is None else reference)
     if example.kind == "prompt_completion":
-        return Example("prompt_only", prompt=example.prompt, location=example.location, row=record,
-                       reference=str(example.completion if reference is None else reference))
-    *turns, answer = example.messages
-    return Example("prompt_only", messages=tuple(turns), location=example.location, row=record, tools=example.tools,
-                   reference=str(answer["content"] if reference is None else reference))
+        return Example("prompt_only", prompt=example.prompt, location=example.location, row=row, reference=reference)
+    return Example("prompt_only", messages=example.messages[:-1], location=example.location, row=row,
+                   tools=example.tools, reference=reference)
 
 
 def reference_answer(record: dict) -> Any:

@@ -26,6 +26,8 @@ from studio.gui.widgets.controls import ChoiceControl, NumberControl, ToggleCont
 from studio.gui.widgets.histogram import LengthHistogram
 
 # The input fields whose change needs the files read again; max_length only moves the cut line.
+GRPO_LEARNS = ("GRPO learns the completions the model samples, not the rows' own turns: each row is a prompt, "
+               "its answer the reference the rewards compare with.")
 _PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt", "last_turn_only",
                  "learn_reasoning")
 _PREVIEW_SETTINGS = ("row_format", "learns_preferences")  # the objective's: pairs, or rows of a response
@@ -169,12 +171,21 @@ class DataPanel(VerticalScroll):
         self.eval_fraction.setEnabled(not data.eval_files)
         self.eval_fraction.setToolTip("Rows of the held-out file(s) measure eval loss instead" if data.eval_files
                                       else self.eval_fraction.explain.text())
+        self._show_what_is_learned(config)
         inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + tuple(getattr(config, key) for key in
                                                                            _PREVIEW_SETTINGS) + (self.tokenizer,)
         if inputs != self._preview_inputs:
             self._preview_inputs = inputs
             self._start_preview(config)
         self._show_cut(data.max_length)
+
+    def _show_what_is_learned(self, config: RunConfig) -> None:
+        """GRPO learns the completions it samples, never the rows' own turns: the switches of what in a row is
+        learned are off there, saying why."""
+        samples = config.objective == "grpo"
+        for toggle in (self.train_on_prompt, self.last_turn_only, self.learn_reasoning):
+            toggle.setEnabled(not samples)
+            toggle.setToolTip(GRPO_LEARNS if samples else toggle.explain.text())
 
     def _show_file_list(self, files: tuple[str, ...]) -> None:
         if [self.files.item(i).text() for i in range(self.files.count())] != list(files):

@@ -296,8 +296,8 @@ class RunSeries:
 
     @property
     def learns_from_rewards(self) -> bool:
-        """Whether the run's steps score sampled completions (GRPO)."""
-        return len(self.reward.raw) > 0
+        """Whether the run's steps sample completions and score them (GRPO)."""
+        return "completions/mean_length" in self.rollout
 
     def reward_functions(self) -> list[str]:
         """The names of the run's reward functions, in the order its steps report them."""
@@ -359,13 +359,12 @@ class RunSeries:
                             (MARGIN, self.margin), (ACCURACY, self.accuracy)):
             if _finite(event.get(key)):
                 series.append(step, float(event[key]))
-        if _finite(event.get("reward")):
-            self.reward.append(step, float(event["reward"]))
-            for key in ROLLOUT_METRICS:
-                if _finite(event.get(key)):
-                    self.rollout.setdefault(key, Series()).append(step, float(event[key]))
+        if "completions/mean_length" in event:  # a GRPO step (its reward is left out when nothing scored)
+            if _finite(event.get("reward")):
+                self.reward.append(step, float(event["reward"]))
             for key, value in event.items():
-                if key.startswith("rewards/") and key.endswith("/mean") and _finite(value):
+                rollout = key in ROLLOUT_METRICS or (key.startswith("rewards/") and key.endswith("/mean"))
+                if rollout and _finite(value):
                     self.rollout.setdefault(key, Series()).append(step, float(value))
         for entry in event.get("memory") or ():
             self._add_memory(step, entry)
