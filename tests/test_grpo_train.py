@@ -145,3 +145,15 @@ def test_vllm_sampling_is_refused_in_words_where_it_cannot_run(tmp_path, monkeyp
     monkeypatch.setattr(vllm_sampling.importlib.util, "find_spec", lambda name: object())  # installed, no GPU
     with pytest.raises(StudioError, match="NVIDIA GPU only"):
         vllm_sampling.check_vllm_available(cuda=False)
+
+
+def test_a_reward_no_completion_earns_is_said_to_teach_nothing(tmp_path):
+    config = grpo_demo_config().replace(
+        training={"max_steps": 10}, schedule={"eval_every": 0},
+        grpo={"rewards": (RewardConfig(name="contains", text="a word the model never writes"),)})
+    events = _events(config, tmp_path / "run")
+    warnings = [e for e in events if e["type"] == "warning" and "learns nothing" in e["message"]]
+    assert len(warnings) == 1 and warnings[0]["message"].startswith("steps 1 to 10: every completion of a group got "
+                                                                    "the same reward (0 on average)")
+    assert "easier to earn" in warnings[0]["hint"]
+    assert all(step["frac_reward_zero_std"] == 1.0 for step in events if step["type"] == "step")

@@ -126,6 +126,9 @@ class BatchPlan:
         return max(1, math.ceil(t.epochs * self.per_epoch / (t.gradient_accumulation_steps * world_size)))
 
 
+NO_SPREAD_STEPS = 10  # steps in a row without a reward spread in any group before the worker says so
+
+
 class Worker:
     def __init__(self, config: RunConfig, run_dir: RunDir, events: EventWriter, control: StopController):
         self.config = config
@@ -213,6 +216,7 @@ class Worker:
         if self.config.objective == "grpo":
             self.sampler_of_groups = GroupSampler(self.config, self.tokenizer, Rewards.for_run(self.config.grpo))
             self._reported_failures: set[tuple] = set()
+            self._steps_without_spread = 0  # in a row: steps whose groups all scored alike
 
     def _frozen_copy(self) -> torch.nn.Module | None:
         """The reference of full fine-tuning (dpo, kto), each step: the starting weights loaded again, frozen (also when
@@ -502,8 +506,23 @@ class Worker:
             return {}
         names = sum_names(self.sampler_of_groups.rewards.names)
         sums = dict(zip(names, self.engine.all_sum([self.rollout.sums.get(name, 0.0) for name in names])))
-        return {**rollout_metrics(sums, self.sampler_of_groups.rewards.names),
-                "generation_s": round(self.rollout.seconds, 3)}
+        metrics = rollout_metrics(sums, self.sampler_of_groups.rewards.names)
+        self._warn_without_spread(metrics)
+        return {**metrics, "generation_s": round(self.rollout.seconds, 3)}
+
+    def _warn_without_spread(self, metrics: dict[str, float]) -> None:
+        """Say once when the groups' completions have all scored alike for NO_SPREAD_STEPS steps in a row: their
+        advantages are all 0, so GRPO learns nothing while the run goes on."""
+        alike = metrics.get("frac_reward_zero_std", 1.0) == 1.0
+        self._steps_without_spread = self._steps_without_spread + 1 if alike else 0
+        if self._steps_without_spread == NO_SPREAD_STEPS:
+            reward = metrics.get("reward")
+            scored = f"every completion of a group got the same reward ({reward:g} on average)" if reward is not None \
+                else "no completion got a reward"
+            self.events.emit("warning", message=f"steps {self.step + 2 - NO_SPREAD_STEPS} to {self.step + 1}: "
+                             f"{scored}, so GRPO learns nothing from them",
+                             hint="make a reward easier to earn (partial credit, a format reward beside the answer's), "
+                                  "or sample more completions per prompt or at a higher temperature")
 
     @torch.no_grad()
     def evaluate(self) -> float:
