@@ -102,3 +102,17 @@ def test_a_grpo_run_charts_its_rewards_and_shows_the_completions_with_their_rewa
 
 def _listed(window) -> list[str]:
     return [window.store.words(str(p)) for p in window.listed_problems()]
+
+
+def test_what_a_training_run_warns_of_shows_above_its_charts_in_the_windows_words(qtbot, app_dirs):
+    window = open_window(qtbot)
+    job = window.controller.job
+    job.state = State.RUNNING
+    job.warnings = [("my_reward.py:3 raised on grpo_train.jsonl:12: ZeroDivisionError", "fix the file and resume"),
+                    ("steps 1 to 10: every completion of a group got the same reward (0 on average), so GRPO learns "
+                     "nothing from them", "sample more completions per prompt (grpo.group_size)")]
+    window._show_run_banner()
+    text = window.run_banner.text.text()
+    assert window.run_banner.isVisibleTo(window) and "learns nothing" in text and "2 warnings so far" in text
+    assert "“Completions per prompt”" in text and "grpo.group_size" not in text  # the label the window shows
+    job.state = State.IDLE  # no worker to stop when the window closes

@@ -449,8 +449,17 @@ class MainWindow(QMainWindow):
                         "stopped": f"Stopped and saved at step {job.step}. Resume continues from there.",
                         "aborted": f"Cancelled at step {job.step}; nothing was saved after the last checkpoint."}
             self.run_banner.show_message(messages[job.final_status], error=False)
+        elif job.warnings:
+            self.run_banner.show_message(self._warning_html(job.warnings), error=False)
         else:
             self.run_banner.hide()
+
+    def _warning_html(self, warnings: list[tuple[str, str]]) -> str:
+        """While a run trains: what it warned of last (a reward file failing on a row, a reward that teaches
+        nothing, prompts left out), with what to do and how many warnings the log has."""
+        message, hint = (html.escape(self.store.words(text)) for text in warnings[-1])
+        more = f" ({len(warnings)} warnings so far: Open log shows each)" if len(warnings) > 1 else ""
+        return f"<b>The run warns:</b> {message}" + (f"<br><b>What to do:</b> {hint}" if hint else "") + more
 
     def apply_suggested_fix(self) -> None:
         """Apply the failed run's suggested config change to the setup; the user starts the new run."""

@@ -57,7 +57,7 @@ class Job:
     tokens_per_s: float | None = None
     last_checkpoint_step: int | None = None
     stop_requests: int = 0
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (message, hint), oldest first
     _step_times: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
     # ------------------------------------------------------------ inputs
@@ -135,7 +135,7 @@ class Job:
         self.last_checkpoint_step = event.get("step", self.last_checkpoint_step)
 
     def _on_warning(self, event: dict) -> None:
-        self.warnings.append(str(event.get("message", "")))
+        self.warnings.append((str(event.get("message", "")), str(event.get("hint", ""))))
 
     def _on_error(self, event: dict) -> None:
         fix = event.get("fix")
