@@ -60,11 +60,13 @@ def decoder_parts(model) -> DecoderParts:
                            "set distributed.pipeline_stages to 0 (a layer split or ZeRO-3 holds this model too)",
                            kind="config")
 
-    if experts := [key for key in _EXPERT_KEYS if getattr(base.config, key, None)]:
-        raise refuse(f"a mixture of experts ({experts[0]}): its router's auxiliary loss needs every block")
-    if any(kind != "full_attention" for kind in getattr(base.config, "layer_types", None) or ()):
-        raise refuse("some blocks attend through a sliding window, which needs a mask of its own")
     decoder = base.get_decoder()
+    config = decoder.config  # a multimodal model's text config
+    if experts := [key for key in _EXPERT_KEYS if getattr(config, key, None)]:
+        raise refuse(f"a mixture of experts ({experts[0]}): its router's auxiliary loss needs every block")
+    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    if windowed or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        raise refuse("some blocks attend through a sliding window, which needs a mask of its own")
     lists = [child for child in decoder.children() if isinstance(child, nn.ModuleList)]
     if len(lists) != 1:
         raise refuse("its decoder holds no single list of blocks")
@@ -123,14 +125,20 @@ def check_stages(model, parts: DecoderParts) -> None:
     whole = Stage(parts, range(len(parts.blocks)), first=True, last=True)
     was_training = model.training
     model.eval()  # no dropout: both sides must compute the same thing
-    with torch.no_grad():
-        expected = model(input_ids=tokens, attention_mask=mask).logits.float()
-        chained = parts.head(whole(tokens, mask)).float()
-    model.train(was_training)
-    if not torch.allclose(chained, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max())):
-        raise StudioError(f"a pipeline cannot cut {model.config.model_type} models: their forward does more than "
-                          "embeddings, blocks, final norm and output layer", "set distributed.pipeline_stages to 0",
-                          kind="config")
+    refusal = None
+    try:
+        with torch.no_grad():
+            expected = model(input_ids=tokens, attention_mask=mask).logits.float()
+            chained = parts.head(whole(tokens, mask)).float()
+        if not torch.allclose(chained, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max())):
+            refusal = "their forward does more than embeddings, blocks, final norm and output layer"
+    except (TypeError, ValueError, RuntimeError) as exc:  # a part that needs more than the stage gives it
+        refusal = f"their parts do not run on their own ({type(exc).__name__}: {exc})"
+    finally:
+        model.train(was_training)
+    if refusal is not None:
+        raise StudioError(f"a pipeline cannot cut {model.config.model_type} models: {refusal}",
+                          "set distributed.pipeline_stages to 0", kind="config")
 
 
 class StepLoss:
