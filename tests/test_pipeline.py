@@ -112,3 +112,13 @@ def test_pipelines_that_cannot_run_are_refused_in_words(small_data, change, mess
     config = config_for(small_data).replace(**change)
     assert any(message in problem.message for problem in validate(config)
                if problem.where == "distributed.pipeline_stages")
+
+
+def test_the_estimate_notes_a_stage_s_weights_and_the_bubble(small_data):
+    from studio.core.memory.estimate import estimate
+    from studio.core.model.info import load_model_config
+
+    config = config_for(small_data, 2).replace(training={"gradient_accumulation_steps": 6})
+    notes = estimate(load_model_config(config.model.name_or_path), config, "cpu").notes
+    note = next(note for note in notes if note.startswith("pipeline of 2 stages"))
+    assert "2 blocks at most" in note and "idles 14% of the step" in note  # (2 - 1) / (6 + 2 - 1)
