@@ -23,7 +23,8 @@ EXACT = {"rel": 0, "abs": 1e-5}
 
 
 def config_for(data, stages: int = 0, schedule: str = "gpipe"):
-    return quick_config(data, data={"train_files": (str(data),), "eval_files": (), "max_length": 48, "packing": "none"},
+    return quick_config(data, data={"train_files": (str(data),), "eval_files": (str(data),), "max_length": 48,
+                                    "packing": "none"},
                         training={"micro_batch_size": 4, "max_steps": STEPS, "gradient_accumulation_steps": 2},
                         schedule={"save_every": 2},
                         distributed={"num_processes": max(stages, 1), "pipeline_stages": stages,
@@ -38,7 +39,11 @@ def trained_tensors(run_dir):
 def reference(small_data, tmp_path_factory):
     code, run_dir = run(config_for(small_data), tmp_path_factory.mktemp("reference") / "run", watch_stdin=False)
     assert code == EXIT_OK
-    return losses(run_dir), trained_tensors(run_dir)
+    return losses(run_dir), trained_tensors(run_dir), eval_losses(run_dir)
+
+
+def eval_losses(run_dir) -> list[float]:
+    return [event["eval_loss"] for event in events_of(run_dir, "eval")]
 
 
 def assert_same_adapter(tensors, expected):
@@ -49,12 +54,16 @@ def assert_same_adapter(tensors, expected):
 
 @pytest.mark.slow
 def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_path, reference):
-    expected_losses, expected_tensors = reference
+    expected_losses, expected_tensors, expected_eval = reference
     code, run_dir = train_cli(config_for(small_data, 2), tmp_path)
     assert code == EXIT_OK, events_of(run_dir, "error")
     assert losses(run_dir) == pytest.approx(expected_losses, **EXACT)
     assert_same_adapter(trained_tensors(run_dir), expected_tensors)
-    assert "pipeline stage 1 of 2: blocks 2-3" in run_dir.log.read_text()
+    assert eval_losses(run_dir) == pytest.approx(expected_eval, **EXACT)  # evaluated through the stages
+    total = events_of(run_dir, "run_started")[0]["total_params"]
+    held = [int(line.split("holds ")[1].split(" ")[0].replace(",", "")) for line in run_dir.log.read_text().splitlines()
+            if "pipeline stage" in line]
+    assert len(held) == 2 and all(count < 0.8 * total for count in held)  # each its blocks, not the whole model
 
     resumed = resumed_copy(run_dir, tmp_path / "resumed")  # stopped after step 2
     assert resume_cli(resumed) == EXIT_OK
@@ -72,6 +81,7 @@ def test_1f1b_trains_like_one_process(small_data, tmp_path, reference):
     assert code == EXIT_OK, events_of(run_dir, "error")
     assert losses(run_dir) == pytest.approx(reference[0], **EXACT)
     assert_same_adapter(trained_tensors(run_dir), reference[1])
+    assert eval_losses(run_dir) == pytest.approx(reference[2], **EXACT)
 
 
 def test_the_blocks_are_cut_in_consecutive_even_stages():

@@ -461,6 +461,8 @@ def _check_pipeline(config: RunConfig, check_files: bool) -> list[Problem]:
         (config.data.packing == "padding_free", "the stages exchange tensors of one shape: micro-batches are padded "
          "to data.max_length", "set data.packing to none or length_grouped"),
         (config.training.torch_compile, "a pipeline's stages are not compiled yet", "turn training.torch_compile off"),
+        (config.schedule.sample_every > 0, "sample answers need the whole model in one process; each stage holds "
+         "its own blocks", "set schedule.sample_every to 0 (export the adapter and try it instead)"),
         (config.method == "adalora", "AdaLoRA reallocates its ranks from every block's gradients, which the stages "
          "hold apart", "use method lora"),
         (d.pipeline_schedule == "1f1b" and config.training.gradient_accumulation_steps < d.pipeline_stages,

@@ -517,16 +517,17 @@ class Worker:
         """Every rank evaluates every row (sharded models need all ranks in each forward); rank 0 reports."""
         if self.config.objective == "grpo":
             return self._evaluate_rewards()
-        self.engine.gather_stages(self.raw_model)  # a pipeline: every process evaluates the whole trained model
         self.model.eval()
         size, objective = self.config.training.micro_batch_size, self.objective
-        total_loss, total_tokens = 0.0, 0
-        for start in range(0, len(self.eval_rows), size):
-            rows = [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))]
-            batch = {k: v.to(self.device) for k, v in objective.batch(rows, packed=False).items()}
-            with self.engine.autocast():
-                total_loss += float(objective.loss_sum(self.model, batch))
-            total_tokens += objective.units(batch)
+        batches = [{k: v.to(self.device) for k, v in objective.batch(
+            [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))], packed=False).items()}
+            for start in range(0, len(self.eval_rows), size)]
+        total_tokens = sum(objective.units(batch) for batch in batches)
+        with self.engine.autocast():
+            if self.engine.pipeline is not None:  # the last stage's sum, which all_sum hands every process
+                total_loss = self.engine.all_sum([self.engine.pipeline.loss_sum(batches)])[0]
+            else:
+                total_loss = sum(float(objective.loss_sum(self.model, batch)) for batch in batches)
         eval_loss = total_loss / max(total_tokens, 1)
         # every rank evaluated every row: the metrics are this rank's alone (all_sum would count them N times)
         metrics = {f"eval_{name}": value
@@ -561,8 +562,6 @@ class Worker:
     def _sample(self) -> None:
         """The sample prompts answered with the weights as they are now, as a samples event (by the first process
         alone: the others wait for it at the next step)."""
-        if self.config.schedule.sample_every:
-            self.engine.gather_stages(self.raw_model)  # a pipeline: the first process samples the whole trained model
         if self.sampler is not None:
             with self.engine.autocast():
                 self.events.emit("samples", step=self.step, **self.sampler.samples(self.raw_model))

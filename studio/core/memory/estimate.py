@@ -265,7 +265,7 @@ def _pipeline_note(shape: ModelShape, states: ModelStates, config: RunConfig) ->
     bubble = (stages - 1) / (micro_batches + stages - 1)
     return (f"pipeline of {stages} stages: a stage's {largest} blocks at most weigh about "
             f"{format_bytes(states.weights * largest // max(shape.layers, 1))} (the first stage adds the embeddings, "
-            "the last the output layer), but every process loads the whole model for now (counted); each stage idles "
+            "the last the output layer), but the whole model is counted per process for now; each stage idles "
             f"{bubble:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
             "gradient_accumulation_steps shrink it)")
 

@@ -263,9 +263,6 @@ class AccelerateEngine:
             yield staging
             self.barrier()
 
-    def gather_stages(self, raw_model) -> None:
-        """A pipeline's stages' trained tensors into every process's model; nothing to do here."""
-
     def trainable_tensors(self, raw_model) -> dict[str, torch.Tensor]:
         """The trained tensors, whole, on rank 0 (a collective: every rank calls it)."""
         if not self.fsdp:
@@ -487,14 +484,16 @@ class PipelineEngine(AccelerateEngine):
         return 0
 
     def prepare(self, model, optimizer, first_forward: Callable[[torch.nn.Module], None]):
-        """The model stays whole in every process (its other stages idle, frozen by having no gradients); this
-        process's stage and the schedule are cut from it."""
+        """This process's stage and the schedule, cut from the whole model, whose other parts go to the meta device
+        (the optimizer keeps them, gradient-less: never stepped)."""
         from studio.train.distributed.pipeline import Pipeline
 
         first_forward(model)
         self.pipeline = Pipeline(model, self.config, self.rank, self.world_size, self.device)
-        log.info("pipeline stage %d of %d: blocks %d-%d", self.rank, self.world_size, self.pipeline.blocks.start,
-                 self.pipeline.blocks.stop - 1)
+        held = sum(p.numel() for p in model.parameters() if not p.is_meta)
+        log.info("pipeline stage %d of %d: blocks %d-%d; this process holds %s of the %s weights", self.rank,
+                 self.world_size, self.pipeline.blocks.start, self.pipeline.blocks.stop - 1, f"{held:,}",
+                 f"{count_parameters(model)[1]:,}")
         self.model, self.optimizer = model, optimizer
         return model, optimizer
 
@@ -527,20 +526,12 @@ class PipelineEngine(AccelerateEngine):
     def any_rank(self, flag: bool) -> bool:
         return AccelerateEngine.all_sum(self, [float(flag)])[0] > 0
 
-    def gather_stages(self, raw_model) -> dict[str, torch.Tensor]:
-        """Every stage's trained tensors, loaded into every process's whole model (then evaluation, samples and
-        checkpoints see the trained model); returns them, under the whole model's names."""
-        mine = {name: tensor.detach().to("cpu").contiguous() for name, tensor in raw_model.named_parameters()
-                if name in set(self.pipeline.trained_names(raw_model))}
-        tensors = {name: tensor for stage in self.gather(mine) for name, tensor in stage.items()}
-        params = dict(raw_model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                params[name].copy_(tensor)
-        return tensors
-
     def trainable_tensors(self, raw_model) -> dict[str, torch.Tensor]:
-        return self.gather_stages(raw_model)
+        """Every stage's trained tensors, under the whole model's names (a collective)."""
+        names = set(self.pipeline.trained_names(raw_model))
+        mine = {name: tensor.detach().to("cpu").contiguous() for name, tensor in raw_model.named_parameters()
+                if name in names}
+        return {name: tensor for stage in self.gather(mine) for name, tensor in stage.items()}
 
     def save_optimizer(self, folder: Path) -> None:
         """One optimizer file, as one process writes it: each stage holds the state of its own parameters (their

@@ -14,7 +14,8 @@ model's own logits (``check_stages``: an embedding scaled in the forward, a slid
 
 torch.distributed.pipelining runs the step: the step's micro-batches (its gradient accumulation) are the
 schedule's microbatches (GPipe or 1F1B); its stages infer the shapes they exchange once, so every micro-batch is
-padded to ``data.max_length`` rows of the same count (``padded_step``).
+padded to ``data.max_length`` rows of the same count (``padded_step``). Each process builds the whole model, then
+moves what its stage does not run to the meta device: it holds its stage's weights alone.
 """
 
 from __future__ import annotations
@@ -155,12 +156,13 @@ class StepLoss:
         return chunked_cross_entropy(hidden[:, :-1][keep], targets[keep], self.head) / max(self.target_tokens, 1)
 
 
-def padded_step(batches: list[dict[str, torch.Tensor]], rows: int, length: int) -> dict[str, torch.Tensor]:
-    """The step's micro-batches as one batch of ``len(batches) * rows`` rows of ``length`` tokens: positions padded
-    on the right (masked, no loss), a short micro-batch filled with rows of one token that predict nothing (no
-    loss, no gradient; a row attending to nothing would be NaN)."""
+def padded_step(batches: list[dict[str, torch.Tensor]], rows: int, length: int, count: int) -> dict[str, torch.Tensor]:
+    """The micro-batches as one batch of ``count`` micro-batches of ``rows`` rows of ``length`` tokens: positions
+    padded on the right (masked, no loss), the missing rows and micro-batches filled with rows of one token that
+    predict nothing (no loss, no gradient; a row attending to nothing would be NaN)."""
+    nothing = {name: torch.zeros(0, 1, dtype=torch.long) for name in ("input_ids", "attention_mask", "labels")}
     filled = []
-    for batch in batches:
+    for batch in batches + [nothing] * (count - len(batches)):
         width = length - batch["input_ids"].shape[1]
         padded = {"input_ids": pad(batch["input_ids"], (0, width)), "attention_mask": pad(batch["attention_mask"], (0, width)),
                   "labels": pad(batch["labels"], (0, width), value=IGNORE_INDEX)}
@@ -192,28 +194,47 @@ class Pipeline:
         self.module = Stage(parts, self.blocks, self.first, self.last)
         self.loss = StepLoss(parts.head)
         self.rows, self.length = config.training.micro_batch_size, config.data.max_length
+        self.micro_batches = config.training.gradient_accumulation_steps
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[config.distributed.pipeline_schedule]
         # scale_grads off: StepLoss already divides by the step's target tokens
         self.schedule = schedule(PipelineStage(self.module, stage_index, stages, device),
-                                 n_microbatches=config.training.gradient_accumulation_steps, loss_fn=self.loss,
-                                 scale_grads=False)
-        owned = {id(parameter) for parameter in self.module.parameters()}
+                                 n_microbatches=self.micro_batches, loss_fn=self.loss, scale_grads=False)
+        self.owned = {id(parameter) for parameter in self.module.parameters()}
         if self.last:
-            owned |= {id(parameter) for parameter in parts.head.parameters()}
-        self.owned = owned
+            self.owned |= {id(parameter) for parameter in parts.head.parameters()}
+        _release(parts, self.owned)
 
     def step(self, batches: list[dict[str, torch.Tensor]], target_tokens: int) -> float:
         """Forward and backward of the step's micro-batches through every stage; the step's loss (the per-token
         mean) on the last stage, 0 on the others."""
-        batch = padded_step(batches, self.rows, self.length)
         self.loss.target_tokens = target_tokens
+        return self._run(self.schedule.step, batches)
+
+    def loss_sum(self, batches: list[dict[str, torch.Tensor]]) -> float:
+        """The summed next-token loss of any number of micro-batches, forward only (evaluation), on the last stage;
+        0 on the others."""
+        self.loss.target_tokens = 1
+        return sum(self._run(self.schedule.eval, batches[start:start + self.micro_batches])
+                   for start in range(0, len(batches), self.micro_batches))
+
+    def _run(self, schedule_call, batches: list[dict[str, torch.Tensor]]) -> float:
+        batch = padded_step(batches, self.rows, self.length, self.micro_batches)
         losses: list[torch.Tensor] = []
         inputs = (batch["input_ids"],) if self.first else ()
-        self.schedule.step(*inputs, target=batch["labels"] if self.last else None, losses=losses,
-                           return_outputs=False, attention_mask=batch["attention_mask"])
-        return sum(float(loss) for loss in losses)
+        schedule_call(*inputs, target=batch["labels"] if self.last else None, losses=losses, return_outputs=False,
+                      attention_mask=batch["attention_mask"])
+        return sum(float(loss.detach()) for loss in losses)
 
     def trained_names(self, model) -> list[str]:
         """The names (as the whole model calls them) of the trained parameters this stage holds."""
         return [name for name, parameter in model.named_parameters()
                 if parameter.requires_grad and id(parameter) in self.owned]
+
+
+def _release(parts: DecoderParts, kept: set[int]) -> None:
+    """Move every part this stage does not run (other stages' blocks; the embeddings and output layer elsewhere
+    than the first and last stage, a tied one kept by both) to the meta device, its memory freed in place: the
+    optimizer's parameters stay the same objects, and having no gradient, are never stepped."""
+    for module in [*parts.blocks, parts.embeddings, parts.norm, parts.head]:
+        if not any(id(parameter) in kept for parameter in module.parameters()):
+            module.to("meta")
