@@ -76,8 +76,11 @@ def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_1f1b_trains_like_one_process(small_data, tmp_path, reference):
-    code, run_dir = train_cli(config_for(small_data, 2, "1f1b"), tmp_path)
+@pytest.mark.parametrize("stages, schedule, checkpointing", [(2, "1f1b", True), (4, "gpipe", False)])
+def test_other_schedules_and_stages_train_like_one_process(small_data, tmp_path, reference, stages, schedule,
+                                                           checkpointing):
+    config = config_for(small_data, stages, schedule).replace(training={"gradient_checkpointing": checkpointing})
+    code, run_dir = train_cli(config, tmp_path)
     assert code == EXIT_OK, events_of(run_dir, "error")
     assert losses(run_dir) == pytest.approx(reference[0], **EXACT)
     assert_same_adapter(trained_tensors(run_dir), reference[1])

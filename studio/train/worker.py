@@ -15,7 +15,9 @@ through torchrun (studio.train.distributed.launcher) and each process trains as 
 (studio.train.distributed.engine): an optimizer step takes N x accumulation micro-batches
 of the same plan, each rank its own contiguous share, so N processes equal one
 process with N times the accumulation. Rank 0 writes the events and checkpoints;
-the ranks agree on a stop at the same step.
+the ranks agree on a stop at the same step. With ``distributed.pipeline_stages`` the N
+processes are one data replica instead: each runs its stage of every micro-batch of the
+step (studio.train.distributed.pipeline), the last one computing the loss.
 """
 
 from __future__ import annotations
