@@ -120,6 +120,11 @@ def test_llama_like_families_are_cut_at_their_blocks(family):
     ({"distributed": {"num_processes": 1, "pipeline_stages": 2}}, "2 stages need 2 processes"),
     ({"distributed": {"num_processes": 2, "pipeline_stages": 2, "pipeline_schedule": "1f1b"},
       "training": {"gradient_accumulation_steps": 1}}, "1F1B runs at least as many micro-batches"),
+    ({"distributed": {"num_processes": 2, "pipeline_stages": 2}, "data": {"packing": "padding_free"}},
+     "micro-batches are padded to data.max_length"),
+    ({"distributed": {"num_processes": 2, "pipeline_stages": 2}, "schedule": {"sample_every": 5}},
+     "sample answers need the whole model"),
+    ({"distributed": {"num_processes": 2, "pipeline_stages": 2}, "method": "full"}, "a pipeline trains an adapter"),
 ])
 def test_pipelines_that_cannot_run_are_refused_in_words(small_data, change, message):
     config = config_for(small_data).replace(**change)
