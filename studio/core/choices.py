@@ -199,6 +199,13 @@ OFFLOAD_WORDS: ChoiceWords = {
     "nvme": ("NVMe SSD", "Kept on a fast SSD: for what CPU RAM cannot hold; the slowest."),
 }
 
+PipelineSchedule = Literal["gpipe", "1f1b"]
+PIPELINE_SCHEDULE_WORDS: ChoiceWords = {
+    "gpipe": ("GPipe", "Every micro-batch forward, then every backward: simple; holds all micro-batches' activations."),
+    "1f1b": ("1F1B", "One forward, one backward in turn once the pipeline is full: the same bubble, the activations "
+                     "of at most as many micro-batches as stages."),
+}
+
 Tracker = Literal["trackio", "wandb", "mlflow"]
 TRACKER_WORDS: ChoiceWords = {
     "trackio": ("Trackio", "Hugging Face's tracker: a dashboard on this machine (trackio show), or a Space named by "
@@ -235,6 +242,7 @@ CHOICE_WORDS: dict[str, ChoiceWords] = {
     "distributed.sharding": SHARDING_WORDS,
     "distributed.offload_optimizer": OFFLOAD_WORDS,
     "distributed.offload_params": OFFLOAD_WORDS,
+    "distributed.pipeline_schedule": PIPELINE_SCHEDULE_WORDS,
     "schedule.trackers": TRACKER_WORDS,
 }
 

@@ -18,8 +18,9 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from studio.core.choices import (DataFormat, DpoLoss, GenerationBackend, GrpoLoss, LengthUnit, LoadIn, Method, Objective, Offload,
-                                 Optimizer, Packing, Precision, QatActivations, QatWeights, QuantType, ReferenceLogps,
+from studio.core.choices import (DataFormat, DpoLoss, GenerationBackend, GrpoLoss, LengthUnit, LoadIn, Method,
+                                 Objective, Offload, Optimizer, Packing, PipelineSchedule, Precision, QatActivations,
+                                 QatWeights, QuantType, ReferenceLogps,
                                  RewardName, Scheduler, Sharding, Template, Tracker, WeightDtype)
 from studio.core.data.hub import is_hub_spec
 from studio.core.errors import Problem, ProblemsError
@@ -394,7 +395,7 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    """Several GPUs or machines: data parallelism, sharding, offloading and layer split."""
+    """Several GPUs or machines: data parallelism, sharding, offloading, layer split and pipeline."""
 
     num_processes: int = _field(
         1, "Training processes on this machine, one per GPU (data parallel). More than 1 launches them "
@@ -426,6 +427,17 @@ class DistributedConfig:
     )
     max_cpu_memory_gib: float = _field(
         0.0, "Layer split: CPU RAM for layers that do not fit on the GPUs (slower); 0: none."
+    )
+    pipeline_stages: int = _field(
+        0, "Pipeline parallel: cut the model's decoder blocks into this many stages, one per process (set "
+        "num_processes to the same number), all computing at once on different micro-batches; 0: off. The first "
+        "stage holds the embeddings, the last the final norm and output layer. LoRA-style methods, sft, padded "
+        "micro-batches (data.packing none or length_grouped), no sharding."
+    )
+    pipeline_schedule: PipelineSchedule = _field(
+        "gpipe", "Pipeline parallel: the order the stages run the step's micro-batches (its "
+        "gradient_accumulation_steps) in. gpipe: all forwards, then all backwards. 1f1b: one forward, one "
+        "backward in turn, holding fewer micro-batches' activations."
     )
 
     @property

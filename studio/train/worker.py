@@ -15,7 +15,9 @@ through torchrun (studio.train.distributed.launcher) and each process trains as 
 (studio.train.distributed.engine): an optimizer step takes N x accumulation micro-batches
 of the same plan, each rank its own contiguous share, so N processes equal one
 process with N times the accumulation. Rank 0 writes the events and checkpoints;
-the ranks agree on a stop at the same step.
+the ranks agree on a stop at the same step. With ``distributed.pipeline_stages`` the N
+processes are one data replica instead: each runs its stage of every micro-batch of the
+step (studio.train.distributed.pipeline), the last one computing the loss.
 """
 
 from __future__ import annotations
@@ -195,7 +197,7 @@ class Worker:
             self.events.emit("warning", message=message, hint=hint)
         self.train_rows, self.eval_rows = data.train, data.eval
         self.plan = BatchPlan.for_rows(self.config, self.train_rows)
-        self.total_steps = self.plan.total_steps(self.config, engine.world_size)
+        self.total_steps = self.plan.total_steps(self.config, engine.replicas)
         return data
 
     def _build_model(self, resume_from: Path | None) -> None:
@@ -328,7 +330,7 @@ class Worker:
         config = self.config
         if config.objective == "grpo":
             return None
-        tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.world_size, not self.packed)
+        tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.replicas, not self.packed)
         try:
             peak = estimate(model_config, config_for_tokens(config, tokens), self.device.type,
                             run_scale_out(config)).peak_bytes
@@ -414,7 +416,7 @@ class Worker:
             rows, size = self._generation_batch(phase).rows, self.config.training.micro_batch_size
             chunks = [rows[start:start + size] for start in range(0, len(rows), size)]
         else:
-            first = (self.step * self.engine.world_size + self.engine.rank) * accumulation
+            first = (self.step * self.engine.replicas + self.engine.replica) * accumulation
             chunks = [[self.train_rows[i] for i in self.plan.rows_of(index)] for index in range(first, first + accumulation)]
         return [{k: v.to(self.device) for k, v in self.objective.batch(rows, self.packed).items()} for rows in chunks]
 
@@ -425,7 +427,7 @@ class Worker:
         if self.rollout is not None and self.step % iterations:
             return self.rollout
         generation = self.step // iterations
-        index = generation * self.engine.world_size + self.engine.rank
+        index = generation * self.engine.replicas + self.engine.replica
         prompts = [self.train_rows[i] for i in self.plan.rows_of(index)]
         with phase("generation"), self.engine.autocast():
             self.rollout = self.sampler_of_groups.rollout(self.raw_model, prompts, self.config.training.seed + index)
@@ -460,19 +462,12 @@ class Worker:
         objective = self.objective
         # the mean is over the units (target tokens) of every rank
         target_tokens = int(engine.all_sum([sum(objective.units(b) for b in batches)])[0])
-        # Data parallel averages the ranks' gradients; scaling by the world size turns that into their sum.
-        scale = engine.world_size / max(target_tokens, 1)
         self.model.train()
-        loss_sum = 0.0
-        for index, batch in enumerate(batches):
-            last = index == len(batches) - 1
-            with engine.micro_batch(last):
-                with phase("forward"), engine.autocast():
-                    batch_loss = objective.loss_sum(self.model, batch)
-                    minimized = batch_loss * scale + adapter_regularization(self.raw_model) / len(batches)
-                with phase("backward"):
-                    engine.backward(minimized, last)
-            loss_sum += batch_loss.item() / max(target_tokens, 1)
+        if engine.pipeline is not None:
+            with phase("forward"), engine.autocast():  # the schedule interleaves the stages' forwards and backwards
+                loss_sum = engine.pipeline.step(batches, target_tokens)
+        else:
+            loss_sum = self._accumulate(batches, target_tokens, phase)
         lr = self.scheduler.get_last_lr()[0]
         with phase("optimizer"):
             grad_norm = engine.optimizer_step(after_step=lambda: after_optimizer_step(self.raw_model, self.step))
@@ -487,11 +482,28 @@ class Worker:
         drawn = self.step // self.config.grpo.num_iterations + 1 if self.rollout is not None else \
             (self.step + 1) * len(batches)  # the plan's batches this step has reached
         return {
-            "epoch": round(drawn * engine.world_size / self.plan.per_epoch, 4),
+            "epoch": round(drawn * engine.replicas / self.plan.per_epoch, 4),
             "loss": loss_sum, "lr": lr, "grad_norm": float(grad_norm),
             "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
             "target_tokens": target_tokens, "step_seconds": seconds, **metrics,
         }
+
+    def _accumulate(self, batches: list[dict[str, torch.Tensor]], target_tokens: int, phase) -> float:
+        """Forward and backward of each micro-batch in turn, gradients accumulated; returns the step's loss."""
+        engine = self.engine
+        # Data parallel averages the ranks' gradients; scaling by the world size turns that into their sum.
+        scale = engine.world_size / max(target_tokens, 1)
+        loss_sum = 0.0
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            with engine.micro_batch(last):
+                with phase("forward"), engine.autocast():
+                    batch_loss = self.objective.loss_sum(self.model, batch)
+                    minimized = batch_loss * scale + adapter_regularization(self.raw_model) / len(batches)
+                with phase("backward"):
+                    engine.backward(minimized, last)
+            loss_sum += batch_loss.item() / max(target_tokens, 1)
+        return loss_sum
 
     def _objective_metrics(self, units: int) -> dict[str, float]:
         """The objective's metrics (TRL's names; eval ones are prefixed eval_, as TRL's) from its sums over every
@@ -531,13 +543,15 @@ class Worker:
             return self._evaluate_rewards()
         self.model.eval()
         size, objective = self.config.training.micro_batch_size, self.objective
-        total_loss, total_tokens = 0.0, 0
-        for start in range(0, len(self.eval_rows), size):
-            rows = [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))]
-            batch = {k: v.to(self.device) for k, v in objective.batch(rows, packed=False).items()}
-            with self.engine.autocast():
-                total_loss += float(objective.loss_sum(self.model, batch))
-            total_tokens += objective.units(batch)
+        batches = [{k: v.to(self.device) for k, v in objective.batch(
+            [self.eval_rows[i] for i in range(start, min(start + size, len(self.eval_rows)))], packed=False).items()}
+            for start in range(0, len(self.eval_rows), size)]
+        total_tokens = sum(objective.units(batch) for batch in batches)
+        with self.engine.autocast():
+            if self.engine.pipeline is not None:  # the last stage's sum, which all_sum hands every process
+                total_loss = self.engine.all_sum([self.engine.pipeline.loss_sum(batches)])[0]
+            else:
+                total_loss = sum(float(objective.loss_sum(self.model, batch)) for batch in batches)
         eval_loss = total_loss / max(total_tokens, 1)
         # every rank evaluated every row: the metrics are this rank's alone (all_sum would count them N times)
         metrics = {f"eval_{name}": value

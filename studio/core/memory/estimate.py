@@ -191,6 +191,8 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
+    if config.distributed.pipeline_stages:
+        notes += (_pipeline_note(shape, states, config),)
     loading = loading_per_process(states, scale_out, config.sharded_loading)
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
@@ -253,6 +255,19 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
     if config.objective == "grpo":
         notes.append(_generation_note(shape, regime, config))
     return tuple(notes)
+
+
+def _pipeline_note(shape: ModelShape, states: ModelStates, config: RunConfig) -> str:
+    """A pipeline's stage weights and its bubble: the idle share of each stage's step, (stages - 1) /
+    (micro-batches + stages - 1) for GPipe and 1F1B alike."""
+    stages, micro_batches = config.distributed.pipeline_stages, config.training.gradient_accumulation_steps
+    largest = -(-shape.layers // stages)
+    bubble = (stages - 1) / (micro_batches + stages - 1)
+    return (f"pipeline of {stages} stages: a stage's {largest} blocks at most weigh about "
+            f"{format_bytes(states.weights * largest // max(shape.layers, 1))} (the first stage adds the embeddings, "
+            "the last the output layer), but the whole model is counted per process for now; each stage idles "
+            f"{bubble:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
+            "gradient_accumulation_steps shrink it)")
 
 
 def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:

@@ -9,6 +9,8 @@ checkpoint that are spread over the processes.
   through accelerate, which reads the rank and world size torchrun put into the
   environment (NCCL on GPUs, gloo on the CPU). FSDP loads sharded: rank 0 reads the
   weights, the others build the model on the meta device and receive their shards.
+- ``PipelineEngine``: pipeline parallel (``pipeline_stages``): each process one stage of the model
+  (studio.train.distributed.pipeline), all of them on the same micro-batches: one data replica.
 - ``DeepSpeedEngine``: ZeRO stages 1-3 with optional CPU/NVMe offload through
   ``deepspeed.initialize`` directly, so that the accumulation boundary is the
   worker's own (accelerate's wrapper would step DeepSpeed at every micro-batch).
@@ -92,9 +94,21 @@ class AccelerateEngine:
         self.device = self.accelerator.device
         self.rank, self.world_size = self.accelerator.process_index, self.accelerator.num_processes
 
+    pipeline = None  # the PipelineEngine's stage and schedule
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def replicas(self) -> int:
+        """How many processes train on different rows (the data plan's shares): every one, but in a pipeline."""
+        return self.world_size
+
+    @property
+    def replica(self) -> int:
+        """This process's share of the data plan."""
+        return self.rank
 
     @property
     def is_local_main(self) -> bool:
@@ -457,7 +471,80 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PipelineEngine(AccelerateEngine):
+    """Pipeline parallel: every process builds the whole model and trains its stage of it on the step's
+    micro-batches, which every process reads alike (one data replica). The last stage holds the step's loss."""
+
+    @property
+    def replicas(self) -> int:
+        return 1
+
+    @property
+    def replica(self) -> int:
+        return 0
+
+    def prepare(self, model, optimizer, first_forward: Callable[[torch.nn.Module], None]):
+        """This process's stage and the schedule, cut from the whole model, whose other parts go to the meta device
+        (the optimizer keeps them, gradient-less: never stepped)."""
+        from studio.train.distributed.pipeline import Pipeline
+
+        first_forward(model)
+        self.pipeline = Pipeline(model, self.config, self.rank, self.world_size, self.device)
+        held = sum(p.numel() for p in model.parameters() if not p.is_meta)
+        log.info("pipeline stage %d of %d: blocks %d-%d; this process holds %s of the %s weights", self.rank,
+                 self.world_size, self.pipeline.blocks.start, self.pipeline.blocks.stop - 1, f"{held:,}",
+                 f"{count_parameters(model)[1]:,}")
+        self.model, self.optimizer = model, optimizer
+        return model, optimizer
+
+    def optimizer_step(self, after_step: Callable[[], None] = lambda: None) -> float:
+        """Clip by the norm of every stage's gradients together (as one process would), step, clear."""
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+        dist.all_reduce(squares)
+        norm = squares.sqrt()
+        max_norm = self.config.training.max_grad_norm
+        if max_norm > 0:  # torch's clip_grad_norm_, over the stages
+            factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            for grad in grads:
+                grad.mul_(factor.to(grad.dtype))
+        self.optimizer.step()
+        after_step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        """The sum over the data replicas (one): the last stage's figures, which alone include the loss."""
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.broadcast(tensor, src=self.world_size - 1)
+        return tensor.tolist()
+
+    def any_rank(self, flag: bool) -> bool:
+        return AccelerateEngine.all_sum(self, [float(flag)])[0] > 0
+
+    def trainable_tensors(self, raw_model) -> dict[str, torch.Tensor]:
+        """Every stage's trained tensors, under the whole model's names (a collective)."""
+        names = set(self.pipeline.trained_names(raw_model))
+        mine = {name: tensor.detach().to("cpu").contiguous() for name, tensor in raw_model.named_parameters()
+                if name in names}
+        return {name: tensor for stage in self.gather(mine) for name, tensor in stage.items()}
+
+    def save_optimizer(self, folder: Path) -> None:
+        """One optimizer file, as one process writes it: each stage holds the state of its own parameters (their
+        indices are the whole model's), so the stages' states together are the whole state."""
+        state = self.optimizer.state_dict()
+        merged = {index: entry for stage in self.gather(state["state"]) for index, entry in stage.items()}
+        if self.is_main:
+            torch.save({**state, "state": merged}, folder / OPTIMIZER_FILE)
+
+
 def make_engine(config: RunConfig, run_dir: Path) -> AccelerateEngine:
     if config.distributed.deepspeed_stage is not None:
         return DeepSpeedEngine(config, run_dir)
+    if config.distributed.pipeline_stages:
+        return PipelineEngine(config)
     return AccelerateEngine(config)
