@@ -21,6 +21,7 @@ from studio.core.data.dataset import DatasetReport, inspect_files, objective_ref
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config
+from studio.core.model.vision import vision_family
 from studio.core.run.events import EventWriter
 from studio.train.data.hub import load_hub_datasets
 
@@ -73,12 +74,15 @@ def check_model(config: RunConfig) -> None:
 
 
 def check_architecture(config_path: Path, trust_remote_code: bool) -> None:
-    """Refuse a model_type this transformers cannot build, unless the model brings (trusted) code."""
+    """Refuse a model_type this transformers cannot build, unless the model brings (trusted) code, and a
+    vision-language model of a family studio does not train on images yet."""
     try:
         settings = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # a cached Hub config transformers reads itself; local folders were checked already
     model_type = settings.get("model_type") if isinstance(settings, dict) else None
+    if isinstance(settings, dict):
+        vision_family(settings)  # a vision-language family studio does not train yet is refused here, named
     if not isinstance(model_type, str) or model_type in SUPPORTED_MODEL_TYPES:
         return  # the estimator's families are all transformers architectures: no need to import it
     import transformers
