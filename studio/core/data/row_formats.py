@@ -397,8 +397,8 @@ def _with_images(messages: tuple[dict[str, Any], ...], record: dict, key: str,
             parts.append(part)
         read.append({**message, "content": tuple(parts)})
     if taken < len(column):
-        raise DataError(location, f"field 'images' lists {len(column)} images, but only {taken} image parts take "
-                        "theirs from it", _IMAGE_HINT)
+        raise DataError(location, f"field 'images' lists {len(column)} image(s), but the messages' image parts take "
+                        f"{taken}", _IMAGE_HINT)
     return tuple(read), tuple(images)
 
 
