@@ -163,14 +163,41 @@ def test_lora_steps_train_the_language_model_alone_and_leave_the_vision_tower():
     assert not any(".visual." in name for name in changed)
 
 
-def test_a_short_run_on_images_lowers_the_loss(tmp_path):
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
     from studio.train import worker
 
     config = vision_config(COLOURS, training={"micro_batch_size": 4, "max_steps": 8, "learning_rate": 1e-2,
                                               "warmup_ratio": 0.0, "lr_scheduler": "constant",
                                               "gradient_checkpointing": True})
-    code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
+    code, run_dir = worker.run(config, tmp_path_factory.mktemp("vision") / "run", watch_stdin=False)
     assert code == 0
+    return config, run_dir
+
+
+def test_a_short_run_on_images_lowers_the_loss(trained_run):
+    config, run_dir = trained_run
     run_losses = losses(run_dir)
     assert len(run_losses) == 8 and run_losses[-1] < run_losses[0] - 0.2
     assert "plain padded micro-batches" in (run_dir.path / "train.log").read_text(encoding="utf-8")
+
+
+def test_exports_reload_in_plain_transformers_with_the_trained_logits_on_image_rows(trained_run, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    from studio.train.export.hf_format import export_run, verification_inputs
+    from studio.train.model.build import load_tokenizer
+
+    config, run_dir = trained_run
+    folders = {kind: export_run(run_dir.path, kind, tmp_path / kind)[0] for kind in ("adapter", "merged")}
+    inputs = verification_inputs(config, load_tokenizer(config), torch.device("cpu"))
+    assert inputs["pixel_values"].shape[0] == 4 * 16  # four rows, 16 patches each
+    assert AutoImageProcessor.from_pretrained(folders["merged"], backend="pil").merge_size == 2
+    merged = AutoModelForImageTextToText.from_pretrained(folders["merged"]).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(TINY_VL), folders["adapter"]).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).logits, adapted(**inputs).logits, atol=1e-4, rtol=1e-4)
+        base = AutoModelForImageTextToText.from_pretrained(TINY_VL).eval()(**inputs).logits
+    assert not torch.allclose(base, merged(**inputs).logits, atol=1e-3)  # the export carries the training

@@ -379,8 +379,7 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     # pairs may be conversational, known row by row: the template is resolved for them all
     rendered = {"instruction", "chat", "prompt_only", *PREFERENCE_COLUMNS}
     template = resolve_template(data.template, tokenizer) if formats & rendered else "none"
-    encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt,
-                       data.max_length - config.grpo.max_completion_length, templates.Learning.of(data), image_rows)
+    encoder = RowEncoder.for_run(config, tokenizer, template, image_rows)
     images = image_rows is not None
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
@@ -474,8 +473,8 @@ def load_prepared(folder: Path) -> PreparedData:
     return PreparedData(datasets.load_from_disk(str(folder / "train")), evaluation, stats)
 
 
-class _Encoder:
-    """Renders and tokenizes examples into split builders, collecting per-row problems."""
+class RowEncoder:
+    """Renders and tokenizes examples (``encode``) into split builders, collecting per-row problems."""
 
     def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int,
                  learning: templates.Learning, image_rows: ImageRows | None = None):
@@ -486,19 +485,26 @@ class _Encoder:
         self.add_bos = adds_bos(tokenizer)
         self.problems: list[Problem] = []
 
+    @classmethod
+    def for_run(cls, config: RunConfig, tokenizer: Any, template: str,
+                image_rows: ImageRows | None = None) -> "RowEncoder":
+        data = config.data
+        return cls(tokenizer, template, data.max_length, data.train_on_prompt,
+                   data.max_length - config.grpo.max_completion_length, templates.Learning.of(data), image_rows)
+
     def run(self, examples: Iterable[Example], split_of: Callable[[int], _SplitBuilder]) -> None:
         """Add each example to the split that ``split_of(its index)`` names."""
         for index, example in enumerate(examples):
             if len(self.problems) >= MAX_PROBLEMS:
                 return
             try:
-                encoded = self._encode(example)
+                encoded = self.encode(example)
             except DataError as exc:
                 self.problems.append(exc.problem)
                 continue
             split_of(index).add(encoded, example.location)
 
-    def _encode(self, example: Example) -> dict[str, Any]:
+    def encode(self, example: Example) -> dict[str, Any]:
         if example.kind == "prompt_only":
             return encode_prompt_only(example, self.tokenizer, self.template, self.max_prompt, self.add_bos)
         if example.kind in PREFERENCE_COLUMNS:
