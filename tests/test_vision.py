@@ -9,7 +9,7 @@ import pytest
 
 from helpers import losses, quick_config
 from studio.core.data.dataset import inspect_files
-from studio.core.errors import ProblemsError, StudioError
+from studio.core.errors import ProblemsError
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 TINY_VL = RESOURCES / "models" / "studio-tiny-vl"
@@ -111,14 +111,28 @@ def test_labels_learn_the_answer_alone_never_the_image_or_the_prompt():
         assert row["image_grid_thw"] == [[1, 4, 4]]
 
 
-def test_other_vision_families_are_refused_by_name_before_loading(tmp_path):
-    from studio.train.preflight import check_architecture
+@pytest.mark.parametrize("model_type, name", [("llava", "LLaVA"), ("gemma3", "Gemma 3"), ("fuyu", "fuyu")])
+def test_other_vision_families_are_refused_images_by_name(model_type, name):
+    from studio.core.model.vision import image_training_refusal, vision_family
 
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
-                                  "vision_config": {"model_type": "clip_vision_model"}, "text_config": {}}))
-    with pytest.raises(StudioError, match="LLaVA is a vision-language model.*Qwen2-VL and Qwen2.5-VL"):
-        check_architecture(config, trust_remote_code=False)
+    config = {"model_type": model_type, "vision_config": {"hidden_size": 8}, "text_config": {}}
+    assert vision_family(config) is None  # their language model still trains on text, as before
+    refusal = image_training_refusal(config)
+    assert refusal is not None and refusal.message.startswith(f"{name} is a vision-language model that studio does "
+                                                              "not train on images yet: it trains Qwen2-VL and "
+                                                              "Qwen2.5-VL on images and text")
+
+
+def test_images_on_a_text_model_are_refused_before_anything_loads(tmp_path):
+    from studio.core.run.events import read_events
+    from studio.train import worker
+
+    path = write_rows(tmp_path, [chat_row([{"type": "image"}, QUESTION], images=["red.png"])] * 8)
+    config = vision_config(path, model={"name_or_path": str(RESOURCES / "models" / "studio-tiny")})
+    code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
+    failed = [event for event in read_events(run_dir.events) if event["type"] == "error"]
+    assert code != 0 and "the data holds images, but the model is a text model" in failed[0]["message"]
+    assert not any(event["type"] == "step" for event in read_events(run_dir.events))
 
 
 def trained_names(config) -> set[str]:
@@ -180,6 +194,16 @@ def test_a_short_run_on_images_lowers_the_loss(trained_run):
     run_losses = losses(run_dir)
     assert len(run_losses) == 8 and run_losses[-1] < run_losses[0] - 0.2
     assert "plain padded micro-batches" in (run_dir.path / "train.log").read_text(encoding="utf-8")
+
+
+def test_the_run_estimates_its_memory_and_says_what_of_the_images_it_leaves_out(trained_run):
+    from studio.core.run.events import read_events
+
+    _, run_dir = trained_run
+    estimates = [event for event in read_events(run_dir.events) if event["type"] == "estimate"]
+    assert estimates and estimates[0]["peak_bytes"] > 0
+    assert any("the vision tower's weights are counted, its activations on the images are not yet" in note
+               for note in estimates[0]["notes"])
 
 
 def test_exports_reload_in_plain_transformers_with_the_trained_logits_on_image_rows(trained_run, tmp_path):

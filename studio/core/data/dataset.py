@@ -86,6 +86,8 @@ class DatasetReport:
     file_rows: dict[str, int] = field(default_factory=dict)
     examples: tuple[Example, ...] = ()
     complete: bool = True
+    image_rows: int = 0
+    """The rows holding images (they train on a vision-language model alone)."""
 
 
 # ---------------------------------------------------------------- reading files
@@ -540,10 +542,12 @@ def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | N
     problems: list[Problem] = []
     kept: list[Example] = []
     counts = {str(p): 0 for p in paths}
+    image_rows = 0
     with closing(scanner.items(paths, limit)) as items:
         for path, item in items:
             if isinstance(item, Example):
                 counts[str(path)] += 1
+                image_rows += bool(item.images)
                 if keep is None or len(kept) < keep:
                     kept.append(item)
             elif len(problems) < MAX_PROBLEMS:
@@ -556,7 +560,7 @@ def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | N
     if problems:
         raise ProblemsError(problems, "data", _describe_paths(paths))
     assert scanner.format is not None  # a dataset without rows has problems
-    return DatasetReport(scanner.format, sum(counts.values()), counts, tuple(kept), scanner.complete)
+    return DatasetReport(scanner.format, sum(counts.values()), counts, tuple(kept), scanner.complete, image_rows)
 
 
 def _paths(paths: Iterable[str | Path] | str | Path) -> list[Path]:

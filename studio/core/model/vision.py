@@ -2,8 +2,9 @@
 
 A model is a vision-language one when its ``config.json`` has a ``vision_config``. Each family is an entry of
 ``VISION_FAMILIES``: the module paths of its vision tower and projector (everything else is the language model,
-the only part LoRA adapts and, by default, the only part that trains) and the token its images become. A family
-listed without ``supported`` is named in a clear refusal; a family absent from the table is refused the same way.
+the only part LoRA adapts and, by default, the only part that trains) and the token its images become. Rows with
+images on a family not supported yet (listed without its image token, or absent) are refused, the family named,
+before anything loads; such a model still trains on text, as before, through its causal-LM class.
 """
 
 from __future__ import annotations
@@ -56,15 +57,23 @@ def is_vision_language(config: dict) -> bool:
 
 
 def vision_family(config: dict) -> VisionFamily | None:
-    """The supported vision family of a config.json mapping; None for a text model. A vision-language model of
-    any other family is refused, naming it and what is supported, before anything loads."""
-    if not is_vision_language(config):
+    """The vision-language family of a config.json mapping that studio trains on images; None for a text model and
+    for the families not supported yet (their language model trains on text as any causal LM's)."""
+    family = VISION_FAMILIES.get(str(config.get("model_type", ""))) if is_vision_language(config) else None
+    return family if family is not None and family.supported else None
+
+
+def image_training_refusal(config: dict) -> StudioError | None:
+    """Why the model of a config.json mapping cannot train on rows with images (its family is not supported yet, or
+    it is a text model); None when it can."""
+    if vision_family(config) is not None:
         return None
+    hint = "choose a Qwen2-VL or Qwen2.5-VL model, or remove the images from the rows"
+    supported = " and ".join(SUPPORTED_VISION)
+    if not is_vision_language(config):
+        return StudioError(f"the data holds images, but the model is a text model: studio trains {supported} on "
+                           "images and text", hint, kind="model")
     model_type = str(config.get("model_type", ""))
-    family = VISION_FAMILIES.get(model_type)
-    if family is None or not family.supported:
-        name = family.name if family else model_type or "an unnamed family"
-        raise StudioError(f"{name} is a vision-language model, which studio does not train yet: it trains "
-                          f"{' and '.join(SUPPORTED_VISION)} on images and text",
-                          "choose a Qwen2-VL or Qwen2.5-VL model, or a text model", kind="model")
-    return family
+    name = VISION_FAMILIES[model_type].name if model_type in VISION_FAMILIES else model_type or "an unnamed family"
+    return StudioError(f"{name} is a vision-language model that studio does not train on images yet: it trains "
+                       f"{supported} on images and text", hint, kind="model")

@@ -147,7 +147,8 @@ def hub_config(config: RunConfig):
 
 
 def vision_of(config: RunConfig) -> VisionFamily | None:
-    """The run's vision-language family, None for a text model (an unsupported family is refused)."""
+    """The run's vision-language family, None for a text model (and a family not trained on images yet: its
+    causal-LM class loads, as before)."""
     return vision_family(load_model_config(config.model.name_or_path, config.model.revision))
 
 
