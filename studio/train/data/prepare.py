@@ -191,6 +191,9 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
+    if example.images:
+        raise DataError(example.location, "answering rows with images is not done yet (generation, studio eval)",
+                        "evaluate with rows in words alone; the eval loss covers rows with images")
     prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
     ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
     expected = example.messages[-1]["content"] if example.messages else example.completion
