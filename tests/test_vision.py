@@ -30,10 +30,10 @@ def write_rows(folder: Path, rows: list[dict], image: str = "red.png") -> Path:
     return path
 
 
-def vision_config(data_file: Path, **sections):
+def vision_config(data_file: Path, data: dict | None = None, **sections):
     return quick_config(data_file, model={"name_or_path": str(TINY_VL)}).replace(
-        data={"train_files": (str(data_file),), "eval_files": (), "max_length": 64, "eval_fraction": 0.0},
-        **sections)
+        data={"train_files": (str(data_file),), "eval_files": (), "max_length": 64, "eval_fraction": 0.0,
+              **(data or {})}, **sections)
 
 
 def test_rows_with_images_read_as_chat_with_their_files():
@@ -66,6 +66,9 @@ def test_text_only_content_lists_read_as_text(tmp_path):
      "rows.jsonl:2: messages[0].content[0] is image 0, but field 'images' lists 0"),
     (chat_row([QUESTION], images=["red.png"]),
      "rows.jsonl:2: field 'images' lists 1 image(s), but the messages' image parts take 0"),
+    ({"messages": [{"role": "user", "content": "Draw red."},
+                   {"role": "assistant", "content": [{"type": "image", "path": "red.png"}]}]},
+     "rows.jsonl:2: messages[1].content[0] is an image in the assistant's turn"),
 ])
 def test_bad_images_are_refused_naming_the_row_and_the_image(tmp_path, row, expected):
     good = chat_row([{"type": "image"}, QUESTION], images=["red.png"])
@@ -89,6 +92,13 @@ def test_an_unreadable_image_is_refused_naming_the_row_and_the_image(tmp_path):
     (tmp_path / "broken.png").write_text("not an image", encoding="utf-8")
     with pytest.raises(ProblemsError, match=r"rows.jsonl:1: image 0 \(.*broken.png\) cannot be read as an image"):
         prepared(vision_config(path))
+
+
+def test_a_built_in_template_refuses_rows_with_images(tmp_path):
+    path = write_rows(tmp_path, [chat_row([{"type": "image"}, QUESTION], images=["red.png"])])
+    with pytest.raises(ProblemsError, match="rows.jsonl:1: a row with images needs the model's own chat template, "
+                                            "not chatml"):
+        prepared(vision_config(path, data={"template": "chatml"}))
 
 
 def test_a_text_model_refuses_rows_with_images(tmp_path):

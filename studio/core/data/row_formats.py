@@ -386,6 +386,9 @@ def _with_images(messages: tuple[dict[str, Any], ...], record: dict, key: str,
         for part_index, part in enumerate(message["content"]):
             if part["type"] == "image":
                 where = f"{key}[{index}].content[{part_index}]"
+                if message["role"] != "user":
+                    raise DataError(location, f"{where} is an image in the {message['role']}'s turn",
+                                    "images go in user turns: the model reads them, it does not write them")
                 source = part.get("source")
                 if source is None and taken == len(column):
                     raise DataError(location, f"{where} is image {len(images)}, but field 'images' lists "

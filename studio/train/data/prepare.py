@@ -117,9 +117,6 @@ def render_segments(example: Example, tokenizer: Any, template: str,
         return [(example.text + eos, True)]
     try:
         name = resolve_template(template, tokenizer)
-        if example.images and name != "tokenizer":
-            raise DataError(example.location, f"a row with images needs the model's own chat template, not {name}",
-                            "set data.template to auto or tokenizer (the model's template renders image parts)")
         if name == "tokenizer":
             return templates.split_rendered_chat(example.messages, example.tools, partial(_apply_template, tokenizer),
                                                  learning)
