@@ -161,6 +161,13 @@ def test_full_fine_tuning_trains_the_language_model_and_the_parts_asked_for():
     assert not any(".visual.blocks." in name for name in with_projector)
 
 
+def test_lora_beside_a_projector_trained_whole():
+    trained = trained_names(vision_config(COLOURS, vision={"train_projector": True}))
+    assert {name for name in trained if ".visual." in name} == {name for name in trained if ".visual.merger." in name}
+    assert any(".visual.merger." in name and "lora_" not in name for name in trained)
+    assert any("lora_" in name and ".language_model." in name for name in trained)
+
+
 def test_lora_steps_train_the_language_model_alone_and_leave_the_vision_tower():
     import torch
 

@@ -262,7 +262,7 @@ class VisionConfig:
     train_vision_tower: bool = _field(
         False, "Train the vision tower (the image encoder) too. Off: its weights stay as loaded, frozen; LoRA adapts "
         "the language model's linears alone. On: the tower's weights train whole (full fine-tuning, or beside LoRA; "
-        "an adapter export then leaves them out: export merged).")
+        "such a run exports merged: an adapter does not carry them).")
     train_projector: bool = _field(
         False, "Train the projector (the layers that map image features into the language model) too, whole; "
         "the same rules as train_vision_tower.")

@@ -74,6 +74,9 @@ def open_run(run_dir: Path, kind: str) -> tuple[RunDir, RunConfig, Path]:
         raise StudioError(f"{rd.path} has no complete checkpoint yet", "train (or stop-and-save) the run first", kind="export")
     if kind == "adapter" and not config.uses_adapter:
         raise StudioError("a full fine-tune has no adapter", "export it with --merged", kind="export")
+    if kind == "adapter" and (config.vision.train_vision_tower or config.vision.train_projector):
+        raise StudioError("the run trained vision parts whole (vision.train_vision_tower or train_projector), which "
+                          "an adapter does not carry", "export it with --merged", kind="export")
     if kind != "adapter" and not config.can_merge:
         raise StudioError(f"{config.method} trains {config.method_spec.trains}, which cannot be merged into the "
                           "model's weights",
