@@ -10,6 +10,7 @@ import pytest
 from helpers import losses, quick_config
 from studio.core.data.dataset import inspect_files
 from studio.core.errors import ProblemsError
+from studio.core.run.events import read_events
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 TINY_VL = RESOURCES / "models" / "studio-tiny-vl"
@@ -134,7 +135,6 @@ def test_other_vision_families_are_refused_images_by_name(model_type, name):
 
 
 def test_images_on_a_text_model_are_refused_before_anything_loads(tmp_path):
-    from studio.core.run.events import read_events
     from studio.train import worker
 
     path = write_rows(tmp_path, [chat_row([{"type": "image"}, QUESTION], images=["red.png"])] * 8)
@@ -211,11 +211,12 @@ def test_a_short_run_on_images_lowers_the_loss(trained_run):
     run_losses = losses(run_dir)
     assert len(run_losses) == 8 and run_losses[-1] < run_losses[0] - 0.2
     assert "plain padded micro-batches" in (run_dir.path / "train.log").read_text(encoding="utf-8")
+    assert config.data.packing == "padding_free"  # asked for, and visibly not done for rows with images
+    warnings = [event["message"] for event in read_events(run_dir.events) if event["type"] == "warning"]
+    assert any(message.startswith("rows with images are not packed yet") for message in warnings)
 
 
 def test_the_run_estimates_its_memory_and_says_what_of_the_images_it_leaves_out(trained_run):
-    from studio.core.run.events import read_events
-
     _, run_dir = trained_run
     estimates = [event for event in read_events(run_dir.events) if event["type"] == "estimate"]
     assert estimates and estimates[0]["peak_bytes"] > 0
