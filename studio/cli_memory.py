@@ -102,11 +102,13 @@ def _load(args):
 def run_data_tokens(config) -> tuple[int, int]:
     """(the largest micro-batch in tokens, the longest row) of the run's own data in its order: the data is
     read and tokenized as the worker does (studio.core.memory.run_data)."""
+    from studio.train.data.images import ImageRows
     from studio.train.data.prepare import prepare_data
     from studio.train.model.build import load_tokenizer
     from studio.train.worker import BatchPlan
 
-    rows = prepare_data(config, load_tokenizer(config)).train
+    tokenizer = load_tokenizer(config)
+    rows = prepare_data(config, tokenizer, image_rows=ImageRows.for_run(config, tokenizer)).train
     plan = BatchPlan.for_rows(config, rows)
     tokens = plan.largest_micro_batch(config, rows, config.distributed.num_processes, not config.packs_padding_free)
     return tokens, max(len(ids) for ids in rows["input_ids"])

@@ -219,7 +219,7 @@ def test_a_ten_megabyte_line_is_read(tmp_path):
         "chat_out_of_order.jsonl:6: field 'messages' does not end with an assistant turn",
         "chat_out_of_order.jsonl:7: field 'messages' does not end with an assistant turn",
         "chat_out_of_order.jsonl:8: messages[1].content is missing",
-        "chat_out_of_order.jsonl:9: messages[1].content must be text, got a list",
+        "chat_out_of_order.jsonl:9: messages[1].content[0] must be a text or image part, got text 'Hello'",
         "chat_out_of_order.jsonl:10: field 'messages' has no turns"]),
     ("sharegpt_bad.jsonl", ["sharegpt_bad.jsonl:2: conversations[1].from 'bing' is not one of system, human, gpt",
                             "sharegpt_bad.jsonl:3: conversations[0]: the conversation starts with an assistant turn",

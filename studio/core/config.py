@@ -266,6 +266,19 @@ class GrpoConfig:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """Vision-language models (Qwen2-VL, Qwen2.5-VL): which parts beside the language model train."""
+
+    train_vision_tower: bool = _field(
+        False, "Train the vision tower (the image encoder) too. Off: its weights stay as loaded, frozen; LoRA adapts "
+        "the language model's linears alone. On: the tower's weights train whole (full fine-tuning, or beside LoRA; "
+        "such a run exports merged: an adapter does not carry them).")
+    train_projector: bool = _field(
+        False, "Train the projector (the layers that map image features into the language model) too, whole; "
+        "the same rules as train_vision_tower.")
+
+
+@dataclass(frozen=True)
 class QatConfig:
     """Quantization-aware training with torchao: the block linears compute with fake-quantized numbers."""
 
@@ -478,6 +491,7 @@ class RunConfig:
         default_factory=PreferenceConfig, metadata={"doc": "The preference objectives' settings."})
     grpo: GrpoConfig = field(default_factory=GrpoConfig, metadata={"doc": "GRPO's settings."})
     qat: QatConfig = field(default_factory=QatConfig, metadata={"doc": "Quantization-aware training."})
+    vision: VisionConfig = field(default_factory=VisionConfig, metadata={"doc": "Vision-language models' parts."})
     quantization: QuantizationConfig = field(
         default_factory=QuantizationConfig, metadata={"doc": "Base-model quantization."}
     )

@@ -20,7 +20,8 @@ from studio.core.config import RunConfig
 from studio.core.data.dataset import DatasetReport, inspect_files, objective_refusal
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
-from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config
+from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config, load_model_config
+from studio.core.model.vision import image_training_refusal
 from studio.core.run.events import EventWriter
 from studio.train.data.hub import load_hub_datasets
 
@@ -38,6 +39,10 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
     load_hub_datasets(config)  # hub: entries become rows files that inspect_files reads
     train, evaluation = inspect_data(config)
     check_model(config)
+    if any(report is not None and report.image_rows for report in (train, evaluation)):
+        refusal = image_training_refusal(load_model_config(config.model.name_or_path, config.model.revision))
+        if refusal is not None:
+            raise refusal
     for message, hint in load_warnings(config):
         log.warning("%s (%s)", message, hint)
         events.emit("warning", message=message, hint=hint)

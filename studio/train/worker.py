@@ -50,6 +50,7 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
+from studio.train.data.images import ImageRows
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -185,7 +186,7 @@ class Worker:
             started = time.perf_counter()
             self.tokenizer = load_tokenizer(self.config)
             if engine.is_local_main:
-                data = prepare_data(self.config, self.tokenizer, reports)
+                data = prepare_data(self.config, self.tokenizer, reports, ImageRows.for_run(self.config, self.tokenizer))
                 if engine.world_size > 1:
                     save_prepared(data, prepared)
             else:
@@ -298,7 +299,14 @@ class Worker:
     def _probe_packing(self, model) -> None:
         """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
         self.packed = False
+        images = "pixel_values" in self.train_rows.column_names
+        if images:
+            log.info("rows with images train in plain padded micro-batches (packing them is not supported yet)")
         if not self.config.packs_padding_free:
+            return
+        if images:
+            self.events.emit("warning", message="rows with images are not packed yet: this run pads its micro-batches "
+                             "instead (plain padded batches)", hint="set data.packing to none to silence this")
             return
         refusal = packing_refusal(model)
         if refusal is not None:

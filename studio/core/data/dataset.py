@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -86,6 +86,8 @@ class DatasetReport:
     file_rows: dict[str, int] = field(default_factory=dict)
     examples: tuple[Example, ...] = ()
     complete: bool = True
+    image_rows: int = 0
+    """The rows holding images (they train on a vision-language model alone)."""
 
 
 # ---------------------------------------------------------------- reading files
@@ -455,21 +457,21 @@ class _Scanner:
                         self.complete = False
                         break
                     read += 1
-                    yield path, record if isinstance(record, Problem) else self._example(record, location)
+                    yield path, record if isinstance(record, Problem) else self._example(record, location, path)
             if read == 0:
                 yield path, Problem(path.name, "no rows", "the file holds no data rows")
 
-    def _example(self, record: dict, location: str) -> Example | Problem:
+    def _example(self, record: dict, location: str, path: Path) -> Example | Problem:
         seen = detect_format(record)
         try:
             if self.format is None:
-                example = to_messages(record, "auto", location)
+                example = with_image_files(to_messages(record, "auto", location), path.parent)
                 self.format, self.decided_at = example.kind, location
                 return example
             if self.requested == "auto" and seen and seen != self.format:
                 return Problem(location, f"mixed formats: this row looks like {seen}, earlier rows are "
                                f"{self.format} ({self.decided_at})", "use one row format per dataset")
-            return to_messages(record, self.format, location)
+            return with_image_files(to_messages(record, self.format, location), path.parent)
         except DataError as exc:
             # a prompt-only row fits no other format by its nature: its own problem (a missing prompt) says it best
             own_fields = (*PREFERENCE_ROWS, "prompt_only")
@@ -493,6 +495,22 @@ class _Scanner:
             return exc.problem
         finally:
             self.rows_checked += 1
+
+
+def with_image_files(example: Example, folder: Path) -> Example:
+    """The example with its images' paths resolved against ``folder`` (the data file's), each an existing file; a
+    DataError names the row, the image (its index and path) and the file looked for."""
+    if not example.images:
+        return example
+    files = []
+    for index, image in enumerate(example.images):
+        file = (folder / image).resolve()
+        if not file.is_file():
+            what = "is a folder, not an image file" if file.is_dir() else "does not exist"
+            raise DataError(example.location, f"image {index} ({image}) {what}: {file}",
+                            "image paths are relative to the data file's folder")
+        files.append(str(file))
+    return replace(example, images=tuple(files))
 
 
 def iter_examples(paths: Iterable[str | Path], fmt: str = "auto") -> Iterator[Example]:
@@ -524,10 +542,12 @@ def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | N
     problems: list[Problem] = []
     kept: list[Example] = []
     counts = {str(p): 0 for p in paths}
+    image_rows = 0
     with closing(scanner.items(paths, limit)) as items:
         for path, item in items:
             if isinstance(item, Example):
                 counts[str(path)] += 1
+                image_rows += bool(item.images)
                 if keep is None or len(kept) < keep:
                     kept.append(item)
             elif len(problems) < MAX_PROBLEMS:
@@ -540,7 +560,7 @@ def inspect_files(paths: Iterable[str | Path], fmt: str = "auto", limit: int | N
     if problems:
         raise ProblemsError(problems, "data", _describe_paths(paths))
     assert scanner.format is not None  # a dataset without rows has problems
-    return DatasetReport(scanner.format, sum(counts.values()), counts, tuple(kept), scanner.complete)
+    return DatasetReport(scanner.format, sum(counts.values()), counts, tuple(kept), scanner.complete, image_rows)
 
 
 def _paths(paths: Iterable[str | Path] | str | Path) -> list[Path]:

@@ -14,7 +14,10 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
   LLaMA-Factory's ShareGPT shape is read too: ``function_call`` turns (the call as JSON) and ``observation``
   turns (its result). An assistant turn's reasoning is its ``reasoning_content`` or ``thinking`` (or
   ``<think>`` tags already in its content), and ``train: false`` (or ``weight: 0``) keeps the turn out of the
-  loss.
+  loss. Images, in TRL's vision format: a turn's ``content`` is a list of parts, ``{"type": "text", "text": ...}``
+  and ``{"type": "image"}``, the images the row's ``images`` column (a list of paths, in the parts' order), or a
+  part names its own (``{"type": "image", "path": "x.png"}``, or ``"image"``). Paths are relative to the data file
+  (``studio.core.data.dataset`` finds them); only local files: a URL is refused. Only chat rows hold images.
 - instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
   optional ``system``); becomes a user and an assistant message.
 - prompt_completion: ``prompt`` (may be empty) and ``completion``.
@@ -67,6 +70,11 @@ _FORMAT_FIELDS = {  # the fields that make a row look like each format, in detec
 }
 _FORMAT_HINT = ("rows need messages, conversations, instruction+output, prompt+completion, text, chosen+rejected, "
                 "or completion+label; or set data.format")
+IMAGE_SOURCE_FIELDS = ("path", "image")
+"""Where an inline image part names its file, in the order looked for."""
+_IMAGE_HINT = ('give each {"type": "image"} part its file: the row\'s "images" list (paths relative to the data file, '
+               'in the parts\' order) or the part\'s own "path"')
+_PARTS_HINT = 'a content list holds {"type": "text", "text": ...} and {"type": "image"} parts'
 _MISSING = object()
 MAX_NESTING = 100
 """How deep a row's values may nest (lists and objects in one another): far beyond any real row, far below
@@ -117,6 +125,10 @@ class Example:
     """prompt_only: the row as read, every column: what the rewards are given."""
     tools: tuple[dict[str, Any], ...] = ()
     """Conversational rows: the functions the model may call, each ``{"type": "function", "function": {...}}``."""
+    images: tuple[str, ...] = ()
+    """Chat rows: the image files, the n-th that of the n-th ``{"type": "image"}`` part of the messages (whose
+    content is then a tuple of parts; a turn without images keeps plain text). As written in the row until
+    ``studio.core.data.dataset`` resolves them against the data file's folder."""
 
     @property
     def conversational(self) -> bool:
@@ -226,7 +238,17 @@ def to_messages(record: dict, fmt: str, location: str = "") -> Example:
         fmt = detect_format(record) or _guess_format(record) or ""
     if fmt not in _BUILDERS:
         raise unknown_format_error(record, location)
-    return _BUILDERS[fmt](record, location)
+    example = _BUILDERS[fmt](record, location)
+    if example.kind != "chat" and has_images(example.messages + _turns(example.chosen, example.rejected,
+                                                                         example.completion)):
+        raise DataError(location, f"{example.kind} rows with images are not trained yet",
+                        "images train in chat rows (supervised fine-tuning) for now")
+    return example
+
+
+def _turns(*responses: Any) -> tuple[dict[str, Any], ...]:
+    """The turns among a row's responses (a conversational one's; plain text holds none)."""
+    return tuple(turn for response in responses if isinstance(response, tuple) for turn in response)
 
 
 def fits_no_format(record: dict) -> bool:
@@ -276,7 +298,8 @@ def _chat(record: dict, location: str) -> Example:
         raise DataError(location, f"field '{key}' has no turns")
     messages = tuple(_turn(turn, f"{key}[{index}]", location) for index, turn in enumerate(turns))
     _check_turn_order(messages, key, location)
-    return Example("chat", messages=messages, location=location, tools=_tools(record, location))
+    messages, images = _with_images(messages, record, key, location)
+    return Example("chat", messages=messages, location=location, tools=_tools(record, location), images=images)
 
 
 def _conversational_prompt_completion(record: dict, location: str) -> Example:
@@ -287,7 +310,8 @@ def _conversational_prompt_completion(record: dict, location: str) -> Example:
     turns += [(turn, f"completion[{index}]") for index, turn in enumerate(record["completion"])]
     messages = tuple(_turn(turn, path, location) for turn, path in turns)
     _check_turn_order(messages, "prompt+completion", location)
-    return Example("chat", messages=messages, location=location, tools=_tools(record, location))
+    messages, images = _with_images(messages, record, "prompt+completion", location)
+    return Example("chat", messages=messages, location=location, tools=_tools(record, location), images=images)
 
 
 def _turn(turn: Any, path: str, location: str) -> dict[str, Any]:
@@ -307,8 +331,11 @@ def _turn(turn: Any, path: str, location: str) -> dict[str, Any]:
         calls = _tool_calls(turn.get("value"), f"{path}.value", location)
         return {"role": "assistant", "content": "", "tool_calls": calls, **_learned(turn, path, location)}
     calls = turn.get("tool_calls") if role == "assistant" else None
-    content = _text(turn, content_key, location, path=f"{path}.{content_key}", required=calls is None,
-                    blank_ok=role in ("system", "tool") or calls is not None)
+    if isinstance(turn.get(content_key), list):
+        content = _parts(turn[content_key], f"{path}.{content_key}", location)
+    else:
+        content = _text(turn, content_key, location, path=f"{path}.{content_key}", required=calls is None,
+                        blank_ok=role in ("system", "tool") or calls is not None)
     message: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         if calls is not None:
@@ -318,6 +345,89 @@ def _turn(turn: Any, path: str, location: str) -> dict[str, Any]:
         message.update({key: _text(turn, key, location, path=f"{path}.{key}") for key in ("tool_call_id", "name")
                         if turn.get(key) is not None})
     return message
+
+
+def _parts(parts: list, path: str, location: str) -> str | tuple[dict[str, str], ...]:
+    """A content list of text and image parts: its text alone when it holds no image, else the parts (an image
+    part keeps the file it names, if it names one, until ``_with_images`` takes it)."""
+    read = []
+    for index, part in enumerate(parts):
+        where = f"{path}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            read.append({"type": "text", "text": _text(part, "text", location, path=f"{where}.text", blank_ok=True)})
+        elif kind == "image":
+            source = next((part[key] for key in IMAGE_SOURCE_FIELDS if part.get(key) is not None), None)
+            if source is not None and not isinstance(source, str):
+                raise DataError(location, f"{where} names its image by {describe_value(source)}, not a file path",
+                                _IMAGE_HINT)
+            read.append({"type": "image", **({"source": source} if source else {})})
+        else:
+            raise DataError(location, f"{where} must be a text or image part, got {describe_value(part)}",
+                            _PARTS_HINT)
+    if all(part["type"] == "text" for part in read):
+        return "".join(part["text"] for part in read)
+    return tuple(read)
+
+
+def _with_images(messages: tuple[dict[str, Any], ...], record: dict, key: str,
+                 location: str) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...]]:
+    """The messages with bare image parts, and the files of their images in order: a part's own file, or the next
+    of the ``images`` column's."""
+    column = _image_column(record, location)
+    taken = 0  # of the column's images
+    images: list[str] = []
+    read = []
+    for index, message in enumerate(messages):
+        if isinstance(message["content"], str):
+            read.append(message)
+            continue
+        parts = []
+        for part_index, part in enumerate(message["content"]):
+            if part["type"] == "image":
+                where = f"{key}[{index}].content[{part_index}]"
+                if message["role"] != "user":
+                    raise DataError(location, f"{where} is an image in the {message['role']}'s turn",
+                                    "images go in user turns: the model reads them, it does not write them")
+                source = part.get("source")
+                if source is None and taken == len(column):
+                    raise DataError(location, f"{where} is image {len(images)}, but field 'images' lists "
+                                    f"{len(column)}", _IMAGE_HINT)
+                if source is None:
+                    source, taken = column[taken], taken + 1
+                images.append(_local_image(source, f"image {len(images)} ({where})", location))
+                part = {"type": "image"}
+            parts.append(part)
+        read.append({**message, "content": tuple(parts)})
+    if taken < len(column):
+        raise DataError(location, f"field 'images' lists {len(column)} image(s), but the messages' image parts take "
+                        f"{taken}", _IMAGE_HINT)
+    return tuple(read), tuple(images)
+
+
+def _image_column(record: dict, location: str) -> list[str]:
+    value = record.get("images")
+    if value is None or value == []:
+        return []
+    if not isinstance(value, list) or not all(isinstance(path, str) for path in value):
+        raise DataError(location, f"field 'images' must be a list of image file paths, got {describe_value(value)}",
+                        _IMAGE_HINT)
+    return value
+
+
+def _local_image(source: str, what: str, location: str) -> str:
+    """An image's path as written; a URL is refused (studio trains offline, on local files)."""
+    if re.match(r"^[a-z][a-z0-9+.-]*://", source.strip(), re.IGNORECASE) or source.startswith("data:"):
+        raise DataError(location, f"{what} is a URL ({_short(source)}): studio reads local image files only "
+                        "(offline)", "download the image next to the data file and give its relative path")
+    if not source.strip():
+        raise DataError(location, f"{what} has an empty path", _IMAGE_HINT)
+    return source
+
+
+def has_images(messages: tuple[dict[str, Any], ...]) -> bool:
+    """Whether any message holds an image part (its content is a tuple of parts)."""
+    return any(not isinstance(message.get("content", ""), str) for message in messages)
 
 
 def _reasoning(turn: dict, path: str, location: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from studio.core.data.row_formats import DataError
+from studio.core.data.row_formats import DataError, has_images
 
 Segment = tuple[str, bool]
 Message = dict[str, Any]
@@ -63,8 +63,11 @@ def render(template: str, messages: Sequence[Message], eos_token: str = "", tool
     """Render a conversation with a built-in template into merged segments.
 
     ``eos_token`` ends the response where the template has no end marker of
-    its own (alpaca), so that the model learns to stop.
+    its own (alpaca), so that the model learns to stop. Images are the model's own template's to render.
     """
+    if has_images(messages):
+        raise DataError("", f"a row with images needs the model's own chat template, not {template}",
+                        "set data.template to auto or tokenizer (the model's template renders image parts)")
     renderers = {"chatml": _chatml, "alpaca": _alpaca}
     if template not in renderers:
         raise DataError("data.template", f"{template!r} is not a built-in template", "use " + " or ".join(BUILTIN_TEMPLATES))

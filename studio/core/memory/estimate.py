@@ -65,6 +65,7 @@ from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_pr
                                          sharded_devices, with_cuda_overheads)
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
+from studio.core.model.vision import is_vision_language
 from studio.core.sizes import format_bytes
 
 # What callers of the estimate use; the parts of the model live in studio.core.memory.
@@ -216,7 +217,16 @@ def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out:
         raise TraceNeededError(model_config["model_type"], trace_path(model_config, config),
                                regime_id(regime_axes(config)))
     result = derived_estimate(trace, config, device_type, scale_out, overheads)
+    result = replace(result, notes=result.notes + vision_notes(model_config))
     return replace(result, notes=result.notes + overheads.notes) if device_type == "cuda" else result
+
+
+def vision_notes(model_config: dict) -> tuple[str, ...]:
+    """What the estimate of a vision-language model leaves out: its step is traced on text."""
+    if not is_vision_language(model_config):
+        return ()
+    return ("vision-language model: the vision tower's weights are counted, its activations on the images are not "
+            "yet (the step is traced on text; an image's tokens count as text tokens)",)
 
 
 def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from studio.train.data.images import IMAGE_INPUTS
 from studio.train.data.packed_attention import packed_implementation, probe
 from studio.train.data.prepare import IGNORE_INDEX, as_token_list
 
@@ -68,11 +69,11 @@ def example_count(batch: dict[str, torch.Tensor]) -> int:
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | bool]:
-    """What the model is called with: padded batches carry a mask, packed ones position ids.
+    """What the model is called with: padded batches carry a mask (and their images), packed ones position ids.
 
     No cache: transformers derives the packed mask from the position ids only without one.
     """
-    keys = ("input_ids", "attention_mask", "position_ids")
+    keys = ("input_ids", "attention_mask", "position_ids", *IMAGE_INPUTS)
     return {**{k: batch[k] for k in keys if k in batch}, "use_cache": False}
 
 

@@ -50,6 +50,7 @@ from studio.core.data.dataset import (MAX_PROBLEMS, SHOWN_ROWS, RowStart, beyond
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import Problem, ProblemsError, StudioError
+from studio.train.data.images import IMAGE_COLUMN_TYPES, IMAGE_INPUTS, NO_IMAGES, ImageRows, image_batch
 
 if TYPE_CHECKING:  # imported where a split is made or loaded: importing this module needs no datasets
     import datasets
@@ -63,7 +64,8 @@ PREFERENCE_COLUMNS = {  # the columns of each preference row format (beside inpu
 PROMPT_COLUMNS = ("input_ids", "row", "location")
 """A prompt-only row's columns: its prompt's ids, the row as read (JSON) and where it is."""
 _BATCH_ROWS = 1000
-_COLUMN_TYPES = {"label": pa.bool_(), "row": pa.string(), "location": pa.string()}  # the others: token ids
+_COLUMN_TYPES = {"label": pa.bool_(), "row": pa.string(), "location": pa.string(),
+                 **IMAGE_COLUMN_TYPES}  # the others: token ids
 
 
 @dataclass
@@ -186,6 +188,9 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
+    if example.images:
+        raise DataError(example.location, "answering rows with images is not done yet (generation, studio eval)",
+                        "evaluate with rows in words alone; the eval loss covers rows with images")
     prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
     ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
     expected = example.messages[-1]["content"] if example.messages else example.completion
@@ -261,7 +266,7 @@ def _common_prefix(ids: list[int], other: list[int]) -> int:
 
 
 def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """A right-padded batch: input_ids (pad id), labels (-100) and attention_mask."""
+    """A right-padded batch: input_ids (pad id), labels (-100) and attention_mask; the rows' images, if any."""
     rows = [as_token_list(f["input_ids"]) for f in features]
     labels = [as_token_list(f["labels"]) for f in features]
     width = max(len(row) for row in rows)
@@ -270,7 +275,7 @@ def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torc
         return torch.tensor([v + [fill] * (width - len(v)) for v in values], dtype=torch.long)
 
     return {"input_ids": pad(rows, pad_token_id), "labels": pad(labels, IGNORE_INDEX),
-            "attention_mask": pad([[1] * len(row) for row in rows], 0)}
+            "attention_mask": pad([[1] * len(row) for row in rows], 0), **image_batch(features, width)}
 
 
 def as_token_list(values: Any) -> list[int]:
@@ -284,12 +289,13 @@ def as_token_list(values: Any) -> list[int]:
 class _SplitBuilder:
     """Collects encoded rows of one split into Arrow batches and counts them."""
 
-    def __init__(self, fmt: str, template: str, kl_group: int):
+    def __init__(self, fmt: str, template: str, kl_group: int, images: bool = False):
         self.kl_group = kl_group  # unpaired rows: the groups whose completions are mismatched (KTO's KL term)
         self.stats: dict[str, Any] = {"rows": 0, "tokens": 0, "target_tokens": 0, "truncated": 0,
                                       "dropped": 0, "unlearned": 0, "format": fmt, "template": template}
         self.prompts_only = fmt == "prompt_only"
-        self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()))
+        self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()),
+                                                                 *(IMAGE_INPUTS if images else ()))
         self._schema = pa.schema([(name, _COLUMN_TYPES.get(name, pa.list_(pa.int32()))) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
@@ -354,8 +360,10 @@ def sequence_lengths(rows: datasets.Dataset) -> list[int]:
     return lengths
 
 
-def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None) -> PreparedData:
-    """Validate, render and tokenize the training (and eval) data.
+def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None,
+                 image_rows: ImageRows | None = None) -> PreparedData:
+    """Validate, render and tokenize the training (and eval) data; rows with images through ``image_rows`` (the
+    run's ``ImageRows.for_run``: None for a text model, which refuses them).
 
     Every file is checked first (all problems reported together), unless
     ``reports`` holds the (train, eval) inspect_files reports of a check
@@ -371,14 +379,14 @@ def prepare_data(config: RunConfig, tokenizer: Any, reports: tuple | None = None
     # pairs may be conversational, known row by row: the template is resolved for them all
     rendered = {"instruction", "chat", "prompt_only", *PREFERENCE_COLUMNS}
     template = resolve_template(data.template, tokenizer) if formats & rendered else "none"
-    encoder = _Encoder(tokenizer, template, data.max_length, data.train_on_prompt,
-                       data.max_length - config.grpo.max_completion_length, templates.Learning.of(data))
+    encoder = RowEncoder.for_run(config, tokenizer, template, image_rows)
+    images = image_rows is not None
 
     held_out = set() if eval_report else held_out_rows(train_report.rows, data.eval_fraction, config.training.seed)
     group = config.training.micro_batch_size
-    train = _SplitBuilder(train_report.format, template, group)
-    evaluation = _SplitBuilder((eval_report or train_report).format, template, group) if eval_report or held_out \
-        else None
+    train = _SplitBuilder(train_report.format, template, group, images)
+    evaluation = _SplitBuilder((eval_report or train_report).format, template, group, images) \
+        if eval_report or held_out else None
     encoder.run(iter_examples(data.train_files, train_report.format),
                 lambda index: evaluation if index in held_out else train)
     if eval_report is not None:
@@ -465,16 +473,24 @@ def load_prepared(folder: Path) -> PreparedData:
     return PreparedData(datasets.load_from_disk(str(folder / "train")), evaluation, stats)
 
 
-class _Encoder:
-    """Renders and tokenizes examples into split builders, collecting per-row problems."""
+class RowEncoder:
+    """Renders and tokenizes examples (``encode``) into split builders, collecting per-row problems."""
 
     def __init__(self, tokenizer: Any, template: str, max_length: int, train_on_prompt: bool, max_prompt: int,
-                 learning: templates.Learning):
+                 learning: templates.Learning, image_rows: ImageRows | None = None):
         self.tokenizer, self.template, self.learning = tokenizer, template, learning
+        self.image_rows = image_rows
         self.max_length, self.train_on_prompt = max_length, train_on_prompt
         self.max_prompt = max_prompt  # a prompt-only row's room: its completion follows it
         self.add_bos = adds_bos(tokenizer)
         self.problems: list[Problem] = []
+
+    @classmethod
+    def for_run(cls, config: RunConfig, tokenizer: Any, template: str,
+                image_rows: ImageRows | None = None) -> "RowEncoder":
+        data = config.data
+        return cls(tokenizer, template, data.max_length, data.train_on_prompt,
+                   data.max_length - config.grpo.max_completion_length, templates.Learning.of(data), image_rows)
 
     def run(self, examples: Iterable[Example], split_of: Callable[[int], _SplitBuilder]) -> None:
         """Add each example to the split that ``split_of(its index)`` names."""
@@ -482,19 +498,32 @@ class _Encoder:
             if len(self.problems) >= MAX_PROBLEMS:
                 return
             try:
-                encoded = self._encode(example)
+                encoded = self.encode(example)
             except DataError as exc:
                 self.problems.append(exc.problem)
                 continue
             split_of(index).add(encoded, example.location)
 
-    def _encode(self, example: Example) -> dict[str, Any]:
+    def encode(self, example: Example) -> dict[str, Any]:
         if example.kind == "prompt_only":
             return encode_prompt_only(example, self.tokenizer, self.template, self.max_prompt, self.add_bos)
         if example.kind in PREFERENCE_COLUMNS:
             return encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos)
         segments = render_segments(example, self.tokenizer, self.template, self.learning)
-        return encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
+        if example.images:
+            return self._encode_images(example, segments)
+        encoded = encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
+        return {**encoded, **NO_IMAGES} if self.image_rows else encoded
+
+    def _encode_images(self, example: Example, segments: list[Segment]) -> dict[str, Any]:
+        """A chat row with images: its image placeholders expanded to the images' tokens, never learned."""
+        if self.image_rows is None:
+            raise DataError(example.location, f"the row holds {len(example.images)} image(s), but the model is a "
+                            "text model", "choose a vision-language model (Qwen2-VL, Qwen2.5-VL) or remove the images")
+        inputs, counts = self.image_rows.inputs(example)
+        expanded = self.image_rows.expand(segments, counts, example.location)
+        encoded = encode(expanded, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
+        return {**self.image_rows.masked(encoded, counts, self.max_length, example.location), **inputs}
 
     def raise_problems(self) -> None:
         if self.problems:

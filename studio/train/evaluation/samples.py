@@ -32,11 +32,12 @@ def why_no_samples(config: RunConfig) -> tuple[str, str] | None:
 
 
 def sample_examples(config: RunConfig) -> list[Example]:
-    """The user's sample prompts, else the first held-out rows that ask something (text rows do not)."""
+    """The user's sample prompts, else the first held-out rows that ask something (text rows do not) in words alone
+    (answering an image is not done yet)."""
     if config.data.sample_prompts:
         return [prompt_example(config, prompt) for prompt in config.data.sample_prompts]
     rows, _ = held_out_examples(config)
-    return [row for row in rows if row.kind != "text"][:SAMPLED_HELD_OUT_ROWS]
+    return [row for row in rows if row.kind != "text" and not row.images][:SAMPLED_HELD_OUT_ROWS]
 
 
 class Sampler:

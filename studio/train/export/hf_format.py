@@ -28,11 +28,12 @@ from studio.core.run.commands import EXPORT_RECORD
 from studio.core.run.directory import RunDir, atomic_folder
 from studio.core.run.events import EventWriter
 from studio.train.checkpoint import load_weights, read_state
-from studio.train.data.prepare import encode, encode_prompt, render_segments
+from studio.train.data.images import ImageRows
+from studio.train.data.prepare import RowEncoder, collate, encode, encode_prompt, render_segments
 from studio.train.export.card import write_card
 from studio.train.export.chat import base_generation_config, carry_chat_template, trained_template
-from studio.train.model.build import (attach_adapter, build_model, hub_kwargs, load_base_model, load_tokenizer,
-                                      qat_base_config)
+from studio.train.model.build import (attach_adapter, auto_model_class, build_model, hub_kwargs, load_base_model,
+                                      load_tokenizer, qat_base_config)
 from studio.train.quiet import quiet_progress_bars
 
 log = logging.getLogger("studio.train")
@@ -73,6 +74,9 @@ def open_run(run_dir: Path, kind: str) -> tuple[RunDir, RunConfig, Path]:
         raise StudioError(f"{rd.path} has no complete checkpoint yet", "train (or stop-and-save) the run first", kind="export")
     if kind == "adapter" and not config.uses_adapter:
         raise StudioError("a full fine-tune has no adapter", "export it with --merged", kind="export")
+    if kind == "adapter" and (config.vision.train_vision_tower or config.vision.train_projector):
+        raise StudioError("the run trained vision parts whole (vision.train_vision_tower or train_projector), which "
+                          "an adapter does not carry", "export it with --merged", kind="export")
     if kind != "adapter" and not config.can_merge:
         raise StudioError(f"{config.method} trains {config.method_spec.trains}, which cannot be merged into the "
                           "model's weights",
@@ -106,7 +110,7 @@ def write_verified(rd: RunDir, config: RunConfig, checkpoint: Path, kind: str, f
         exact = True
     else:
         _save_merged(config, checkpoint, tokenizer, folder, export_dtype, device, total_steps)
-        reloaded = _reload_merged(folder, export_dtype, device)
+        reloaded = _reload_merged(config, folder, export_dtype, device)
         exact = export_dtype == torch.float32 and config.effective_load_in == "none" and not config.qat.enabled
     verification = _verify(reloaded, inputs, reference, base_diff, exact)
     info = {"kind": kind, "run_dir": str(rd.path), "checkpoint": checkpoint.name, "dtype": str(export_dtype).removeprefix("torch."),
@@ -164,24 +168,26 @@ def _export_dtype(config: RunConfig, dtype: str) -> torch.dtype:
 
 def verification_inputs(config: RunConfig, tokenizer, device, count: int = 4,
                         files: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-    """A padded batch of the first few examples of ``files`` (the training files), rendered as in training."""
+    """A padded batch of the first few examples of ``files`` (the training files), rendered as in training (with
+    their images)."""
     report = inspect_files(files or config.data.train_files, config.row_format, limit=count)
-    rows = [_verification_ids(example, tokenizer, config) for example in report.examples[:count]]
-    length = max(len(r) for r in rows)
-    ids = torch.full((len(rows), length), tokenizer.pad_token_id)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    image_rows = ImageRows.for_run(config, tokenizer)
+    rows = [_verification_row(example, tokenizer, config, image_rows) for example in report.examples[:count]]
+    batch = collate(rows, tokenizer.pad_token_id)
+    return {name: tensor.to(device) for name, tensor in batch.items() if name != "labels"}
 
 
-def _verification_ids(example, tokenizer, config: RunConfig) -> list[int]:
-    """An example's tokens as training saw them (a prompt-only row: its prompt, which the completions followed)."""
+def _verification_row(example, tokenizer, config: RunConfig, image_rows: ImageRows | None) -> dict:
+    """An example's tokens as training saw them (a prompt-only row: its prompt, which the completions followed; a
+    row with images: its image tokens and images)."""
+    if example.images:
+        return RowEncoder.for_run(config, tokenizer, config.data.template, image_rows).encode(example)
     if example.kind == "prompt_only":
-        return encode_prompt(example, tokenizer, config.data.template)[0][:config.data.max_length]
-    return encode(render_segments(example, tokenizer, config.data.template, Learning.of(config.data)), tokenizer,
-                  config.data.max_length, config.data.train_on_prompt)["input_ids"]
+        ids = encode_prompt(example, tokenizer, config.data.template)[0][:config.data.max_length]
+    else:
+        ids = encode(render_segments(example, tokenizer, config.data.template, Learning.of(config.data)), tokenizer,
+                     config.data.max_length, config.data.train_on_prompt)["input_ids"]
+    return {"input_ids": ids, "labels": ids}
 
 
 @torch.no_grad()
@@ -241,6 +247,9 @@ def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, d
     else:
         load_weights(checkpoint, model)
     tokenizer.save_pretrained(folder)
+    image_rows = ImageRows.for_run(config, tokenizer)
+    if image_rows is not None:  # what turns images into the merged model's inputs
+        image_rows.image_processor.save_pretrained(folder)
     if not config.qat.enabled:
         model.to(dtype).save_pretrained(folder, safe_serialization=True)
         return
@@ -262,10 +271,8 @@ def _quantize_saved(config: RunConfig, source: Path, folder: Path, dtype: torch.
     quantized.save_pretrained(folder, safe_serialization=True)
 
 
-def _reload_merged(folder: Path, dtype: torch.dtype, device):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+def _reload_merged(config: RunConfig, folder: Path, dtype: torch.dtype, device):
+    return auto_model_class(config).from_pretrained(str(folder), dtype=dtype).to(device).eval()
 
 
 def _verify(model, inputs, reference: torch.Tensor, base_diff: float | None, exact: bool) -> Verification:

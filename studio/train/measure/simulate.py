@@ -269,14 +269,15 @@ def rows_are_unpadded():
 
 
 def with_depth(hf_config, layers: int):
-    """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match);
-    in a multimodal checkpoint's config, its text model's."""
+    """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match, or
+    grown by their last entry for a model shallower than the trace); in a multimodal checkpoint's config, its text
+    model's."""
     text = hf_config.get_text_config()
     text.num_hidden_layers = layers
     for key in ("layer_types", "mlp_layer_types"):
         value = getattr(text, key, None)
-        if isinstance(value, list) and len(value) > layers:
-            setattr(text, key, value[:layers])
+        if isinstance(value, list) and value:
+            setattr(text, key, value[:layers] + value[-1:] * (layers - len(value)))
     return hf_config
 
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import pickle
+import re
 import socket
 from pathlib import Path
 
@@ -22,7 +23,8 @@ import torch
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.regime import lean_outer_weights, lean_weights_apply, weight_dtype_name
-from studio.core.model.info import cached_config, looks_like_path
+from studio.core.model.info import cached_config, load_model_config, looks_like_path
+from studio.core.model.vision import VisionFamily, vision_family
 from studio.train.model.methods import attach_hooks, hooks_of, peft_config
 from studio.train.preflight import refused_pickle_error, weight_load_kwargs
 from studio.train.savers import apply_when_built
@@ -144,20 +146,29 @@ def hub_config(config: RunConfig):
         raise load_error(config, exc) from exc
 
 
+def vision_of(config: RunConfig) -> VisionFamily | None:
+    """The run's vision-language family, None for a text model (and a family not trained on images yet: its
+    causal-LM class loads, as before)."""
+    return vision_family(load_model_config(config.model.name_or_path, config.model.revision))
+
+
+def auto_model_class(config: RunConfig):
+    """transformers' auto class of the run's model: image-text to text for a vision-language model."""
+    import transformers
+
+    return transformers.AutoModelForImageTextToText if vision_of(config) else transformers.AutoModelForCausalLM
+
+
 def skeleton_model(config: RunConfig, hf_config=None, dtype: torch.dtype | None = None):
     """The base model's modules with every weight on the meta device, from config.json alone (no weight is read)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(hf_config or hub_config(config), dtype=dtype or weight_dtype(config),
+        return auto_model_class(config).from_config(hf_config or hub_config(config), dtype=dtype or weight_dtype(config),
                                                 attn_implementation=attention_implementation(config))
 
 
 def load_base_model(config: RunConfig, device: torch.device, quantized: bool = True, dtype: torch.dtype | None = None):
     """The base model as configured (``quantized=False`` loads 16/32-bit weights even for QLoRA). On the meta
     device its skeleton: a rank of FSDP's sharded load, which receives rank 0's weights when it is sharded."""
-    from transformers import AutoModelForCausalLM
-
     if device.type == "meta":
         model = skeleton_model(config, dtype=dtype)
         model.config.use_cache = False
@@ -173,7 +184,7 @@ def load_base_model(config: RunConfig, device: torch.device, quantized: bool = T
         placement = layersplit.plan(config)
         kwargs["device_map"] = layersplit.hf_device_map(placement, config)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_model_class(config).from_pretrained(
             config.model.name_or_path,
             dtype=dtype or weight_dtype(config),
             attn_implementation=attention_implementation(config),
@@ -267,8 +278,22 @@ def build_model(config: RunConfig, device: torch.device, total_steps: int | None
         model = attach_adapter(model, config, total_steps)
         if checkpointing:
             model.enable_input_require_grads()
+    freeze_vision_parts(model, config)
     apply_when_built(model, config)
     return model
+
+
+def freeze_vision_parts(model, config: RunConfig) -> None:
+    """A vision-language model's tower and projector train only when vision.train_vision_tower and
+    vision.train_projector say so (whole: under LoRA too); by default the language model alone trains."""
+    family = vision_of(config)
+    if family is None:
+        return
+    parts = ((family.tower, config.vision.train_vision_tower), (family.projector, config.vision.train_projector))
+    for name, param in model.named_parameters():
+        for pattern, trains in parts:
+            if re.fullmatch(pattern, name):
+                param.requires_grad = trains
 
 
 def attach_adapter(model, config: RunConfig, total_steps: int | None = None):

@@ -15,6 +15,7 @@ import torch
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.model.vision import vision_family
 
 log = logging.getLogger("studio.train")
 
@@ -189,7 +190,10 @@ def peft_config(config: RunConfig, total_steps: int | None = None, model=None):
                                                          task_type="CAUSAL_LM")
     if model is not None and isinstance(settings, peft.LoraConfig):
         _without_dropout_on_parameters(settings, model)
-    if model is not None and any(name.endswith(_UNUSED_TOWERS) for name, _ in model.named_modules()):
+    family = vision_family(model.config.to_dict()) if model is not None else None
+    if family is not None:  # the language model's linears alone: the image parts train whole or not at all
+        settings.exclude_modules = family.vision_parts
+    elif model is not None and any(name.endswith(_UNUSED_TOWERS) for name, _ in model.named_modules()):
         settings.exclude_modules = _UNUSED_TOWERS_PATTERN
     return settings
 
