@@ -77,3 +77,20 @@ def test_zero3_says_why_the_estimate_counts_the_whole_logits(window):
     window.store.update(distributed={"sharding": "zero3"})
     note = window.estimate_panel.phase.text()
     assert "no lean loss with zero3" in note and "zero2 or no sharding" in note
+
+
+def test_a_pipeline_takes_one_process_per_stage_and_says_its_bubble(window):
+    panel = window.scale_panel
+    assert not panel.pipeline_schedule.isEnabled()  # only with a pipeline
+    window.techniques_panel.accumulation.spin.setValue(4)  # four micro-batches a step flow through the stages
+    panel.pipeline_stages.spin.setValue(2)
+    distributed = window.store.config.distributed
+    assert (distributed.pipeline_stages, distributed.num_processes) == (2, 2) and panel.pipeline_schedule.isEnabled()
+    listed = " ".join(window.store.words(str(p)) for p in window.listed_problems())
+    assert "“Sample answers every”" in listed and "“Batch layout”" in listed  # what the demo has that a pipeline cannot
+    window.data_panel.sample_every.spin.setValue(0)
+    window.techniques_panel.packing.combo.setCurrentIndex(2)  # padded
+    assert not window.listed_problems()
+    assert "bubble" in window.estimate_panel.phase.text()
+    panel.pipeline_stages.spin.setValue(0)
+    assert window.store.config.distributed.num_processes == 1  # its processes were the stages

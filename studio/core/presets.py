@@ -1,5 +1,5 @@
 """Ready-made run configs: the embedded demos (answering, preferring a style, and learning a format from a reward)
-that work offline on any machine; and what choosing an objective changes with it."""
+that work offline on any machine; and what choosing an objective or a pipeline changes with it."""
 
 from __future__ import annotations
 
@@ -74,6 +74,16 @@ def objective_changes(config: RunConfig, objective: str) -> dict:
     if objective == "grpo" and config.grpo.max_completion_length >= config.data.max_length:
         changes["grpo"] = {"max_completion_length": max(1, config.data.max_length // 2)}
     return changes
+
+
+def pipeline_changes(config: RunConfig, stages: int) -> dict:
+    """The changes that setting the pipeline's stages makes: one process per stage, and back to one process when
+    the pipeline goes off (its processes were the stages)."""
+    distributed = config.distributed
+    if stages:
+        return {"distributed": {"pipeline_stages": stages, "num_processes": stages}}
+    processes = 1 if distributed.num_processes == distributed.pipeline_stages else distributed.num_processes
+    return {"distributed": {"pipeline_stages": 0, "num_processes": processes}}
 
 
 def with_demo_model(config: RunConfig) -> RunConfig:

@@ -1,4 +1,4 @@
-"""Several GPUs or machines: processes, sharding, offload, layer split, and the cluster bundle.
+"""Several GPUs or machines: processes, sharding, offload, layer split, pipeline, and the cluster bundle.
 
 A view over the config's ``distributed`` section: choices that validation refuses
 in the current combination are disabled with the reason (controls.BoundControl);
@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayo
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.presets import pipeline_changes
 from studio.core.run.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.run.commands import DEFAULT_PORT
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
@@ -63,7 +64,8 @@ class PathControl(BoundControl):
 class ScalePanel(SettingsColumn):
     def __init__(self, store: ConfigStore, parent: QWidget | None = None):
         super().__init__(store, parent)
-        for group in (self._data_parallel_group(), self._offload_group(), self._layer_split_group(), self._cluster_group()):
+        for group in (self._data_parallel_group(), self._offload_group(), self._layer_split_group(),
+                      self._pipeline_group(), self._cluster_group()):
             self.column.addWidget(group)
         self.finish(self._refresh)
 
@@ -105,6 +107,12 @@ class ScalePanel(SettingsColumn):
         self.split_note = explanation("", role="reason")
         return group_box("Layer split (model parallel)", self.layer_split, self.split_note, self.max_gpu, self.max_cpu)
 
+    def _pipeline_group(self):
+        store = self.store
+        self.pipeline_stages = PipelineStages(store)
+        self.pipeline_schedule = ChoiceControl(store, "distributed.pipeline_schedule", "Schedule")
+        return group_box("Pipeline (model parallel, every GPU busy)", self.pipeline_stages, self.pipeline_schedule)
+
     def _cluster_group(self):
         self.bundle_button = QPushButton("Export cluster bundle…")
         self.bundle_button.setToolTip("Write a folder to copy to every machine, with each machine's launch command")
@@ -126,6 +134,9 @@ class ScalePanel(SettingsColumn):
         self.bundle_button.setEnabled(not bundle_reason)
         self.bundle_button.setToolTip(bundle_reason.capitalize() or self.bundle_button.toolTip())
         self._say_once(self.offload_optimizer, self.offload_params)
+        piped = bool(config.distributed.pipeline_stages)
+        self.pipeline_schedule.setEnabled(piped)
+        self.pipeline_schedule.setToolTip("" if piped else "Only with a pipeline.")
 
     @staticmethod
     def _say_once(above: BoundControl, below: BoundControl) -> None:
@@ -187,3 +198,15 @@ class BundleDialog(QDialog):
         chosen = QFileDialog.getExistingDirectory(self, "Where to create the bundle folder")
         if chosen:
             self.folder.setText(str(Path(chosen) / "cluster-bundle"))
+
+
+class PipelineStages(NumberControl):
+    """distributed.pipeline_stages, with one process per stage (studio.core.presets.pipeline_changes)."""
+
+    def __init__(self, store: ConfigStore):
+        super().__init__(store, "distributed.pipeline_stages", "Stages", "The model's blocks cut into this many "
+                         "stages, one GPU (process) each, the micro-batches flowing through them: every GPU busy, "
+                         "only activations cross the link. LoRA and SFT; 0: off.", 0, 256, special_zero="off")
+
+    def changes_of(self, value) -> dict:
+        return pipeline_changes(self.store.config, int(value))
