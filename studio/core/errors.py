@@ -52,7 +52,7 @@ class ProblemsError(StudioError):
 
 # The packages whose pip name differs from the module's, among those studio imports only where it uses them
 _PIP_NAMES = {"yaml": "pyyaml", "pynvml": "nvidia-ml-py", "PySide6": "PySide6-Essentials", "lm_eval": "lm-eval",
-              "tensorboardX": "tensorboardX"}
+              "tensorboardX": "tensorboardX", "PIL": "pillow"}
 
 
 def missing_package(exc: BaseException) -> StudioError | None:
