@@ -45,7 +45,7 @@ RUNTIME_PINS: tuple[str, ...] = (
     "transformers==5.24.0", "peft==0.21.2", "accelerate==1.15.0", "bitsandbytes==0.50.2",
     "deepspeed==0.19.8; platform_system == 'Linux'", "torchao==0.18.0", "datasets==5.2.0",
     "safetensors==0.8.0", "tokenizers==0.23.3", "nvidia-ml-py==13.615.71", "pyyaml==6.0.3",
-    "platformdirs==4.14.9", "psutil==7.2.2", "tensorboardX==2.6.5",
+    "platformdirs==4.14.9", "psutil==7.2.2", "tensorboardX==2.6.5", "pillow==12.3.0",
     "gguf==0.19.0", "sentencepiece==0.2.3", "protobuf==7.36.2",  # the `gguf` extra: GGUF exports
 )
 BUILD_TOOLS = ("setuptools",)  # deepspeed ships only a source archive; it builds against the installed torch
