@@ -43,3 +43,17 @@ def app_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("STUDIO_RUNS_DIR", str(tmp_path / "runs"))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def no_memory_trace_outlives_its_test():
+    """A window's memory trace runs detached, on purpose (its file serves later windows): a test's own traces end
+    with it, so that no later test trains beside them on the two cores (a GRPO run slowed 60-fold behind two)."""
+    yield
+    import sys
+
+    memory = sys.modules.get("studio.gui.state.memory")
+    for tracing in getattr(memory, "_tracing", {}).values():
+        if tracing.process.poll() is None:
+            tracing.process.kill()
+            tracing.process.wait()
