@@ -57,3 +57,19 @@ def no_memory_trace_outlives_its_test():
         if tracing.process.poll() is None:
             tracing.process.kill()
             tracing.process.wait()
+
+
+@pytest.fixture(autouse=True)
+def qt_objects_die_with_their_test(request):
+    """Widgets a test made are deleted, and their Python wrappers collected, when it ends, not in the middle of a
+    later test: a wrapper outliving its widget crashed CI once (a segfault as the next chart was being built)."""
+    yield
+    if "qtbot" not in request.fixturenames:
+        return
+    import gc
+
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
