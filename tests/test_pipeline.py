@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file
 
 from helpers import losses, quick_config
-from model_factory import tiny_config
+from model_factory import make_tiny_model, tiny_config
 from studio.core.errors import StudioError
 from studio.core.run.commands import EXIT_OK
 from studio.core.validation import validate
@@ -140,3 +140,14 @@ def test_the_estimate_notes_a_stage_s_weights_and_the_bubble(small_data):
     notes = estimate(load_model_config(config.model.name_or_path), config, "cpu").notes
     note = next(note for note in notes if note.startswith("pipeline of 2 stages"))
     assert "2 blocks at most" in note and "idles 14% of the step" in note  # (2 - 1) / (6 + 2 - 1)
+
+
+@pytest.mark.parametrize("family, reason", [("qwen3_moe", "a mixture of experts"), ("mistral", "sliding window")])
+def test_a_family_a_pipeline_cannot_cut_is_refused_by_its_config_before_anything_loads(small_data, tmp_path,
+                                                                                      family, reason):
+    folder = make_tiny_model(family, tmp_path / family, weights=False, sliding_window=16)
+    config = config_for(small_data).replace(model={"name_or_path": str(folder)},
+                                            distributed={"num_processes": 2, "pipeline_stages": 2})
+    (problem,) = [p for p in validate(config) if p.where == "distributed.pipeline_stages"]
+    assert f"cannot cut {family} models: " in problem.message and reason in problem.message
+    assert "pipeline_stages to 0" in problem.hint

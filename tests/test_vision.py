@@ -9,7 +9,7 @@ import pytest
 
 from helpers import losses, quick_config
 from studio.core.data.dataset import inspect_files
-from studio.core.errors import ProblemsError
+from studio.core.errors import ProblemsError, StudioError
 from studio.core.run.events import read_events
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
@@ -243,3 +243,12 @@ def test_exports_reload_in_plain_transformers_with_the_trained_logits_on_image_r
         torch.testing.assert_close(merged(**inputs).logits, adapted(**inputs).logits, atol=1e-4, rtol=1e-4)
         base = AutoModelForImageTextToText.from_pretrained(TINY_VL).eval()(**inputs).logits
     assert not torch.allclose(base, merged(**inputs).logits, atol=1e-3)  # the export carries the training
+
+
+def test_a_gguf_export_is_refused_before_any_work_saying_the_vision_projector_is_not_written(trained_run):
+    from studio.train.export.gguf import check_gguf
+
+    _, run_dir = trained_run
+    with pytest.raises(StudioError, match="mmproj") as refused:
+        check_gguf(run_dir.path)
+    assert "--merged" in refused.value.hint and not (run_dir.exports_dir / "gguf").exists()

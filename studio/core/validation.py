@@ -22,6 +22,7 @@ from studio.core.memory.savers import SAVER_SPECS
 from studio.core.methods import ADALORA_BUDGET, ATTENTION_TOKENS, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.model.check import is_local_model
 from studio.core.model.info import load_model_config, looks_like_path
+from studio.core.model.stages import PIPELINE_OFF_HINT, pipeline_family_refusal, pipeline_refusal_message
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
@@ -494,21 +495,25 @@ def _check_pipeline(config: RunConfig, check_files: bool) -> list[Problem]:
          f"set training.gradient_accumulation_steps to {d.pipeline_stages} or more, or use gpipe"),
     ]
     problems = [Problem(where, message, hint) for refused, message, hint in refusals if refused]
-    blocks = _block_count(config) if check_files else None
-    if blocks is not None and blocks < d.pipeline_stages:
-        problems.append(Problem(where, f"the model has {blocks} blocks, fewer than {d.pipeline_stages} stages",
-                                f"use at most {blocks} stages"))
-    return problems
+    return problems + (_pipeline_model_problems(config) if check_files else [])
 
 
-def _block_count(config: RunConfig) -> int | None:
-    """The model's decoder blocks by its config.json, when it can be read offline (else the worker counts them)."""
+def _pipeline_model_problems(config: RunConfig) -> list[Problem]:
+    """What the model's config.json says a pipeline cannot do, when it can be read offline (else the worker
+    finds it): a family it cannot cut, fewer blocks than stages."""
     try:
         model_config = load_model_config(config.model.name_or_path, config.model.revision, allow_network=False)
     except StudioError:
-        return None
-    blocks = model_config.get("num_hidden_layers", model_config.get("text_config", {}).get("num_hidden_layers"))
-    return blocks if isinstance(blocks, int) else None
+        return []
+    decoder = model_config.get("text_config") or model_config  # a multimodal model's language model
+    where, stages = "distributed.pipeline_stages", config.distributed.pipeline_stages
+    if reason := pipeline_family_refusal(decoder):
+        family = str(model_config.get("model_type", "this family's"))
+        return [Problem(where, pipeline_refusal_message(family, reason), PIPELINE_OFF_HINT)]
+    blocks = decoder.get("num_hidden_layers")
+    if isinstance(blocks, int) and blocks < stages:
+        return [Problem(where, f"the model has {blocks} blocks, fewer than {stages} stages", f"use at most {blocks} stages")]
+    return []
 
 
 def _deepspeed_file_stage(path: str) -> int | None:
