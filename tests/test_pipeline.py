@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 from helpers import losses, quick_config
 from model_factory import make_tiny_model, tiny_config
 from studio.core.errors import StudioError
+from studio.core.memory.placement import stage_blocks
 from studio.core.run.commands import EXIT_OK
 from studio.core.validation import validate
-from studio.train.distributed.pipeline import check_stages, decoder_parts, stage_blocks
+from studio.train.distributed.pipeline import check_stages, decoder_parts
 from studio.train.export.hf_format import export_run
 from studio.train.worker import run
 from test_distributed import events_of, resume_cli, resumed_copy, train_cli
@@ -132,14 +133,17 @@ def test_pipelines_that_cannot_run_are_refused_in_words(small_data, change, mess
                if problem.where == "distributed.pipeline_stages")
 
 
-def test_the_estimate_notes_a_stage_s_weights_and_the_bubble(small_data):
+def test_the_estimate_notes_the_bubble_and_the_other_ways_over_the_gpus(small_data):
     from studio.core.memory.estimate import estimate
     from studio.core.model.info import load_model_config
 
     config = config_for(small_data, 2).replace(training={"gradient_accumulation_steps": 6})
-    notes = estimate(load_model_config(config.model.name_or_path), config, "cpu").notes
-    note = next(note for note in notes if note.startswith("pipeline of 2 stages"))
-    assert "2 blocks at most" in note and "idles 14% of the step" in note  # (2 - 1) / (6 + 2 - 1)
+    result = estimate(load_model_config(config.model.name_or_path), config, "cpu")
+    note = next(note for note in result.notes if note.startswith("pipeline of 2 stages"))
+    assert "idles 14% of the step" in note  # (2 - 1) / (6 + 2 - 1)
+    assert [way.way for way in result.comparison] == ["pipeline (gpipe)", "layer split", "ZeRO-3 or FSDP"]
+    assert [device.device for device in result.devices] == ["cpu:0", "cpu:1"]  # one per stage
+
 
 
 @pytest.mark.parametrize("family, reason", [("qwen3_moe", "a mixture of experts"), ("mistral", "sliding window")])

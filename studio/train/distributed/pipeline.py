@@ -29,6 +29,7 @@ from torch.nn.functional import pad
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.placement import stage_blocks
 from studio.core.model.stages import PIPELINE_OFF_HINT, pipeline_family_refusal, pipeline_refusal_message
 from studio.train.data.prepare import IGNORE_INDEX
 from studio.train.objectives.next_token import chunked_cross_entropy
@@ -102,13 +103,6 @@ class Stage(nn.Module):
             hidden = block(hidden, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
         return self.norm(hidden) if self.norm is not None else hidden
-
-
-def stage_blocks(blocks: int, stages: int, stage: int) -> range:
-    """The blocks of ``stage``: consecutive, as even as they divide (the first stages take one more)."""
-    size, extra = divmod(blocks, stages)
-    start = stage * size + min(stage, extra)
-    return range(start, start + size + (stage < extra))
 
 
 def check_stages(model, parts: DecoderParts) -> None:
