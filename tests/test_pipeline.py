@@ -61,10 +61,11 @@ def assert_each_rank_measures_its_stage_s_estimate(config, run_dir):
     from studio.core.model.info import load_model_config
 
     stages = estimate(load_model_config(config.model.name_or_path), config, "cpu", ScaleOut.from_config(config)).devices
-    measured = {event["device"]: event["peak_bytes"] for event in events_of(run_dir, "memory_measured")}
+    measured = {event["device"]: event for event in events_of(run_dir, "memory_measured")}
     for rank, stage in enumerate(stages):
         expected = stage.total_bytes - stage.parts["communication"]
-        assert measured[f"cpu rank {rank}"] == pytest.approx(expected, rel=0.15), rank
+        assert measured[f"cpu rank {rank}"]["peak_bytes"] == pytest.approx(expected, rel=0.15), rank
+        assert measured[f"cpu rank {rank}"]["predicted_bytes"] == stage.total_bytes  # the worker's, of its own stage
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -395,12 +395,16 @@ class Worker:
                 "phase_bytes": dict(report.phase_peaks), **device_readings(self.device, tracker)}
         if tracker.host_report.peak_bytes:  # weights kept in CPU RAM, offloaded activations
             mine["host_bytes"] = tracker.host_report.peak_bytes
-        # each reading beside the estimate of the same quantity (peak_bytes is the allocator's allocated)
-        predicted = {} if self.predicted is None else {
-            "predicted_bytes": self.predicted.peak_bytes,
-            **{f"predicted_{name}": value for name, value in self.predicted.predicted_readings().items()}}
-        for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
-            self.events.emit("memory_measured", step=self.step + 1, **measured, **predicted)
+        # each reading beside the estimate of the same quantity (peak_bytes is the allocator's allocated): of this
+        # process's stage in a pipeline
+        own = self.predicted
+        if own is not None and self.config.distributed.pipeline_stages:
+            own = replace(own, devices=(own.devices[self.engine.rank],))
+        predicted = {} if own is None else {
+            "predicted_bytes": own.peak_bytes,
+            **{f"predicted_{name}": value for name, value in own.predicted_readings().items()}}
+        for measured in self.engine.gather({**mine, **predicted}):  # rank 0 writes every rank's measurement
+            self.events.emit("memory_measured", step=self.step + 1, **measured)
         if predicted and self.engine.is_main:
             record_calibration(self.config, self.device.type, predicted["predicted_allocated_bytes"], mine["peak_bytes"])
         return metrics
