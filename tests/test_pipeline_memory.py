@@ -98,3 +98,6 @@ def test_fit_turns_a_layer_split_into_a_pipeline_where_it_fits():
     dpo = split.replace(objective="dpo")  # a pipeline computes the next-token loss only
     kept = fit(LLAMA_31_8B, dpo, 24 * GIB, scale_out=ScaleOut.from_config(dpo, (24 * GIB,) * 2))
     assert kept.config.distributed.pipeline_stages == 0
+    windowed = {**LLAMA_31_8B, "model_type": "mistral", "sliding_window": 4096}  # a mask of its own per stage
+    kept = fit(windowed, split, 24 * GIB, scale_out=ScaleOut.from_config(split, (24 * GIB,) * 2))
+    assert kept.config.distributed.pipeline_stages == 0

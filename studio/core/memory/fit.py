@@ -50,6 +50,7 @@ from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.savers import SAVER_SPECS, STEP_COSTS, ZERO, SaverSpec
 from studio.core.methods import METHOD_SPECS, trains_like
 from studio.core.model.info import ModelShape, UnknownArchitectureError, model_shape
+from studio.core.model.stages import pipeline_family_refusal
 from studio.core.sizes import format_bytes
 
 FIT_MARGIN = 0.02  # of the GPU's memory fit always leaves free
@@ -320,7 +321,7 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     original = Candidate(config, scale_out)
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
     steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)
-             and (step.name != "pipeline" or _cuttable(shape, scale_out))]
+             and (step.name != "pipeline" or _cuttable(model_config, shape, scale_out))]
     scored, untraced = _scored(_candidates(original, steps), estimated)
     held = [(c, e) for c, e in scored if host_bytes is None or e.host_bytes <= host_bytes]
     fitting, ram_bound = _fitting(held, gpu_bytes), None
@@ -378,10 +379,13 @@ def _offered(step: FitStep, shape: ModelShape | None) -> bool:
     return spec.model_refusal is None or spec.model_refusal(shape) is None
 
 
-def _cuttable(shape: ModelShape | None, scale_out: ScaleOut) -> bool:
+def _cuttable(model_config: dict | ModelShape, shape: ModelShape | None, scale_out: ScaleOut) -> bool:
     """Whether a pipeline over the GPUs of ``scale_out`` can cut this model: a family studio.core.model.info
-    describes, no mixture of experts (its router's loss needs every block), a block per stage at least."""
+    describes, none its config.json rules out (studio.core.model.stages: a mixture of experts, a sliding window),
+    a block per stage at least."""
     stages = scale_out.pipeline_stages or len(scale_out.split_devices)
+    if isinstance(model_config, dict) and pipeline_family_refusal(model_config.get("text_config") or model_config):
+        return False
     return shape is not None and not shape.experts and shape.layers >= stages
 
 
