@@ -467,9 +467,10 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
 
 def _check_pipeline(config: RunConfig, check_files: bool) -> list[Problem]:
     """A pipeline (studio.core.memory.placement.pipeline_refusals), and what the model's files say of it."""
-    if config.distributed.pipeline_stages <= 0:
-        return pipeline_refusals(config)
-    return pipeline_refusals(config) + (_pipeline_model_problems(config) if check_files else [])
+    problems = pipeline_refusals(config)
+    if check_files and config.distributed.pipeline_stages > 0:
+        problems += _pipeline_model_problems(config)
+    return problems
 
 
 def _pipeline_model_problems(config: RunConfig) -> list[Problem]:
