@@ -1,5 +1,5 @@
 """Vision-language families beyond the demo's Qwen2-VL (issue 30): tiny random Qwen3-VL, Gemma 3, Idefics3 and
-LLaVA models built here, their rows expanded by their own processors, the answer alone learned, LoRA on the
+LLaVA and LLaVA-Next models built here, their rows expanded by their own processors, the answer alone learned, LoRA on the
 language model alone, the vision tower frozen and the projector trained when asked."""
 
 import importlib.util
@@ -90,11 +90,29 @@ def llava(assets):
         "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
 
 
+def llava_next(assets):
+    import transformers
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    tokenizer = assets.build_tokenizer(["<image>"], "<image>")
+    pinpoints = [[16, 16], [16, 32], [32, 16]]  # a square stays one tile, beside the whole
+    config = transformers.LlavaNextConfig(
+        text_config={**TEXT, "model_type": "llama", "vocab_size": len(tokenizer)},
+        vision_config={**VISION, "model_type": "clip_vision_model", "projection_dim": 32},
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_layer=-1,
+        vision_feature_select_strategy="default", image_grid_pinpoints=pinpoints)
+    processor = LlavaNextImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                           image_grid_pinpoints=pinpoints)
+    return transformers.LlavaNextForConditionalGeneration(config), tokenizer, processor, {
+        "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
+
+
 # each family: its builder, a module of its vision tower and one of its projector (as named in the model)
 FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_list."),
             "gemma3": (gemma3, ".vision_tower.", ".multi_modal_projector."),
             "idefics3": (idefics3, ".vision_model.", ".connector."),
-            "llava": (llava, ".vision_tower.", ".multi_modal_projector.")}
+            "llava": (llava, ".vision_tower.", ".multi_modal_projector."),
+            "llava_next": (llava_next, ".vision_tower.", ".multi_modal_projector.")}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -184,3 +202,32 @@ def test_the_projector_trains_whole_beside_lora_when_asked_the_tower_stays(famil
     assert any(projector in name and "lora_" not in name for name in trained)
     assert not any(tower in name for name in trained)
     assert any("lora_" in name and projector not in name for name in trained)
+
+
+def test_rows_of_differently_sized_images_give_in_a_batch_the_logits_they_give_alone(family, tmp_path):
+    """The micro-batch joins its rows' images however many tiles or patches each has (Idefics3's tiles, LLaVA-Next's
+    patches: zero-padded, the model drops or slices the padding)."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from studio.train.data.prepare import collate
+    from studio.train.data.packing import model_inputs
+
+    rows = []
+    for index, size in enumerate([(16, 16), (32, 16)]):
+        Image.new("RGB", size, (40 * index, 120, 200)).save(tmp_path / f"{index}.png")
+        rows.append({"images": [f"{index}.png"], "messages": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is this?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "blue"}]}]})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    config = family_config(family[0]).replace(data={"train_files": (str(path),), "max_length": 128})
+    data, tokenizer, _ = prepared(config)
+    model = AutoModelForImageTextToText.from_pretrained(family[0]).eval()
+    both = collate([data.train[0], data.train[1]], tokenizer.pad_token_id)
+    with torch.no_grad():
+        batched = model(**model_inputs(both)).logits
+        for index in range(2):
+            alone = model(**model_inputs(collate([data.train[index]], tokenizer.pad_token_id))).logits[0]
+            torch.testing.assert_close(batched[index, :len(alone)], alone, atol=1e-4, rtol=1e-4)
