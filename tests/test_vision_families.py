@@ -1,6 +1,6 @@
-"""Vision-language families beyond the demo's Qwen2-VL (issue 30): tiny random Qwen3-VL, Gemma 3, Idefics3 and
-LLaVA and LLaVA-Next models built here, their rows expanded by their own processors, the answer alone learned, LoRA on the
-language model alone, the vision tower frozen and the projector trained when asked."""
+"""Vision-language families beyond the demo's Qwen2-VL (issue 30): tiny random Qwen3-VL, Gemma 3, Idefics3, LLaVA
+and LLaVA-Next models built here, their rows expanded by their own processors, the answer alone learned, LoRA on
+the language model alone, the vision tower frozen and the projector trained when asked."""
 
 import importlib.util
 import json
@@ -231,3 +231,16 @@ def test_rows_of_differently_sized_images_give_in_a_batch_the_logits_they_give_a
         for index in range(2):
             alone = model(**model_inputs(collate([data.train[index]], tokenizer.pad_token_id))).logits[0]
             torch.testing.assert_close(batched[index, :len(alone)], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_an_export_carries_the_image_processor_and_the_processor_settings(family, tmp_path):
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING
+
+    from studio.train.model.build import hub_config
+
+    config = family_config(family[0])
+    _, _, image_rows = prepared(config)
+    image_rows.save(tmp_path)
+    assert (tmp_path / "preprocessor_config.json").is_file()
+    saved = PROCESSOR_MAPPING[type(hub_config(config))].get_processor_dict(str(tmp_path))[0]
+    assert saved == image_rows.settings and (bool(saved) == (family[0] / "processor_config.json").is_file())

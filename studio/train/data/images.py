@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,10 +43,11 @@ IMAGE_COLUMN_TYPES = {IMAGE_COLUMN: pa.binary()}
 NO_IMAGES: dict[str, bytes] = {IMAGE_COLUMN: b""}
 
 
-def load_processor(config: RunConfig, tokenizer: Any):
-    """The model's processor, with the run's tokenizer and the PIL image processor (the fast one needs torchvision).
+def load_processor(config: RunConfig, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
+    """The model's processor, with the run's tokenizer and the PIL image processor (the fast one needs torchvision),
+    and its processor_config.json settings ({} without one).
 
-    Built from its parts as ``AutoProcessor`` would, its processor_config.json settings included: a family whose
+    Built from its parts as ``AutoProcessor`` would, with those settings: a family whose
     processor also reads videos (Qwen2-VL, SmolVLM) gets a blank video part, as rows hold images alone; transformers
     offers video processors only with torchvision, and checks the part's class by a name it then does not export.
     """
@@ -57,7 +60,8 @@ def load_processor(config: RunConfig, tokenizer: Any):
     try:
         processor_class = PROCESSOR_MAPPING[type(AutoConfig.from_pretrained(path, revision=revision,
                                                                               trust_remote_code=trust))]
-        settings = processor_class.get_processor_dict(path, revision=revision)[0]
+        found = processor_class.get_processor_dict(path, revision=revision)[0]
+        settings = {key: value for key, value in found.items() if key != "chat_template"}  # the tokenizer's is used
         parts = {"image_processor": AutoImageProcessor.from_pretrained(path, backend="pil", revision=revision,
                                                                        trust_remote_code=trust),
                  "tokenizer": tokenizer}
@@ -67,7 +71,7 @@ def load_processor(config: RunConfig, tokenizer: Any):
             parts["video_processor"] = VideoProcessorMixin()
         accepted = inspect.signature(processor_class.__init__).parameters
         return processor_class(**parts, **{key: value for key, value in settings.items()
-                                           if key in accepted and key not in parts and key != "chat_template"})
+                                           if key in accepted and key not in parts}), settings
     except (ImportError, KeyError, OSError, ValueError) as exc:
         raise StudioError(f"the processor of {path} (which turns images into the model's inputs) does not load: "
                           f"{exc}", "give the model folder its preprocessor_config.json (and processor_config.json), "
@@ -89,18 +93,21 @@ class ImageInputs:
 class ImageRows:
     """What turns a run's image rows into model inputs: its family and its processor."""
 
-    def __init__(self, family: VisionFamily, processor: Any):
-        self.family, self.processor = family, processor
+    def __init__(self, family: VisionFamily, processor: Any, settings: dict[str, Any]):
+        self.family, self.processor, self.settings = family, processor, settings
 
     @classmethod
     def for_run(cls, config: RunConfig, tokenizer: Any) -> "ImageRows | None":
         """The run's, or None for a text model."""
         family = vision_family(load_model_config(config.model.name_or_path, config.model.revision))
-        return None if family is None else cls(family, load_processor(config, tokenizer))
+        return None if family is None else cls(family, *load_processor(config, tokenizer))
 
-    @property
-    def image_processor(self) -> Any:
-        return self.processor.image_processor
+    def save(self, folder: Path) -> None:
+        """What turns images into the model's inputs, beside an export: the image processor and the processor's
+        settings (Idefics3's tokens per image...), as the model had them."""
+        self.processor.image_processor.save_pretrained(folder)
+        if self.settings:
+            (folder / "processor_config.json").write_text(json.dumps(self.settings, indent=2), encoding="utf-8")
 
     def expand(self, segments: Sequence[Segment], example: Example) -> tuple[list, ImageInputs]:
         """The segments with each image's placeholder replaced by its tokens as the processor writes them

@@ -148,8 +148,8 @@ def adds_bos(tokenizer: Any) -> bool:
     return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
 
 
-def encode(segments: Sequence[Segment | tuple[list[int], bool]], tokenizer: Any, max_length: int, train_on_prompt: bool = False,
-           add_bos: bool | None = None) -> dict[str, Any]:
+def encode(segments: Sequence[Segment | tuple[list[int], bool]], tokenizer: Any, max_length: int,
+           train_on_prompt: bool = False, add_bos: bool | None = None) -> dict[str, Any]:
     """Token ids, labels, whether the example was cut at ``max_length`` (right truncation), where its
     first learned token was before the cut (``response_start``; the length when none is) and whether it has one
     (``learns``: not when every turn is marked train: false).
@@ -523,7 +523,8 @@ class RowEncoder:
         """A chat row with images: its image placeholders expanded to the images' tokens, never learned."""
         if self.image_rows is None:
             raise DataError(example.location, f"the row holds {len(example.images)} image(s), but the model is a "
-                            "text model", f"choose a vision-language model ({', '.join(SUPPORTED_VISION)}) or remove the images")
+                            "text model", f"choose a vision-language model ({', '.join(SUPPORTED_VISION)}) or remove "
+                            "the images")
         expanded, inputs = self.image_rows.expand(segments, example)
         encoded = encode(expanded, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
         return self.image_rows.masked(encoded, inputs, self.max_length, example.location)
