@@ -50,7 +50,7 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
-from studio.train.data.images import ImageRows
+from studio.train.data.images import IMAGE_COLUMN, ImageRows
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -299,7 +299,7 @@ class Worker:
     def _probe_packing(self, model) -> None:
         """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
         self.packed = False
-        images = "pixel_values" in self.train_rows.column_names
+        images = IMAGE_COLUMN in self.train_rows.column_names
         if images:
             log.info("rows with images train in plain padded micro-batches (packing them is not supported yet)")
         if not self.config.packs_padding_free:

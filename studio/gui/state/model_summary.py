@@ -87,7 +87,7 @@ def summarize_model(name_or_path: str, revision: str = "") -> ModelSummary:
         special_tokens={k: _token_text(v) for k, v in tokenizer_config.items()
                         if k.endswith("_token") and _token_text(v)},
         note=note,
-        image_placeholder=family.image_token if (family := vision_family(config)) is not None else "",
+        image_placeholder=family.placeholder if (family := vision_family(config)) is not None else "",
     )
 
 
