@@ -5,9 +5,13 @@
 writes ``resources/models/studio-tiny-vl/``: a random Qwen2-VL (hidden 32, 2 layers, a vision tower of depth 1
 with 4-pixel patches) with the text demo's tokenizer plus Qwen2-VL's special tokens and a chat template that
 renders image parts, and ``resources/datasets/colours/``: 16x16 squares of one colour each, and chat rows asking
-their colour (TRL's vision format: an ``images`` column, ``{"type": "image"}`` parts), paths relative to the jsonl.
+their colour (TRL's vision format: an ``images`` column, ``{"type": "image"}`` parts), paths relative to the jsonl;
+and ``resources/datasets/shapes/``, the vision demo's (``studio demo --vision``): 16x16 drawings of a red, green, blue
+or yellow circle, square or triangle on white, their size, place and shade jittered, in a train split and a
+held-out one, each asking the drawing's colour.
 
-The weights are random: the model is for tests and for trying the pipeline, not for answers. Seeded.
+The weights are random: the model is for tests and for trying the pipeline; the vision demo trains it whole, vision
+tower too, and then it names the colours of drawings it never saw. Seeded.
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def encode_image_prompt(example: Example, tokenizer: Any, template: str,
                         image_rows: ImageRows | None) -> tuple[list[int], dict[str, list], str]:
     """``encode_prompt``'s ids and response, with the row's images as the model takes them (pixel values, grids and
     where the image tokens are; empty for a row without): a row with images through ``image_rows``, its placeholders
-    expanded as training expands them (refused without: only ``studio eval`` answers images so far)."""
+    expanded as training expands them (refused without: a text model's)."""
     if example.kind == "preference":
         example = example.chosen_row()
     if example.kind == "prompt_only":
@@ -198,8 +198,8 @@ def encode_image_prompt(example: Example, tokenizer: Any, template: str,
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
     if example.images and image_rows is None:
-        raise DataError(example.location, "answering rows with images is done by studio eval alone so far (not by "
-                        "samples while training or Try it)", "evaluate the run with `studio eval RUN`")
+        raise DataError(example.location, f"the prompt holds {len(example.images)} image(s), but the model is a text "
+                        "model", "choose a run of a vision-language model (Qwen2-VL, Qwen2.5-VL), or ask in words")
     prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
     images = NO_IMAGES
     if example.images:
