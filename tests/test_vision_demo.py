@@ -63,3 +63,11 @@ def test_studio_eval_and_try_it_answer_the_held_out_drawings_with_their_images(t
     image = SHAPES_HELDOUT.parent / "images" / "red-circle-8.png"
     answers = side_by_side(run_dir.path, "What colour is this shape?", 2, image)
     assert isinstance(answers["base"], str) and answers["checkpoint"] == "step-000002"
+
+
+def test_config_init_writes_the_vision_demo_run(tmp_path, capsys):
+    from studio.core.config import load_config
+
+    assert main(["config", "init", str(tmp_path / "vision.yaml"), "--vision"]) == 0
+    assert load_config(tmp_path / "vision.yaml") == vision_demo_config()
+    assert "the vision demo run" in capsys.readouterr().out
