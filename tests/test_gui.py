@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
-from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
+from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config, vision_demo_config
 from studio.core.sizes import GIB, format_bytes
 from studio.gui import errors
 from studio.gui.log_dialog import LogDialog
@@ -892,3 +892,8 @@ def test_a_new_problem_shows_under_the_tabs_even_where_the_estimate_was_scrolled
     scroll.setValue(scroll.maximum())
     window.store.update(method="qlora")  # a 4-bit base: this machine has no NVIDIA GPU
     assert window.problems.isVisibleTo(window) and scroll.value() == 0
+
+
+def test_setup_new_vision_setup_loads_the_vision_demo(window):
+    window.vision_setup_action.trigger()
+    assert window.store.config == vision_demo_config()
