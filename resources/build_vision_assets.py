@@ -5,9 +5,13 @@
 writes ``resources/models/studio-tiny-vl/``: a random Qwen2-VL (hidden 32, 2 layers, a vision tower of depth 1
 with 4-pixel patches) with the text demo's tokenizer plus Qwen2-VL's special tokens and a chat template that
 renders image parts, and ``resources/datasets/colours/``: 16x16 squares of one colour each, and chat rows asking
-their colour (TRL's vision format: an ``images`` column, ``{"type": "image"}`` parts), paths relative to the jsonl.
+their colour (TRL's vision format: an ``images`` column, ``{"type": "image"}`` parts), paths relative to the jsonl;
+and ``resources/datasets/shapes/``, the vision demo's (``studio demo --vision``): 16x16 drawings of a red, green, blue
+or yellow circle, square or triangle on white, their size, place and shade jittered, in a train split and a
+held-out one, each asking the drawing's colour.
 
-The weights are random: the model is for tests and for trying the pipeline, not for answers. Seeded.
+The weights are random: the model is for tests and for trying the pipeline; the vision demo trains it whole, vision
+tower too, and then it names the colours of drawings it never saw. Seeded.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import shutil
 from pathlib import Path
 
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw
 
 HERE = Path(__file__).resolve().parent
 TEXT_MODEL = HERE / "models" / "studio-tiny"
 MODEL_DIR = HERE / "models" / "studio-tiny-vl"
 DATA_DIR = HERE / "datasets" / "colours"
+SHAPES_DIR = HERE / "datasets" / "shapes"
 SEED = 7
 IMAGE_SIDE = 16
 VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
@@ -42,6 +47,10 @@ def chat_template(image_part: str) -> str:
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (240, 220, 40),
            "black": (10, 10, 10), "white": (245, 245, 245)}
 ROWS_PER_COLOUR = 4
+SHAPES = ("circle", "square", "triangle")
+SHAPE_COLOURS = ("red", "green", "blue", "yellow")
+SHAPE_ROWS, SHAPE_HELD_OUT = 8, 3  # of each colour and shape
+SHAPE_QUESTION = "What colour is this shape?"
 # 16x16 images in 4-pixel patches merged 2x2: 4 image tokens each (the processor's pixel bounds allow exactly that)
 IMAGE_PROCESSOR = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2,
                    "min_pixels": IMAGE_SIDE * IMAGE_SIDE, "max_pixels": IMAGE_SIDE * IMAGE_SIDE}
@@ -105,6 +114,45 @@ def write_dataset() -> None:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
 
 
+def draw_shape(shape: str, rgb: tuple[int, int, int], rng: random.Random) -> Image.Image:
+    """A shape of one colour on white, its size and place jittered, drawn 4x larger and shrunk (smooth edges)."""
+    scale, side = 4, IMAGE_SIDE * 4
+    image = Image.new("RGB", (side, side), (255, 255, 255))
+    extent = rng.randint(9, 12) * scale  # of 16
+    left, top = rng.randint(1 * scale, side - extent - scale), rng.randint(1 * scale, side - extent - scale)
+    box = (left, top, left + extent, top + extent)
+    draw = ImageDraw.Draw(image)
+    if shape == "circle":
+        draw.ellipse(box, fill=rgb)
+    elif shape == "square":
+        draw.rectangle(box, fill=rgb)
+    else:
+        draw.polygon([(left + extent / 2, top), (left + extent, top + extent), (left, top + extent)], fill=rgb)
+    return image.resize((IMAGE_SIDE, IMAGE_SIDE), Image.Resampling.LANCZOS)
+
+
+def write_shapes() -> None:
+    """The vision demo's data: every colour of SHAPE_COLOURS as every shape, SHAPE_ROWS of each in the train split
+    and SHAPE_HELD_OUT in the held-out one, asked its colour."""
+    shutil.rmtree(SHAPES_DIR, ignore_errors=True)
+    (SHAPES_DIR / "images").mkdir(parents=True)
+    rng = random.Random(SEED)
+    splits: dict[str, list] = {"train": [], "heldout": []}
+    for colour in SHAPE_COLOURS:
+        for shape in SHAPES:
+            for index in range(SHAPE_ROWS + SHAPE_HELD_OUT):
+                shade = tuple(max(0, min(255, value + rng.randint(-20, 20))) for value in COLOURS[colour])
+                name = f"images/{colour}-{shape}-{index}.png"
+                draw_shape(shape, shade, rng).save(SHAPES_DIR / name, optimize=True)
+                splits["train" if index < SHAPE_ROWS else "heldout"].append({"images": [name], "messages": [
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SHAPE_QUESTION}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": colour}]}]})
+    for split, rows in splits.items():
+        rng.shuffle(rows)
+        with open(SHAPES_DIR / f"shapes_{split}.jsonl", "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+
+
 def main() -> None:
     tokenizer = build_tokenizer()
     shutil.rmtree(MODEL_DIR, ignore_errors=True)
@@ -112,7 +160,8 @@ def main() -> None:
     tokenizer.save_pretrained(MODEL_DIR)
     build_image_processor().save_pretrained(MODEL_DIR)
     write_dataset()
-    print(f"wrote {MODEL_DIR} and {DATA_DIR}")
+    write_shapes()
+    print(f"wrote {MODEL_DIR}, {DATA_DIR} and {SHAPES_DIR}")
 
 
 if __name__ == "__main__":

@@ -24,10 +24,15 @@ def _add_demo(commands) -> None:
                             description="Fine-tune the embedded tiny model with LoRA on a task it fails, "
                                         "report held-out accuracy before and after, and export the adapter. No network or GPU needed.")
     p.add_argument("--run-dir", type=Path, help="where the run goes")
-    p.add_argument("--objective", choices=("sft", "dpo", "grpo"), default="sft",
-                   help="sft (default): learn to answer; dpo: learn to prefer a style of answer from preference pairs, "
-                        "reporting the preference accuracy on held-out pairs before and after; grpo: learn a format "
-                        "from prompts and a reward alone, reporting the held-out prompts' reward before and after")
+    demo = p.add_mutually_exclusive_group()
+    demo.add_argument("--objective", choices=("sft", "dpo", "grpo"), default="sft",
+                      help="sft (default): learn to answer; dpo: learn to prefer a style of answer from preference "
+                           "pairs, reporting the preference accuracy on held-out pairs before and after; grpo: learn a "
+                           "format from prompts and a reward alone, reporting the held-out prompts' reward before and "
+                           "after")
+    demo.add_argument("--vision", action="store_true",
+                      help="the vision demo: the tiny vision-language model learns to name the colour of drawn "
+                           "shapes, reporting the exact match on held-out drawings before and after")
     p.set_defaults(handler=_demo)
 
 
@@ -59,6 +64,7 @@ def _add_generate(commands) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--image", type=Path, help="an image file the prompt asks about (a vision-language run)")
     p.add_argument("--json", action="store_true", help="print one JSON object: base, tuned, checkpoint")
     p.set_defaults(handler=_generate)
 
@@ -111,6 +117,7 @@ def _add_config(commands) -> None:
                             epilog=reference_markdown(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["init", "check", "reference"])
     p.add_argument("file", nargs="?", type=Path, help="the config file (init writes it, check reads it)")
+    p.add_argument("--vision", action="store_true", help="init: the vision demo's run (`studio demo --vision`)")
     p.set_defaults(handler=_config)
 
 
@@ -154,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args) -> int:
     from studio.train.demo import run_demo
 
-    return run_demo(args.run_dir, args.objective)
+    return run_demo(args.run_dir, "vision" if args.vision else args.objective)
 
 
 def _export(args) -> int:
@@ -216,7 +223,7 @@ def _generate(args) -> int:
 
     from studio.train.evaluation.generate import side_by_side
 
-    answers = side_by_side(args.run_dir, args.prompt, args.max_new_tokens)
+    answers = side_by_side(args.run_dir, args.prompt, args.max_new_tokens, args.image)
     if args.json:
         print(json.dumps(answers))
     else:
@@ -321,12 +328,13 @@ def _config(args) -> int:
     if args.file is None:
         raise StudioError(f"`studio config {args.action}` needs a file", f"run `studio config {args.action} my-run.yaml`", kind="usage")
     if args.action == "init":
-        from studio.core.presets import demo_config
+        from studio.core.presets import demo_config, vision_demo_config
 
         if args.file.exists():
             raise StudioError(f"{args.file} already exists", "choose a new file name; nothing was overwritten", kind="usage")
-        save_config(demo_config(), args.file)
-        print(f"wrote {args.file}: the demo run; edit model.name_or_path and data.train_files for your own")
+        save_config(vision_demo_config() if args.vision else demo_config(), args.file)
+        print(f"wrote {args.file}: the {'vision ' if args.vision else ''}demo run; edit model.name_or_path and "
+              "data.train_files for your own")
         return 0
     from studio.train.data.hub import load_hub_datasets
     from studio.train.preflight import check_model, inspect_data

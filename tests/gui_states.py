@@ -448,7 +448,7 @@ def try_it(window, qtbot, tmp_path):
     panel = window.try_panel
     answers = json.dumps({"base": "drink . drink . drink .", "tuned": "A plum is a kind of fruit: a drupe.",
                           "checkpoint": "step-000020"})
-    panel.command = lambda run_dir, prompt, tokens: [sys.executable, "-c", f"print({answers!r})"]
+    panel.command = lambda run_dir, prompt, tokens, image: [sys.executable, "-c", f"print({answers!r})"]
     window.run_tabs.setCurrentWidget(panel)
     panel.prompt.setPlainText("What kind of thing is a plum?")
     panel.generate_button.click()

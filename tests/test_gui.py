@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from studio.core.config import choice_values, save_config
 from studio.core.memory.parts import PARTS
-from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config
+from studio.core.presets import DEMO_MODEL, DEMO_TRAIN, demo_config, vision_demo_config
 from studio.core.sizes import GIB, format_bytes
 from studio.gui import errors
 from studio.gui.log_dialog import LogDialog
@@ -557,7 +557,7 @@ def test_try_it_shows_both_answers_and_a_readable_failure(window, qtbot, app_dir
     run = write_run(app_dirs / "runs", "tried", [2.0, 1.0])
     answers = json.dumps({"base": "drink .", "tuned": "a kind of fruit", "checkpoint": "step-000002"})
     panel = window.try_panel
-    panel.command = lambda run_dir, prompt, tokens: [sys.executable, "-c", f"print({answers!r})"]
+    panel.command = lambda run_dir, prompt, tokens, image: [sys.executable, "-c", f"print({answers!r})"]
     panel.set_run(run)
     panel.prompt.setPlainText("What kind of thing is a plum?")
     panel.generate_button.click()
@@ -565,7 +565,7 @@ def test_try_it_shows_both_answers_and_a_readable_failure(window, qtbot, app_dir
     assert panel.answers["tuned"].toPlainText() == "a kind of fruit" and panel.answers["base"].toPlainText() == "drink ."
     assert "step-000002" in panel.titles["tuned"].text() and not panel.progress.isVisible()
     failing = "import sys; print('error: the run has no checkpoint yet\\n  hint: train it first', file=sys.stderr); sys.exit(2)"
-    panel.command = lambda run_dir, prompt, tokens: [sys.executable, "-c", failing]
+    panel.command = lambda run_dir, prompt, tokens, image: [sys.executable, "-c", failing]
     panel.generate_button.click()
     qtbot.waitUntil(lambda: "failed" in panel.status.text(), timeout=20000)
     assert "no checkpoint yet" in panel.status.text() and "train it first" in panel.status.text()
@@ -583,6 +583,8 @@ def test_every_command_the_window_starts_is_read_back_by_the_module_it_runs(wind
     assert (args.command, args.config, args.simulate, args.json) == ("estimate", config, True, True)
     module, args = parse_command(window.try_panel.command(run, "What is a plum?", 9))
     assert (args.command, args.run_dir, args.prompt, args.max_new_tokens, args.json) == ("generate", run, "What is a plum?", 9, True)
+    args = parse_command(window.try_panel.command(run, "What colour is this shape?", 4, run / "red.png"))[1]
+    assert (args.prompt, args.image) == ("What colour is this shape?", run / "red.png")
     started = []
     monkeypatch.setattr(window.export_panel._process, "start", lambda command, working_dir=None: started.append(command))
     window.export_panel.set_run(run)
@@ -890,3 +892,8 @@ def test_a_new_problem_shows_under_the_tabs_even_where_the_estimate_was_scrolled
     scroll.setValue(scroll.maximum())
     window.store.update(method="qlora")  # a 4-bit base: this machine has no NVIDIA GPU
     assert window.problems.isVisibleTo(window) and scroll.value() == 0
+
+
+def test_setup_new_vision_setup_loads_the_vision_demo(window):
+    window.vision_setup_action.trigger()
+    assert window.store.config == vision_demo_config()

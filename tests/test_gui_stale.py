@@ -62,7 +62,7 @@ def test_answers_for_another_run_or_prompt_are_dropped(window, qtbot, app_dirs):
     answers = json.dumps({"base": "drink .", "tuned": "a kind of fruit", "checkpoint": "step-000002"})
     panel = window.try_panel
     window.run_tabs.setCurrentWidget(panel)
-    panel.command = lambda run_dir, prompt, tokens: stand_in(f"print({answers!r})")
+    panel.command = lambda run_dir, prompt, tokens, image: stand_in(f"print({answers!r})")
     panel.set_run(first)
     panel.prompt.setPlainText("What kind of thing is a plum?")
     panel.generate_button.click()

@@ -18,6 +18,9 @@ GRPO_HELDOUT = DEMO_DATASETS / "grpo_heldout.jsonl"
 AGENT_CHAT = DEMO_DATASETS / "agent_chat.jsonl"
 """The demo task as agents and reasoning models are trained: a row of each kind (OpenAI tool calls, LLaMA-Factory's
 function_call / observation, reasoning_content, <think> tags, a turn marked train: false)."""
+VISION_MODEL = RESOURCES / "models" / "studio-tiny-vl"
+SHAPES_TRAIN = DEMO_DATASETS / "shapes" / "shapes_train.jsonl"
+SHAPES_HELDOUT = DEMO_DATASETS / "shapes" / "shapes_heldout.jsonl"
 DEMO_FORMAT = r"kind of [a-z ]+ \."
 """The GRPO demo's format reward: the "kind of" phrasing of a fact, whole."""
 
@@ -64,6 +67,18 @@ def grpo_demo_config() -> RunConfig:
         grpo={"group_size": 8, "max_completion_length": 12,
               "rewards": (RewardConfig(name="matches_format", pattern=DEMO_FORMAT),)},
         schedule={"save_every": 0, "sample_every": 0, "eval_every": 10})
+
+
+def vision_demo_config() -> RunConfig:
+    """A full fine-tune of the embedded tiny Qwen2-VL (random weights, resources/build_vision_assets.py), its vision
+    tower and projector too (a random tower has nothing to keep): teaches it to name the colour of a small drawn
+    shape; held-out drawings of every colour and shape measure it."""
+    return demo_config().replace(
+        name="vision-demo", method="full", model={"name_or_path": str(VISION_MODEL)},
+        data={"train_files": (str(SHAPES_TRAIN),), "eval_files": (str(SHAPES_HELDOUT),)},
+        vision={"train_projector": True, "train_vision_tower": True},
+        training={"max_steps": 100, "learning_rate": 1e-2},
+        schedule={"save_every": 0, "sample_every": 0, "eval_every": 20})
 
 
 def objective_changes(config: RunConfig, objective: str) -> dict:

@@ -13,7 +13,8 @@ from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, Q
 
 from studio.core.config import RunConfig, differences
 from studio.core.errors import Problem
-from studio.core.presets import RESOURCES, demo_config, grpo_demo_config, preference_demo_config, with_demo_model
+from studio.core.presets import (RESOURCES, demo_config, grpo_demo_config, preference_demo_config,
+                                  vision_demo_config, with_demo_model)
 from studio.core.run.directory import default_runs_root
 from studio.core.runtime.self_test import SelfTestReport, latest_report
 from studio.core.validation import machine_problems
@@ -162,6 +163,8 @@ class MainWindow(QMainWindow):
                                                             self.new_preference_setup)
         self.grpo_setup_action = setup_menu.addAction("New GRPO setup (a format reward on the demo's prompts)",
                                                       self.new_grpo_setup)
+        self.vision_setup_action = setup_menu.addAction("New vision setup (the tiny vision model names colours)",
+                                                        self.new_vision_setup)
         runtime_menu = self.menuBar().addMenu("&Runtime")
         self.runtime_action = runtime_menu.addAction("Training runtime…", lambda: open_runtime_dialog(self))
         self.self_test_action = runtime_menu.addAction("GPU self-test…", self.open_self_test)
@@ -312,6 +315,11 @@ class MainWindow(QMainWindow):
         """Start over from the GRPO demo: the demo model learns a format from prompts and a reward alone."""
         self._apply_preset(grpo_demo_config(), "A new setup: GRPO on the demo's prompts, a format reward scoring "
                            "the completions.")
+
+    def new_vision_setup(self) -> None:
+        """Start over from the vision demo: the tiny vision-language model learns to name the colour of a drawing."""
+        self._apply_preset(vision_demo_config(), "A new setup: the tiny vision-language model on drawn shapes, asked "
+                           "their colour.")
 
     def _apply_preset(self, config: RunConfig, title: str) -> None:
         """Set ``config`` and say what that changed, in the window's words."""

@@ -111,11 +111,14 @@ def gguf_check_command(python: str, run_dir: Path) -> list[str]:
     return _studio(python, "export", str(run_dir), "--gguf", "--check")
 
 
-def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: int) -> list[str]:
+def generate_command(python: str, run_dir: Path, prompt: str, max_new_tokens: int,
+                     image: Path | None = None) -> list[str]:
     """``studio generate --json``: prints one JSON object ``{"base", "tuned", "checkpoint"}``.
 
-    The prompt is joined to its option, so a prompt that starts with "-" is not read as an option."""
-    return _studio(python, "generate", str(run_dir), f"--prompt={prompt}", "--max-new-tokens", str(max_new_tokens), "--json")
+    The prompt (and the image) is joined to its option, so a prompt that starts with "-" is not read as an option."""
+    asked = (f"--image={image}",) if image is not None else ()
+    return _studio(python, "generate", str(run_dir), f"--prompt={prompt}", *asked, "--max-new-tokens",
+                   str(max_new_tokens), "--json")
 
 
 def eval_command(python: str, run_dir: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 Generation runs in a subprocess through the command line,
 
-    python -m studio generate RUN_DIR --prompt TEXT --max-new-tokens N --json
+    python -m studio generate RUN_DIR --prompt TEXT [--image FILE] --max-new-tokens N --json
 
 which prints one JSON object ``{"base": ..., "tuned": ..., "checkpoint": ...}``;
 a failure exits non-zero with ``error: ...`` and ``hint: ...`` on stderr.
@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar,
+                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from studio.core.run.commands import generate_command, last_json_object
 from studio.gui.process import LineProcess
@@ -37,6 +37,13 @@ class TryPanel(QWidget):
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 4096)
         self.max_tokens.setValue(64)
+        self.image: Path | None = None  # the image the prompt asks about (a vision-language run's)
+        self.image_button = QPushButton("Image…")
+        self.image_button.setToolTip("An image the prompt asks about, for a run of a vision-language model")
+        self.image_button.clicked.connect(self.choose_image)
+        self.image_label = QLabel()
+        self.clear_image_button = QPushButton("No image")
+        self.clear_image_button.clicked.connect(lambda: self.set_image(None))
         self.generate_button = QPushButton("Generate with both")
         self.generate_button.clicked.connect(self.generate)
         self.progress = QProgressBar()
@@ -50,10 +57,11 @@ class TryPanel(QWidget):
         self._process = LineProcess(self)
         self._process.done.connect(self._on_done)
         self._started = 0.0
-        self._asked: tuple | None = None  # (run, prompt, max tokens) of the generation running
+        self._asked: tuple | None = None  # (run, prompt, max tokens, image) of the generation running
         self._clock = QTimer(self)
         self._clock.timeout.connect(self._tick)
         self._build_layout()
+        self.set_image(None)
         self.set_run(None)
 
     @staticmethod
@@ -71,6 +79,9 @@ class TryPanel(QWidget):
         row = QHBoxLayout()
         row.addWidget(QLabel("Max new tokens:"))
         row.addWidget(self.max_tokens)
+        row.addWidget(self.image_button)
+        row.addWidget(self.image_label)
+        row.addWidget(self.clear_image_button)
         row.addWidget(self.generate_button)
         row.addWidget(self.progress)
         row.addStretch(1)
@@ -94,6 +105,17 @@ class TryPanel(QWidget):
         self.titles["tuned"].setText(f"<b>Fine-tuned</b> <span style='color:{MUTED}'>({html.escape(name)})</span>")
         self._update_button()
 
+    def choose_image(self) -> None:
+        name, _ = QFileDialog.getOpenFileName(self, "An image for the prompt", "",
+                                              "Images (*.png *.jpg *.jpeg *.webp *.bmp *.gif);;All files (*)")
+        if name:
+            self.set_image(Path(name))
+
+    def set_image(self, image: Path | None) -> None:
+        self.image = image
+        self.image_label.setText(html.escape(image.name) if image else "")
+        self.clear_image_button.setVisible(image is not None)
+
     def _update_button(self) -> None:
         reason = "" if self.run_dir is not None else "Finish a run, or choose one in History, to try it."
         self.generate_button.setEnabled(not reason and not self._process.running)
@@ -107,7 +129,7 @@ class TryPanel(QWidget):
         for box in self.answers.values():
             box.setPlainText("")
         self._asked = self._request()
-        self._process.start(self.command(self.run_dir, prompt, self.max_tokens.value()))
+        self._process.start(self.command(self.run_dir, prompt, self.max_tokens.value(), self.image))
         self._started = time.monotonic()
         self.progress.show()
         self._clock.start(500)
@@ -115,7 +137,7 @@ class TryPanel(QWidget):
         self._update_button()
 
     def _request(self) -> tuple:
-        return self.run_dir, self.prompt.toPlainText().strip(), self.max_tokens.value()
+        return self.run_dir, self.prompt.toPlainText().strip(), self.max_tokens.value(), self.image
 
     def _tick(self) -> None:
         self.status.setText(f"Loading both models and generating… {time.monotonic() - self._started:.0f} s")

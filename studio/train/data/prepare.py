@@ -184,21 +184,36 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
     For generation-based evaluation: the model continues the prompt ids and
     its answer is compared to the expected response (without end marker): a pair's chosen one.
     """
+    ids, _, expected = encode_image_prompt(example, tokenizer, template, None)
+    return ids, expected
+
+
+def encode_image_prompt(example: Example, tokenizer: Any, template: str,
+                        image_rows: ImageRows | None) -> tuple[list[int], dict[str, list], str]:
+    """``encode_prompt``'s ids and response, with the row's images as the model takes them (pixel values, grids and
+    where the image tokens are; empty for a row without): a row with images through ``image_rows``, its placeholders
+    expanded as training expands them (refused without: a text model's)."""
     if example.kind == "preference":
         example = example.chosen_row()
     if example.kind == "prompt_only":
         return _whole_ids(prompt_only_text(example, tokenizer, template), tokenizer, adds_bos(tokenizer)), \
-            example.reference
+            NO_IMAGES, example.reference
     if example.kind == "text":
         raise DataError(example.location, "text rows have no prompt to answer",
                         "evaluate with instruction, chat or prompt_completion rows")
-    if example.images:
-        raise DataError(example.location, "answering rows with images is not done yet (generation, studio eval)",
-                        "evaluate with rows in words alone; the eval loss covers rows with images")
+    if example.images and image_rows is None:
+        raise DataError(example.location, f"the prompt holds {len(example.images)} image(s), but the model is a text "
+                        "model", "choose a run of a vision-language model (Qwen2-VL, Qwen2.5-VL), or ask in words")
     prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
+    images = NO_IMAGES
+    if example.images:
+        images, counts = image_rows.inputs(example)
+        prompt = image_rows.expand(prompt, counts, example.location)
     ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
+    if example.images:
+        images = {**images, "mm_token_type_ids": [int(token == image_rows.image_token_id) for token in ids]}
     expected = example.messages[-1]["content"] if example.messages else example.completion
-    return ids, expected
+    return ids, images, expected
 
 
 def encode_preference(example: Example, tokenizer: Any, template: str, max_length: int,

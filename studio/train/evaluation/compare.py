@@ -31,8 +31,9 @@ from studio.core.errors import StudioError
 from studio.core.rewards import Rewards, Scores
 from studio.core.run.directory import RunDir, write_atomically
 from studio.core.run.evaluation import EVALUATION_FILE, MODELS, answer_scores, progress_line, summary, worst_first
-from studio.train.data.prepare import (IGNORE_INDEX, adds_bos, collate, encode, encode_preference, encode_prompt,
-                                       encode_prompt_only, held_out_rows, render_segments, resolve_template)
+from studio.train.data.images import ImageRows
+from studio.train.data.prepare import (IGNORE_INDEX, RowEncoder, adds_bos, collate, encode_image_prompt,
+                                       encode_preference, encode_prompt_only, held_out_rows, resolve_template)
 from studio.train.evaluation.exact_match import generate_answers, rewarded_answers
 from studio.train.evaluation.generate import base_model, load_run_model
 from studio.train.objectives.next_token import token_logps, token_loss_sum
@@ -105,6 +106,8 @@ def row_text(example: Example) -> dict[str, Any]:
 
 def _last_question(turns) -> str:
     asked = [m["content"] for m in turns if m["role"] == "user"]
+    if asked and not isinstance(asked[-1], str):  # a turn with images: its parts, each image as [image]
+        return " ".join("[image]" if part["type"] == "image" else part.get("text", "") for part in asked[-1])
     return asked[-1] if asked else ""
 
 
@@ -114,12 +117,13 @@ class _AnswerScorer:
     def __init__(self, tokenizer, config: RunConfig, examples: list[Example], max_new_tokens: int,
                  encoded: list[dict[str, Any]] | None = None):
         self.tokenizer, self.examples, self.max_new_tokens = tokenizer, examples, max_new_tokens
-        self.encoded = encoded if encoded is not None else [
-            encode(render_segments(e, tokenizer, config.data.template, Learning.of(config.data)), tokenizer,
-                   config.data.max_length)
-            for e in examples]
+        data, image_rows = config.data, ImageRows.for_run(config, tokenizer)
+        # as training encodes the rows, the prompt never learned (the loss is over the answers)
+        encoder = RowEncoder(tokenizer, data.template, data.max_length, False, data.max_length, Learning.of(data),
+                             image_rows)
+        self.encoded = encoded if encoded is not None else [encoder.encode(e) for e in examples]
         self.tokens = [target_tokens(tokens["labels"]) for tokens in self.encoded]
-        self.prompts = {i: encode_prompt(e, tokenizer, config.data.template)
+        self.prompts = {i: encode_image_prompt(e, tokenizer, data.template, image_rows)
                         for i, e in enumerate(examples) if e.kind != "text"}
 
     def rows(self) -> list[dict[str, Any]]:
@@ -135,7 +139,7 @@ class _AnswerScorer:
         scores = self.losses(model, progress)
         for indices in _batches(sorted(self.prompts), ANSWER_BATCH):
             for index, answer in zip(indices, self._answers(model, indices)):
-                reference = self.prompts[index][1]
+                reference = self.prompts[index][2]
                 scores[index].update(answer=answer.strip(), **answer_scores(answer, reference))
             progress.advance(len(indices))
         progress.done()
@@ -151,9 +155,10 @@ class _AnswerScorer:
         return scores
 
     def _answers(self, model, indices: list[int]) -> list[str]:
-        longest = max(len(self.tokenizer(self.prompts[i][1], add_special_tokens=False)["input_ids"]) for i in indices)
+        longest = max(len(self.tokenizer(self.prompts[i][2], add_special_tokens=False)["input_ids"]) for i in indices)
         budget = min(self.max_new_tokens, longest + SPARE_NEW_TOKENS)
-        return generate_answers(model, self.tokenizer, [self.prompts[i][0] for i in indices], budget)
+        return generate_answers(model, self.tokenizer, [self.prompts[i][0] for i in indices], budget,
+                                [self.prompts[i][1] for i in indices])
 
 
 class _PairScorer(_AnswerScorer):

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from studio.core.rewards import Rewards, Scores
+from studio.train.data.images import image_batch
 from studio.train.data.prepare import encode_prompt
 
 
@@ -26,8 +27,10 @@ def exact_match(model, tokenizer, examples, template: str, max_new_tokens: int =
 
 
 @torch.no_grad()
-def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
-    """Greedy answers for a batch of token prompts (left-padded so all end together)."""
+def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int,
+                     images: Sequence[dict[str, list]] = ()) -> list[str]:
+    """Greedy answers for a batch of token prompts (left-padded so all end together), with each prompt's images
+    (``encode_image_prompt``'s) when given."""
     device = next(model.parameters()).device
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), tokenizer.pad_token_id, dtype=torch.long)
@@ -35,9 +38,12 @@ def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens:
     for i, prompt in enumerate(prompts):
         ids[i, length - len(prompt):] = torch.tensor(prompt)
         mask[i, length - len(prompt):] = 1
+    left_padded = [{**image, "mm_token_type_ids": [0] * (length - len(prompt)) + list(image["mm_token_type_ids"])}
+                   for prompt, image in zip(prompts, images)]
+    pixels = {name: value.to(device) for name, value in image_batch(left_padded, length).items()}
     output = model.generate(
         input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-        do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **pixels,
     )
     return tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)
 

@@ -19,14 +19,20 @@ from studio.core.data.row_formats import Example
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
 from studio.train.checkpoint import load_weights
-from studio.train.data.prepare import encode_prompt
+from studio.train.data.images import ImageRows
+from studio.train.data.prepare import encode_image_prompt
 from studio.train.evaluation.exact_match import generate_answers
 from studio.train.model.build import build_model, load_base_model, load_tokenizer
 from studio.train.quiet import quiet_progress_bars
 
 
-def prompt_example(config: RunConfig, prompt: str) -> Example:
-    """The prompt as the run's rows put it: a completion's prompt, or a user's message (chat, instruction)."""
+def prompt_example(config: RunConfig, prompt: str, image: Path | None = None) -> Example:
+    """The prompt as the run's rows put it: a completion's prompt, or a user's message (chat, instruction); with an
+    image, a user's message of the image and then the prompt, as the rows with images put it."""
+    if image is not None:
+        parts = ({"type": "image"}, {"type": "text", "text": prompt})
+        return Example(kind="chat", messages=({"role": "user", "content": parts},
+                                              {"role": "assistant", "content": ""}), images=(str(image),))
     if row_format(config) in ("prompt_completion", "text"):
         return Example(kind="prompt_completion", prompt=prompt, completion="")
     return Example(kind="chat", messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": ""}))
@@ -39,13 +45,14 @@ def row_format(config: RunConfig) -> str:
     return inspect_files(config.data.train_files, "auto", limit=1, keep=0).format
 
 
-def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64) -> dict[str, str]:
-    """{"base": answer, "tuned": answer, "checkpoint": name} for one prompt."""
+def side_by_side(run_dir: Path, prompt: str, max_new_tokens: int = 64, image: Path | None = None) -> dict[str, str]:
+    """{"base": answer, "tuned": answer, "checkpoint": name} for one prompt (about ``image``, when given)."""
     config, tokenizer, model, checkpoint = load_run_model(run_dir)
-    ids, _ = encode_prompt(prompt_example(config, prompt), tokenizer, config.data.template)
-    tuned = generate_answers(model, tokenizer, [ids], max_new_tokens)[0]
+    ids, images, _ = encode_image_prompt(prompt_example(config, prompt, image), tokenizer, config.data.template,
+                                         ImageRows.for_run(config, tokenizer) if image is not None else None)
+    tuned = generate_answers(model, tokenizer, [ids], max_new_tokens, [images])[0]
     with base_model(model, config) as base_of_run:
-        base = generate_answers(base_of_run, tokenizer, [ids], max_new_tokens)[0]
+        base = generate_answers(base_of_run, tokenizer, [ids], max_new_tokens, [images])[0]
     return {"base": base.strip(), "tuned": tuned.strip(), "checkpoint": checkpoint.name}
 
 

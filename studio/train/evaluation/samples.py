@@ -33,7 +33,7 @@ def why_no_samples(config: RunConfig) -> tuple[str, str] | None:
 
 def sample_examples(config: RunConfig) -> list[Example]:
     """The user's sample prompts, else the first held-out rows that ask something (text rows do not) in words alone
-    (answering an image is not done yet)."""
+    (samples of rows with images are not taken yet: `studio eval` and Try it answer them)."""
     if config.data.sample_prompts:
         return [prompt_example(config, prompt) for prompt in config.data.sample_prompts]
     rows, _ = held_out_examples(config)
