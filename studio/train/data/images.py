@@ -188,9 +188,10 @@ def row_image_inputs(feature: dict[str, Any]) -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in arrays.files}
 
 
-def image_batch(features: list[dict[str, Any]], width: int) -> dict[str, torch.Tensor]:
-    """A right-padded micro-batch's image inputs, every row's images in order (the model matches them to its image
-    tokens in order) and its per-token marks padded to ``width``; none when no row holds an image."""
+def image_batch(features: list[dict[str, Any]], width: int, left: bool = False) -> dict[str, torch.Tensor]:
+    """A right-padded (``left``: left-padded, as prompts to generate from) micro-batch's image inputs, every row's
+    images in order (the model matches them to its image tokens in order) and its per-token marks padded to
+    ``width``; none when no row holds an image."""
     rows = [row_image_inputs(feature) for feature in features]
     names = {name for row in rows for name in row}
     if not names:
@@ -198,8 +199,8 @@ def image_batch(features: list[dict[str, Any]], width: int) -> dict[str, torch.T
     batch = {}
     for name in names:
         if name in TOKEN_INPUTS:
-            marks = [np.pad(row[name], (0, width - len(row[name]))) if name in row else np.zeros(width, np.int64)
-                     for row in rows]
+            marks = [np.pad(row[name], (width - len(row[name]), 0) if left else (0, width - len(row[name])))
+                     if name in row else np.zeros(width, np.int64) for row in rows]
             batch[name] = torch.from_numpy(np.stack(marks)).long()
         else:
             batch[name] = torch.from_numpy(stacked([row[name] for row in rows if name in row]))

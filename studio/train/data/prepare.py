@@ -189,10 +189,10 @@ def encode_prompt(example: Example, tokenizer: Any, template: str) -> tuple[list
 
 
 def encode_image_prompt(example: Example, tokenizer: Any, template: str,
-                        image_rows: ImageRows | None) -> tuple[list[int], dict[str, list], str]:
-    """``encode_prompt``'s ids and response, with the row's images as the model takes them (pixel values, grids and
-    where the image tokens are; empty for a row without): a row with images through ``image_rows``, its placeholders
-    expanded as training expands them (refused without: a text model's)."""
+                        image_rows: ImageRows | None) -> tuple[list[int], dict[str, bytes], str]:
+    """``encode_prompt``'s ids and response, with the row's images as the model takes them (a split row's image
+    column: empty for a row without): a row with images through ``image_rows``, its placeholders expanded as
+    training expands them (refused without: a text model's)."""
     if example.kind == "preference":
         example = example.chosen_row()
     if example.kind == "prompt_only":
@@ -203,17 +203,15 @@ def encode_image_prompt(example: Example, tokenizer: Any, template: str,
                         "evaluate with instruction, chat or prompt_completion rows")
     if example.images and image_rows is None:
         raise DataError(example.location, f"the prompt holds {len(example.images)} image(s), but the model is a text "
-                        "model", "choose a run of a vision-language model (Qwen2-VL, Qwen2.5-VL), or ask in words")
+                        "model", f"choose a run of a vision-language model ({', '.join(SUPPORTED_VISION)}), or ask "
+                        "in words")
     prompt = templates.prompt_segments(render_segments(example, tokenizer, template, templates.PROMPTING))
-    images = NO_IMAGES
-    if example.images:
-        images, counts = image_rows.inputs(example)
-        prompt = image_rows.expand(prompt, counts, example.location)
-    ids = encode(prompt, tokenizer, sys.maxsize)["input_ids"]
-    if example.images:
-        images = {**images, "mm_token_type_ids": [int(token == image_rows.image_token_id) for token in ids]}
     expected = example.messages[-1]["content"] if example.messages else example.completion
-    return ids, images, expected
+    if not example.images:
+        return encode(prompt, tokenizer, sys.maxsize)["input_ids"], NO_IMAGES, expected
+    expanded, inputs = image_rows.expand(prompt, example)
+    encoded = image_rows.masked(encode(expanded, tokenizer, sys.maxsize), inputs, sys.maxsize, example.location)
+    return encoded["input_ids"], {IMAGE_COLUMN: encoded[IMAGE_COLUMN]}, expected
 
 
 def encode_preference(example: Example, tokenizer: Any, template: str, max_length: int,

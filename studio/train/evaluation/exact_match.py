@@ -28,7 +28,7 @@ def exact_match(model, tokenizer, examples, template: str, max_new_tokens: int =
 
 @torch.no_grad()
 def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int,
-                     images: Sequence[dict[str, list]] = ()) -> list[str]:
+                     images: Sequence[dict[str, bytes]] = ()) -> list[str]:
     """Greedy answers for a batch of token prompts (left-padded so all end together), with each prompt's images
     (``encode_image_prompt``'s) when given."""
     device = next(model.parameters()).device
@@ -38,9 +38,7 @@ def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens:
     for i, prompt in enumerate(prompts):
         ids[i, length - len(prompt):] = torch.tensor(prompt)
         mask[i, length - len(prompt):] = 1
-    left_padded = [{**image, "mm_token_type_ids": [0] * (length - len(prompt)) + list(image["mm_token_type_ids"])}
-                   for prompt, image in zip(prompts, images)]
-    pixels = {name: value.to(device) for name, value in image_batch(left_padded, length).items()}
+    pixels = {name: value.to(device) for name, value in image_batch(list(images), length, left=True).items()}
     output = model.generate(
         input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
         do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **pixels,
