@@ -39,15 +39,19 @@ class ImageRows:
 
     @classmethod
     def for_run(cls, config: RunConfig, tokenizer: Any) -> "ImageRows | None":
-        """The run's, or None for a text model. The PIL image processor: the fast one needs torchvision."""
+        """The run's, or None for a text model. The PIL image processor: the fast one needs torchvision; the run's
+        vision.max_pixels (if set) replaces its pixel limit."""
         family = vision_family(load_model_config(config.model.name_or_path, config.model.revision))
         if family is None:
             return None
         from transformers import AutoImageProcessor
 
+        limit = {"max_pixels": config.vision.max_pixels} if config.vision.max_pixels else {}
+
         processor = AutoImageProcessor.from_pretrained(config.model.name_or_path, backend="pil",
                                                        revision=config.model.revision or None,
-                                                       trust_remote_code=config.model.trust_remote_code)
+                                                       trust_remote_code=config.model.trust_remote_code,
+                                                       **limit)
         return cls(family, processor, tokenizer)
 
     def inputs(self, example: Example) -> tuple[dict[str, list], list[int]]:
