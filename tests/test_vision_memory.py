@@ -87,3 +87,26 @@ def test_the_worst_case_is_an_image_at_the_pixel_limit_in_every_row():
     assert worst_case_images(MODEL_CONFIG, larger) == (1024,) * 8  # 256 tokens an image
     capped = larger.replace(data={"max_length": 100})
     assert worst_case_images(MODEL_CONFIG, capped) == (400,) * 8  # no more image tokens than the row holds
+
+
+def test_fit_lowers_the_image_resolution_last_and_says_the_tokens_it_gives():
+    """Where a micro-batch of one does not fit, fit lowers vision.max_pixels, to the highest limit that fits."""
+    from studio.core.memory.fit import fit
+    from studio.train.measure.trace import write_trace
+
+    config = quick_config(COLOURS, model={"name_or_path": str(TINY_VL)}).replace(
+        data={"max_length": 96}, training={"micro_batch_size": 4, "chunked_loss": False},
+        vision={"max_pixels": 64 * 64, "train_vision_tower": True, "train_projector": True})
+    write_trace(config, neighbours=False)  # the measured test's trace, when it ran first
+    one = config.replace(training={"micro_batch_size": 1, "gradient_accumulation_steps": 4})
+    result = fit(MODEL_CONFIG, config, int(estimate(MODEL_CONFIG, one, "cpu").peak_bytes * 0.8 / 0.9), "cpu")
+    assert result.fits and result.config.vision.max_pixels == 32 * 32  # not 16 x 16: the highest that fits
+    assert result.config.training.micro_batch_size == 1
+    assert "vision.max_pixels 4,096 -> 1,024 (an image at most 16 tokens, 64 patches)" in result.explanation
+
+
+def test_a_negative_pixel_limit_is_refused():
+    from studio.core.validation import validate
+
+    config = quick_config(COLOURS).replace(vision={"max_pixels": -1})
+    assert [problem.where for problem in validate(config, check_files=False)] == ["vision.max_pixels"]

@@ -54,13 +54,13 @@ from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_
 from studio.core.memory.parts.generation import generation_parts, kv_cache_bytes
 from studio.core.memory.parts.logits import logits_loss_bytes
 from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
-from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_notes, host_weight_ram,
-                                             model_states, weight_bytes)
+from studio.core.memory.parts.states import (OPTIMIZERS, ModelStates, TensorGroup, host_head_bytes,
+                                             host_weight_notes, host_weight_ram, model_states, weight_bytes)
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
-from studio.core.memory.parts.vision import VisionMemory, vision_memory, worst_case_images
+from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, worst_case_images
 from studio.core.memory.placement import split_devices
-from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for, weight_dtype_name
+from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
 from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, machine_overheads,
                                          sharded_devices, with_cuda_overheads)
@@ -222,8 +222,7 @@ def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out:
                                regime_id(regime_axes(config)))
     if images is None:
         images = worst_case_images(model_config, config)
-    compute = config.training.precision if config.training.precision != "fp32" else weight_dtype_name(config)
-    vision = vision_memory(model_config, config, images, compute)
+    vision = vision_memory(model_config, config, images)
     result = derived_estimate(trace, config, device_type, scale_out, overheads, vision)
     result = replace(result, notes=result.notes + vision_notes(model_config, config, vision))
     return replace(result, notes=result.notes + overheads.notes) if device_type == "cuda" else result
@@ -240,12 +239,25 @@ def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | N
                                      ("the projector", config.vision.train_projector)) if on]
     saved = (f"{' and '.join(trained)} train: their weights' gradients and optimizer state, and what they keep for "
              f"backward, {format_bytes(vision.saved)} (counted)" if trained else
-             "the vision tower and projector are frozen: no gradients, no optimizer state, nothing kept for backward "
-             "(what training them would add is not counted)")
+             "the vision tower and projector are frozen: no gradients, no optimizer state, nothing kept for backward; "
+             f"training both would add {_training_the_tower(model_config, config, vision)}")
     patches = f"{sum(vision.images):,} patches" if vision.images else "no images"
     return (f"vision-language model: {len(vision.images)} image(s) a micro-batch, {patches}, "
             f"{vision.tokens:,} image tokens in the language model's sequence (counted in its length); {saved}; "
             f"the images' pixel values and grids {format_bytes(vision.inputs)}",)
+
+
+def _training_the_tower(model_config: dict, config: RunConfig, frozen: VisionMemory) -> str:
+    """What training the tower and the projector would add to a frozen tower's step: their fp32 gradients and
+    optimizer state, and what they keep for backward on the same images."""
+    vision_config = model_config["vision_config"]
+    trained = vision_memory(model_config, config.replace(vision={"train_vision_tower": True, "train_projector": True}),
+                            frozen.images)
+    group = TensorGroup((image_rule(model_config).parameters(vision_config, True, True),), "fp32", 1)
+    states = group.nbytes + OPTIMIZERS[config.training.optimizer].state(group)
+    kept = trained.saved + trained.sequence - frozen.sequence
+    return (f"the gradients and optimizer state of {group.elements:,} parameters ({format_bytes(states)}) and "
+            f"{format_bytes(kept)} kept for backward on these images")
 
 
 def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.regime import DTYPE_BYTES
+from studio.core.memory.regime import DTYPE_BYTES, weight_dtype_name
 from studio.core.model.info import cached_config, looks_like_path
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -107,6 +107,19 @@ class Qwen2VLImages:
             stats += 2
         return elements * compute + stats * STAT_BYTES
 
+    def parameters(self, vision_config: dict, tower: bool, projector: bool) -> int:
+        """The parameters of the tower (the patch embedding and the blocks) and of the projector, as asked."""
+        embed = vision_config.get("embed_dim") or vision_config["hidden_size"]
+        mlp = int(embed * vision_config.get("mlp_ratio", 4))
+        merged = embed * vision_config.get("spatial_merge_size", 2) ** 2
+        count = 0
+        if tower:  # the patch embedding (no bias); each block's two LayerNorms, qkv, proj, fc1 and fc2
+            count += self.pixel_elements(vision_config) * embed
+            count += vision_config.get("depth", 32) * (4 * embed * embed + 2 * embed * mlp + 9 * embed + mlp)
+        if projector:  # ln_q, and the merged MLP into the language model's width
+            count += 2 * embed + merged * merged + merged + (merged + 1) * vision_config["hidden_size"]
+        return count
+
     def transient_per_patch(self, vision_config: dict, compute: int) -> int:
         """A frozen block's largest moment per patch: the residual stream, the norm's output, the MLP's hidden
         and activation."""
@@ -165,7 +178,7 @@ def worst_case_images(model_config: dict, config: RunConfig) -> tuple[int, ...]:
     return (min(largest.tokens, config.data.max_length) * merged,) * rows
 
 
-def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...], compute: str) -> VisionMemory | None:
+def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...]) -> VisionMemory | None:
     """What ``images`` (each one's patches, one micro-batch's) hold; None for a model without an image rule."""
     rule = image_rule(model_config)
     if rule is None:
@@ -177,7 +190,8 @@ def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...]
     # fp32 pixel values, the (t, h, w) grids, the image-token marks (int64 each)
     inputs = 4 * patches * rule.pixel_elements(vision_config) + 8 * 3 * len(images)
     inputs += 8 * rows * config.data.max_length if images else 0
-    width = DTYPE_BYTES[compute]
+    precision = config.training.precision  # autocast's dtype, or the weights' without it
+    width = DTYPE_BYTES[precision if precision != "fp32" else weight_dtype_name(config)]
     v = config.vision
     saved = patches * rule.saved_per_patch(vision_config, v.train_vision_tower, v.train_projector, width)
     transient = 0 if v.train_vision_tower else patches * rule.transient_per_patch(vision_config, width)
