@@ -69,6 +69,11 @@ VERSIONS = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "data
 
 # ---------------------------------------------------------------- the worker checks
 
+LAYER_SPLIT_CHECK = "layer split over 2 GPUs"
+# a pipeline's step: 4 micro-batches padded to one shape (the stages exchange tensors of one shape); the layer split
+# runs the same steps
+SPLIT_STEP = {"training": {"gradient_accumulation_steps": 4}, "data": {"packing": "none"}}
+
 
 def checks(gpus: int) -> dict[str, dict]:
     """name -> config sections changed from the quick tiny-model config."""
@@ -91,8 +96,17 @@ def checks(gpus: int) -> dict[str, dict]:
         found["data parallel, 2 GPUs (NCCL)"] = {"distributed": {"num_processes": 2}}
         found["zero3, 2 GPUs"] = {"distributed": {"num_processes": 2, "sharding": "zero3"}}
         found["fsdp, 2 GPUs (loaded sharded from rank 0)"] = {"distributed": {"num_processes": 2, "sharding": "fsdp"}}
-        found["layer split over 2 GPUs"] = {"distributed": {"layer_split": True}}
+        found.update(model_split_checks())
     return found
+
+
+def model_split_checks() -> dict[str, dict]:
+    """The layer split and the pipeline over 2 GPUs on the same steps: their tokens per second compare."""
+    pipeline = {"num_processes": 2, "pipeline_stages": 2}
+    return {LAYER_SPLIT_CHECK: {"distributed": {"layer_split": True}, **SPLIT_STEP},
+            **{f"pipeline of 2 stages over 2 GPUs, {schedule}": {
+                "distributed": {**pipeline, "pipeline_schedule": schedule}, **SPLIT_STEP} for schedule in ("gpipe", "1f1b")}}
+
 
 
 def check_config(sections: dict):
@@ -143,10 +157,17 @@ def worker_record(name: str, run_dir: Path, outcome: "Outcome") -> dict:
         "measured_mib": [round(m["peak_bytes"] / MIB, 1) for m in measured],
         "predicted_mib": round(predicted / MIB, 1) if predicted else None,
         "memory": next((e["memory"] for e in reversed(events) if e["type"] == "step"), None),
+        "tokens_per_s": steady_tokens_per_s(events),
         # each rank's GPU peak while the model loads (several processes): sharded, no GPU receives the whole model
         "loading_gpu_peak_mib": [round(rank["gpu_peak_bytes"] / MIB, 1) for rank in loading
                                  if "gpu_peak_bytes" in rank],
     }
+
+
+def steady_tokens_per_s(events: list[dict]) -> float | None:
+    """The mean rate of the steps after the first (which holds the set-up: a pipeline's schedule, compilation)."""
+    rates = [e["tokens_per_s"] for e in events if e["type"] == "step" and e.get("tokens_per_s")][1:]
+    return round(sum(rates) / len(rates)) if rates else None
 
 
 def worker_jobs(gpus: int, work: Path) -> tuple[list["Job"], list[dict]]:
@@ -449,13 +470,17 @@ def frontier_markdown(records: list[dict]) -> str:
 
 
 def worker_markdown(records: list[dict]) -> str:
-    lines = ["| check | status | last loss | measured MiB | predicted MiB | loading GPU peak MiB per rank | seconds "
-             "| error |", "|---|---|---|---|---|---|---|---|"]
+    split = next((r.get("tokens_per_s") for r in records if r["check"] == LAYER_SPLIT_CHECK), None)
+    lines = ["| check | status | last loss | measured MiB | predicted MiB | loading GPU peak MiB per rank | tokens/s "
+             "| seconds | error |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         loss = f"{r['last_loss']:.4f}" if isinstance(r.get("last_loss"), float) else "-"
         error = (r.get("error") or "").replace("\n", " ").replace("|", "/")[-160:]
+        rate = r.get("tokens_per_s") or "-"
+        if split and r.get("tokens_per_s") and r["check"].startswith("pipeline"):
+            rate = f"{rate} ({r['tokens_per_s'] / split:.2f}x the layer split)"
         lines.append(f"| {r['check']} | {r['status']} | {loss} | {r.get('measured_mib', '-')} | "
-                     f"{r.get('predicted_mib', '-')} | {r.get('loading_gpu_peak_mib') or '-'} | "
+                     f"{r.get('predicted_mib', '-')} | {r.get('loading_gpu_peak_mib') or '-'} | {rate} | "
                      f"{r.get('seconds', '-')} | {error} |")
     return "\n".join(lines) + "\n"
 

@@ -27,13 +27,18 @@ DATA_DIR = HERE / "datasets" / "colours"
 SEED = 7
 IMAGE_SIDE = 16
 VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
-    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+IMAGE_PART = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def chat_template(image_part: str) -> str:
+    """The text demo's chat format, an image part written as ``image_part`` (the family's placeholder)."""
+    return ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+            f"{{% if part['type'] == 'image' %}}{image_part}"
+            "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (240, 220, 40),
            "black": (10, 10, 10), "white": (245, 245, 245)}
 ROWS_PER_COLOUR = 4
@@ -42,12 +47,14 @@ IMAGE_PROCESSOR = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2,
                    "min_pixels": IMAGE_SIDE * IMAGE_SIDE, "max_pixels": IMAGE_SIDE * IMAGE_SIDE}
 
 
-def build_tokenizer():
+def build_tokenizer(tokens: list[str] = VISION_TOKENS, image_part: str = IMAGE_PART, named: dict | None = None):
+    """The text demo's tokenizer with a vision family's special tokens (``named``: those its processor reads by
+    name, Gemma 3's boi_token...) and a chat template writing image parts as ``image_part``."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(TEXT_MODEL)
-    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = AutoTokenizer.from_pretrained(TEXT_MODEL, **({"extra_special_tokens": named} if named else {}))
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    tokenizer.chat_template = chat_template(image_part)
     return tokenizer
 
 

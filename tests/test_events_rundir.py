@@ -112,3 +112,12 @@ def test_resume_cleanup_removes_torn_checkpoints_and_keeps_complete_ones(tmp_pat
     (rd.checkpoints_dir / ".staging-step-000006-123").mkdir()
     assert rd.remove_torn_checkpoints() == [".staging-step-000006-123", "step-000004"]
     assert [p.name for p in rd.checkpoints_dir.iterdir()] == ["step-000002"]
+
+
+def test_the_kept_history_of_a_resumed_run_drops_what_its_lost_steps_wrote():
+    from studio.core.run.events import kept_history
+
+    events = [{"type": "run_started", "start_step": 0}, *({"type": "step", "step": s} for s in (1, 2, 3)),
+              {"type": "eval", "step": 3}, {"type": "warning", "message": "slow"},
+              {"type": "run_started", "start_step": 2}, {"type": "step", "step": 3}]
+    assert kept_history(events) == [events[0], events[1], events[2], events[5], events[6], events[7]]

@@ -187,3 +187,12 @@ def test_jobs_are_stopped_at_their_budgets_and_their_rows_come_while_they_run(tm
     assert by_check["late"][0].startswith("skipped:")  # it would have started with under LEAST_SECONDS left
     assert [r["check"] for r in json.loads((tmp_path / "out" / "gpu-checks.json").read_text())["records"]] == [
         check for check, _, _ in seen]
+
+
+def test_the_pipeline_checks_report_their_tokens_per_second_against_the_layer_split():
+    steps = [{"type": "step", "tokens_per_s": rate} for rate in (10, 200, 220)]  # the first holds the set-up
+    assert gpu_checks.steady_tokens_per_s(steps) == 210
+    records = [{"part": "worker", "check": name, "status": "completed", "tokens_per_s": rate}
+               for name, rate in ((gpu_checks.LAYER_SPLIT_CHECK, 100), ("pipeline of 2 stages over 2 GPUs, 1f1b", 170))]
+    table = gpu_checks.worker_markdown(records)
+    assert "| 170 (1.70x the layer split) |" in table and "| 100 |" in table

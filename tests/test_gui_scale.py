@@ -91,6 +91,7 @@ def test_a_pipeline_takes_one_process_per_stage_and_says_its_bubble(window):
     window.data_panel.sample_every.spin.setValue(0)
     window.techniques_panel.packing.combo.setCurrentIndex(2)  # padded
     assert not window.listed_problems()
-    assert "bubble" in window.estimate_panel.phase.text()
+    shown = window.estimate_panel.phase.text()
+    assert "bubble" in shown and "layer split" in shown and "ZeRO-3 or FSDP" in shown  # against the other ways
     panel.pipeline_stages.spin.setValue(0)
     assert window.store.config.distributed.num_processes == 1  # its processes were the stages

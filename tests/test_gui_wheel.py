@@ -121,3 +121,16 @@ def test_after_a_click_gives_it_focus_the_wheel_changes_the_control(qtbot, app_d
     assert alpha.hasFocus()
     wheel(window, point_at(window, alpha), 1)
     assert window.store.config.lora.alpha == 17.0
+
+
+def test_the_wheel_over_a_tab_bar_leaves_the_tab_that_is_open(qtbot, app_dirs):
+    window = small_window(qtbot)
+    for tabs in (window.setup_tabs, window.run_tabs):
+        bar = tabs.tabBar()
+        tabs.setCurrentIndex(1)
+        last = bar.tabRect(bar.count() - 1)
+        for on_the_bar in (bar.tabRect(1).center(), last.center() + QPoint(last.width(), 0)):  # a tab, beside them
+            at = QPointF(bar.mapTo(window, on_the_bar))
+            for notches in (-2, 3):
+                wheel(window, at, notches)
+                assert tabs.currentIndex() == 1, tabs.tabText(tabs.currentIndex())

@@ -35,6 +35,9 @@ def scalars(folder) -> dict[str, list[tuple[int, float]]]:
             record = data[position + 12:position + 12 + length]
             position += 12 + length + 4
             event = event_pb2.Event.FromString(record)
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                for tag, points in found.items():  # TensorBoard's purge: a restart hides the later steps
+                    found[tag] = [(step, value) for step, value in points if step < event.step]
             for value in event.summary.value:
                 if value.HasField("simple_value"):
                     found.setdefault(value.tag, []).append((event.step, value.simple_value))
@@ -54,6 +57,24 @@ def test_the_run_s_losses_reach_tensorboard_and_can_be_written_again(tmp_path, s
     before = written
     assert main(["track", str(rd.path)]) == 0  # from events.jsonl alone: the same figures
     assert scalars(rd.path / "tensorboard") == before
+
+
+def test_a_resumed_run_shows_each_step_once_in_tensorboard_with_the_losses_it_kept(tmp_path, small_data):
+    import shutil
+
+    config = quick_config(small_data, training={"max_steps": 4}, schedule={"save_every": 2})
+    code, rd = run(config, tmp_path / "run", watch_stdin=False)
+    shutil.rmtree(rd.latest_checkpoint())  # as if it had stopped after step 2's checkpoint
+    code, rd = run(None, rd.path, resume=True, watch_stdin=False)
+    assert code == 0
+    steps = [(e["step"], e["loss"]) for e in read_events(rd.events) if e["type"] == "step"]
+    assert [step for step, _ in steps] == [1, 2, 3, 4, 3, 4]
+    kept = steps[:2] + steps[4:]
+    for _ in ("live", "replayed"):
+        written = scalars(rd.path / "tensorboard")["train/loss"]
+        assert [step for step, _ in written] == [1, 2, 3, 4]
+        assert [value for _, value in written] == pytest.approx([loss for _, loss in kept], rel=1e-6)
+        assert main(["track", str(rd.path)]) == 0
 
 
 def test_no_tensorboard_files_when_switched_off(tmp_path, small_data):

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import losses, quick_config
 from studio.core.data.dataset import inspect_files
-from studio.core.errors import ProblemsError
+from studio.core.errors import ProblemsError, StudioError
 from studio.core.run.events import read_events
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
@@ -109,6 +109,8 @@ def test_a_text_model_refuses_rows_with_images(tmp_path):
 
 
 def test_labels_learn_the_answer_alone_never_the_image_or_the_prompt():
+    from studio.train.data.images import row_image_inputs
+
     data, tokenizer = prepared(vision_config(COLOURS))
     image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     for row in data.train:
@@ -119,19 +121,22 @@ def test_labels_learn_the_answer_alone_never_the_image_or_the_prompt():
         assert ids.count(image_token) == 4  # a 16x16 image: 4x4 patches merged 2x2
         assert all(label == -100 for token, label in zip(ids, labels) if token == image_token)
         assert labels[:ids.index(image_token) + 4] == [-100] * (ids.index(image_token) + 4)  # the prompt
-        assert row["image_grid_thw"] == [[1, 4, 4]]
+        assert row_image_inputs(row)["image_grid_thw"].tolist() == [[1, 4, 4]]
 
 
-@pytest.mark.parametrize("model_type, name", [("llava", "LLaVA"), ("gemma3", "Gemma 3"), ("fuyu", "fuyu")])
-def test_other_vision_families_are_refused_images_by_name(model_type, name):
+@pytest.mark.parametrize("model_type, name, reason", [
+    ("mllama", "Llama 3.2 Vision (mllama)", "it reads its images through cross-attention layers"),
+    ("fuyu", "fuyu", "studio does not train it on images yet"),
+])
+def test_other_vision_families_are_refused_images_by_name(model_type, name, reason):
     from studio.core.model.vision import image_training_refusal, vision_family
 
     config = {"model_type": model_type, "vision_config": {"hidden_size": 8}, "text_config": {}}
     assert vision_family(config) is None  # their language model still trains on text, as before
     refusal = image_training_refusal(config)
     assert refusal is not None and refusal.message.startswith(f"{name} is a vision-language model that studio does "
-                                                              "not train on images yet: it trains Qwen2-VL and "
-                                                              "Qwen2.5-VL on images and text")
+                                                              f"not train on images: {reason}")
+    assert "it trains Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3" in refusal.message
 
 
 def test_images_on_a_text_model_are_refused_before_anything_loads(tmp_path):
@@ -244,3 +249,12 @@ def test_exports_reload_in_plain_transformers_with_the_trained_logits_on_image_r
         torch.testing.assert_close(merged(**inputs).logits, adapted(**inputs).logits, atol=1e-4, rtol=1e-4)
         base = AutoModelForImageTextToText.from_pretrained(TINY_VL).eval()(**inputs).logits
     assert not torch.allclose(base, merged(**inputs).logits, atol=1e-3)  # the export carries the training
+
+
+def test_a_gguf_export_is_refused_before_any_work_saying_the_vision_projector_is_not_written(trained_run):
+    from studio.train.export.gguf import check_gguf
+
+    _, run_dir = trained_run
+    with pytest.raises(StudioError, match="mmproj") as refused:
+        check_gguf(run_dir.path)
+    assert "--merged" in refused.value.hint and not (run_dir.exports_dir / "gguf").exists()

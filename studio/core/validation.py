@@ -18,10 +18,12 @@ from studio.core.data.dataset import SUFFIXES
 from studio.core.data.hub import is_hub_spec, parse_hub_spec
 from studio.core.data.row_formats import ANSWERED_FORMATS, DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
+from studio.core.memory.placement import pipeline_refusals
 from studio.core.memory.savers import SAVER_SPECS
 from studio.core.methods import ADALORA_BUDGET, ATTENTION_TOKENS, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.model.check import is_local_model
 from studio.core.model.info import load_model_config, looks_like_path
+from studio.core.model.stages import PIPELINE_OFF_HINT, pipeline_family_refusal, pipeline_refusal_message
 
 
 def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
@@ -467,51 +469,29 @@ def _check_distributed(config: RunConfig, check_files: bool) -> list[Problem]:
 
 
 def _check_pipeline(config: RunConfig, check_files: bool) -> list[Problem]:
-    """A pipeline: one process per stage, each holding its blocks whole, training an adapter on padded batches."""
-    d, where = config.distributed, "distributed.pipeline_stages"
-    if d.pipeline_stages < 0:
-        return [Problem(where, "must be 0 (off) or a number of stages")]
-    if d.pipeline_stages == 0:
-        return []
-    refusals = [
-        (d.pipeline_stages < 2, "a pipeline needs 2 stages or more", "set 2 or more, or 0 to turn it off"),
-        (d.num_processes != d.pipeline_stages, f"each stage is one process: {d.pipeline_stages} stages need "
-         f"{d.pipeline_stages} processes, not {d.num_processes}", f"set distributed.num_processes to {d.pipeline_stages}"),
-        (d.sharding != "none", f"a pipeline's stages hold their own blocks whole; {d.sharding} shards them",
-         "set distributed.sharding to none"),
-        (d.layer_split, "a pipeline and a layer split both place the blocks", "turn layer_split off"),
-        (not config.uses_adapter or config.method_spec.trains_virtual_tokens, "a pipeline trains an adapter on the "
-         "blocks' layers (virtual tokens would change every stage's inputs)", "use method lora, qlora, dora, ia3, "
-         "loha or lokr"),
-        (config.objective != "sft", f"a pipeline computes the next-token loss on its last stage; {config.objective} "
-         "needs the whole model's outputs", "use objective sft, or turn the pipeline off"),
-        (config.data.packing == "padding_free", "the stages exchange tensors of one shape: micro-batches are padded "
-         "to data.max_length", "set data.packing to none or length_grouped"),
-        (config.training.torch_compile, "a pipeline's stages are not compiled yet", "turn training.torch_compile off"),
-        (config.schedule.sample_every > 0, "sample answers need the whole model in one process; each stage holds "
-         "its own blocks", "set schedule.sample_every to 0 (export the adapter and try it instead)"),
-        (config.method == "adalora", "AdaLoRA reallocates its ranks from every block's gradients, which the stages "
-         "hold apart", "use method lora"),
-        (d.pipeline_schedule == "1f1b" and config.training.gradient_accumulation_steps < d.pipeline_stages,
-         f"1F1B runs at least as many micro-batches per step as stages ({d.pipeline_stages})",
-         f"set training.gradient_accumulation_steps to {d.pipeline_stages} or more, or use gpipe"),
-    ]
-    problems = [Problem(where, message, hint) for refused, message, hint in refusals if refused]
-    blocks = _block_count(config) if check_files else None
-    if blocks is not None and blocks < d.pipeline_stages:
-        problems.append(Problem(where, f"the model has {blocks} blocks, fewer than {d.pipeline_stages} stages",
-                                f"use at most {blocks} stages"))
+    """A pipeline (studio.core.memory.placement.pipeline_refusals), and what the model's files say of it."""
+    problems = pipeline_refusals(config)
+    if check_files and config.distributed.pipeline_stages > 0:
+        problems += _pipeline_model_problems(config)
     return problems
 
 
-def _block_count(config: RunConfig) -> int | None:
-    """The model's decoder blocks by its config.json, when it can be read offline (else the worker counts them)."""
+def _pipeline_model_problems(config: RunConfig) -> list[Problem]:
+    """What the model's config.json says a pipeline cannot do, when it can be read offline (else the worker
+    finds it): a family it cannot cut, fewer blocks than stages."""
     try:
         model_config = load_model_config(config.model.name_or_path, config.model.revision, allow_network=False)
     except StudioError:
-        return None
-    blocks = model_config.get("num_hidden_layers", model_config.get("text_config", {}).get("num_hidden_layers"))
-    return blocks if isinstance(blocks, int) else None
+        return []
+    decoder = model_config.get("text_config") or model_config  # a multimodal model's language model
+    where, stages = "distributed.pipeline_stages", config.distributed.pipeline_stages
+    if reason := pipeline_family_refusal(decoder):
+        family = str(model_config.get("model_type", "this family's"))
+        return [Problem(where, pipeline_refusal_message(family, reason), PIPELINE_OFF_HINT)]
+    blocks = decoder.get("num_hidden_layers")
+    if isinstance(blocks, int) and blocks < stages:
+        return [Problem(where, f"the model has {blocks} blocks, fewer than {stages} stages", f"use at most {blocks} stages")]
+    return []
 
 
 def _deepspeed_file_stage(path: str) -> int | None:

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -50,7 +50,7 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
-from studio.train.data.images import ImageRows
+from studio.train.data.images import IMAGE_COLUMN, ImageRows, row_image_patches
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -122,8 +122,8 @@ class BatchPlan:
         count = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
         batches = [self.rows_of(i) for i in range(count)]
         images = None
-        if "image_grid_thw" in train_rows.column_names:  # a grid (t, h, w) is t x h x w patches
-            patches = [tuple(math.prod(grid) for grid in grids) for grids in train_rows["image_grid_thw"]]
+        if IMAGE_COLUMN in train_rows.column_names:
+            patches = [row_image_patches({IMAGE_COLUMN: data}) for data in train_rows[IMAGE_COLUMN]]
             images = most_image_patches(patches, batches)
         return largest_micro_batch_tokens(lengths, batches, padded), images
 
@@ -306,7 +306,7 @@ class Worker:
     def _probe_packing(self, model) -> None:
         """Whether micro-batches are packed (then the model attends per example), else why not, in a warning."""
         self.packed = False
-        images = "pixel_values" in self.train_rows.column_names
+        images = IMAGE_COLUMN in self.train_rows.column_names
         if images:
             log.info("rows with images train in plain padded micro-batches (packing them is not supported yet)")
         if not self.config.packs_padding_free:
@@ -402,12 +402,16 @@ class Worker:
                 "phase_bytes": dict(report.phase_peaks), **device_readings(self.device, tracker)}
         if tracker.host_report.peak_bytes:  # weights kept in CPU RAM, offloaded activations
             mine["host_bytes"] = tracker.host_report.peak_bytes
-        # each reading beside the estimate of the same quantity (peak_bytes is the allocator's allocated)
-        predicted = {} if self.predicted is None else {
-            "predicted_bytes": self.predicted.peak_bytes,
-            **{f"predicted_{name}": value for name, value in self.predicted.predicted_readings().items()}}
-        for measured in self.engine.gather(mine):  # rank 0 writes every rank's measurement
-            self.events.emit("memory_measured", step=self.step + 1, **measured, **predicted)
+        # each reading beside the estimate of the same quantity (peak_bytes is the allocator's allocated): of this
+        # process's stage in a pipeline
+        own = self.predicted
+        if own is not None and self.config.distributed.pipeline_stages:
+            own = replace(own, devices=(own.devices[self.engine.rank],))
+        predicted = {} if own is None else {
+            "predicted_bytes": own.peak_bytes,
+            **{f"predicted_{name}": value for name, value in own.predicted_readings().items()}}
+        for measured in self.engine.gather({**mine, **predicted}):  # rank 0 writes every rank's measurement
+            self.events.emit("memory_measured", step=self.step + 1, **measured)
         if predicted and self.engine.is_main:
             record_calibration(self.config, self.device.type, predicted["predicted_allocated_bytes"], mine["peak_bytes"])
         return metrics

@@ -59,7 +59,8 @@ from studio.core.memory.parts.states import (OPTIMIZERS, ModelStates, TensorGrou
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, worst_case_images
-from studio.core.memory.placement import split_devices
+from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, sharded_traffic, split_devices,
+                                          stage_blocks, stage_devices, stage_weights)
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
 from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, machine_overheads,
@@ -76,8 +77,7 @@ __all__ = ["estimate", "Estimate", "DeviceEstimate", "Verdict", "verdict_for", "
 
 def _phases(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations) -> dict[str, dict[str, int]]:
     """Every part at each phase's peak moment, on one device."""
-    inputs = 3 * 8 * regime.tokens * regime.accumulation  # input_ids, attention_mask, labels (int64), all micro-batches
-    inputs += prefix_bytes(shape, regime)
+    inputs = step_inputs(shape, regime)
     persistent = {"weights": states.weights, "adapter_weights": states.adapters,
                   "optimizer_state": states.optimizer_state, "master_weights": states.master_weights}
     in_step = inputs + acts.shared
@@ -140,6 +140,11 @@ def _backward_moment(shape: ModelShape, regime: Regime, states: ModelStates, act
     return max(candidates, key=lambda parts: sum(parts.values()))
 
 
+def step_inputs(shape: ModelShape, regime: Regime) -> int:
+    """input_ids, attention_mask, labels (int64) of all the step's micro-batches, and prefix tuning's prefix."""
+    return 3 * 8 * regime.tokens * regime.accumulation + prefix_bytes(shape, regime)
+
+
 def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
     """Prefix tuning's keys and values for one micro-batch: the fp32 prefix, and every layer's
     attention keeping keys and values longer by the virtual tokens (compute dtype)."""
@@ -151,8 +156,12 @@ def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
 
 def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: str = "cuda",
              scale_out: ScaleOut = ScaleOut(), loss_impl: str | None = None,
-             overheads: CudaOverheads | None = None, images: tuple[int, ...] | None = None) -> Estimate:
+             overheads: CudaOverheads | None = None, compare: bool = True,
+             images: tuple[int, ...] | None = None) -> Estimate:
     """The itemized peak memory of ``config`` on ``model_config`` (a config.json mapping).
+
+    A pipeline's estimate compares it with the other ways over its GPUs (``Estimate.comparison``, and a note)
+    unless ``compare`` is False (fit's candidates: two more estimates apiece).
 
     ``images``: for a vision-language model, each image's patches in the micro-batch (the run's own data); None
     for the worst case, each row's image at the largest resolution (``parts.vision.worst_case_images``).
@@ -169,13 +178,20 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if isinstance(model_config, dict) and not _described(model_config):
         return _derived(model_config, config, device_type, scale_out, overheads, images)
     shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
+    if config.distributed.pipeline_stages:  # the last stage's loss is the chunked one (StepLoss)
+        loss_impl = "chunked"
     regime = regime_for(config, shape, device_type, loss_impl)
     states = model_states(shape, regime)
     if scale_out.uses_zero and regime.full:  # DeepSpeed trains 16-bit weights: autocast has no copies to make
         regime = replace(regime, base_dtype=regime.compute)
     acts = offloaded_activations(activations(shape, regime, feedforward_for(shape, regime)), shape, regime)
     phases = _phases(shape, regime, states, acts)
-    if scale_out.layer_split:
+    stages = config.distributed.pipeline_stages
+    if stages:
+        placement, host = None, None
+        devices = stage_devices(shape, regime, states, acts, step_inputs(shape, regime), stages,
+                                config.distributed.pipeline_schedule)
+    elif scale_out.layer_split:
         devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
     else:
         placement = None
@@ -196,12 +212,13 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
-    if config.distributed.pipeline_stages:
-        notes += (_pipeline_note(shape, states, config),)
+    comparison = (_pipeline_comparison(shape, config, device_type, overheads, regime, states, devices)
+                  if stages and compare else ())
+    notes += (_comparison_note(config, comparison),) if comparison else ()
     loading = loading_per_process(states, scale_out, config.sharded_loading)
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
-                    notes=notes, placement=placement, loading=loading)
+                    notes=notes, placement=placement, loading=loading, comparison=comparison)
 
 
 def _described(model_config: dict) -> bool:
@@ -234,7 +251,7 @@ def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | N
         return ()
     if vision is None:
         return ("vision-language model: the vision tower's weights are counted, its activations on images are not "
-                "(studio does not train this family on images yet)",)
+                "yet (the estimate has no image rule for this family: studio.core.memory.parts.vision)",)
     trained = [part for part, on in (("the vision tower", config.vision.train_vision_tower),
                                      ("the projector", config.vision.train_projector)) if on]
     saved = (f"{' and '.join(trained)} train: their weights' gradients and optimizer state, and what they keep for "
@@ -298,17 +315,42 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
     return tuple(notes)
 
 
-def _pipeline_note(shape: ModelShape, states: ModelStates, config: RunConfig) -> str:
-    """A pipeline's stage weights and its bubble: the idle share of each stage's step, (stages - 1) /
-    (micro-batches + stages - 1) for GPipe and 1F1B alike."""
+def _pipeline_comparison(shape: ModelShape, config: RunConfig, device_type: str, overheads: CudaOverheads,
+                         regime: Regime, states: ModelStates, devices: list[DeviceEstimate]) -> tuple[WayCost, ...]:
+    """The pipeline against the other ways to spread the model over its GPUs: the layer split cut where the stages
+    are (each GPU's weight budget the largest stage's), and ZeRO-3 or FSDP (estimated alike) over as many GPUs
+    keeping the effective batch. A CPU estimate compares them as GPUs without CUDA's overheads (a layer split on
+    the CPU has one device)."""
+    if device_type == "cpu":
+        device_type, overheads = "cuda", CudaOverheads(context_bytes=0, allocator_fraction=0.0, nccl_bytes=0)
+    gpus, micro_batches = config.distributed.pipeline_stages, regime.accumulation
+    pipeline = WayCost(f"pipeline ({config.distributed.pipeline_schedule})", max(d.total_bytes for d in devices),
+                       bubble(gpus, micro_batches), boundary_traffic(shape, regime, gpus - 1), True)
+    largest = max(stage_weights(shape, regime, stage_blocks(shape.layers, gpus, stage), stage == 0, stage == gpus - 1)
+                  for stage in range(gpus))
+    alone = {"pipeline_stages": 0, "pipeline_schedule": "gpipe"}
+    split_config = config.replace(distributed={**alone, "num_processes": 1, "layer_split": True})
+    split = estimate(shape, split_config, device_type, ScaleOut(split_devices=(largest,) * gpus,
+                                                                split_weight_limit=largest), overheads=overheads)
+    used = len(split.placement.devices)
+    per_gpu = -(-micro_batches // gpus)
+    zero_config = config.replace(distributed={**alone, "num_processes": gpus, "sharding": "zero3"},
+                                 training={"gradient_accumulation_steps": per_gpu})
+    zero = estimate(shape, zero_config, device_type, ScaleOut(num_gpus=gpus, zero_stage=3), overheads=overheads)
+    return (pipeline,
+            WayCost("layer split", split.peak_bytes, (used - 1) / used, boundary_traffic(shape, regime, used - 1), False),
+            WayCost("ZeRO-3 or FSDP", zero.peak_bytes, 0.0, sharded_traffic(states, regime, gpus), True))
+
+
+def _comparison_note(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
+    """The comparison in words: each way's memory per GPU, idle share and traffic per step."""
     stages, micro_batches = config.distributed.pipeline_stages, config.training.gradient_accumulation_steps
-    largest = -(-shape.layers // stages)
-    bubble = (stages - 1) / (micro_batches + stages - 1)
-    return (f"pipeline of {stages} stages: a stage's {largest} blocks at most weigh about "
-            f"{format_bytes(states.weights * largest // max(shape.layers, 1))} (the first stage adds the embeddings, "
-            "the last the output layer), but the whole model is counted per process for now; each stage idles "
-            f"{bubble:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
-            "gradient_accumulation_steps shrink it)")
+    ways = "; ".join(f"{way.way} {format_bytes(way.peak_bytes)} per GPU, idle {way.idle:.0%}, "
+                     f"{format_bytes(way.link_bytes)} over the links" + ("" if way.overlapped else " (not overlapped)")
+                     for way in comparison)
+    return (f"pipeline of {stages} stages, {micro_batches} micro-batches a step: each stage idles "
+            f"{comparison[0].idle:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
+            f"gradient_accumulation_steps shrink it). On {stages} GPUs: {ways}")
 
 
 def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:

@@ -10,8 +10,10 @@ fits comfortably, and never closer than ``FIT_MARGIN`` to the GPU's size (the
 estimate's allocator margin is a rule of thumb until a GPU measures it). When
 nothing fits it returns the closest candidate and says what stands in the way.
 
-Fit's steps, in the order it tries and explains them (``FIT_STEPS``): another micro-batch size with the
-accumulation that keeps the effective batch (micro-batch x accumulation), then, ranked among them, the switches
+Fit's steps, in the order it tries and explains them (``FIT_STEPS``): a layer split over several GPUs to a
+pipeline of as many stages (GPipe or 1F1B, where the config and the model allow one: studio.core.memory.placement),
+faster as every GPU computes; another micro-batch size with the accumulation that keeps the effective batch
+(micro-batch x accumulation); then, ranked among them, the switches
 of the table of memory savers (``studio.core.memory.savers``: checkpointing, its block inputs in CPU RAM, the
 input embedding and the output layer in CPU RAM, the tiled MLP), the 8-bit AdamW optimizer, a 4-bit base model
 (LoRA becomes QLoRA), when allowed, ZeRO optimizer offload to CPU RAM, and for a vision-language model, last, a
@@ -23,7 +25,8 @@ says when they are what would help.
 
 Expected step time is relative and rule-of-thumb, from the savers' module: each micro-step costs a fixed
 overhead worth ``STEP_COSTS["micro_step_tokens"]`` tokens, and each step in force multiplies the time by its
-slowdown (a switch's from its row; a 4-bit base, the 8-bit optimizer and offload from ``STEP_COSTS``).
+slowdown (a switch's from its row; a 4-bit base, the 8-bit optimizer and offload from ``STEP_COSTS``; a
+pipeline's from its bubble, ``studio.core.memory.placement.step_time_factor``).
 
 Pure Python, like the estimate: the GUI calls it directly. A model no family
 describes is searched the same way from its trace (``studio.core.memory.derived``:
@@ -45,10 +48,12 @@ from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
 from studio.core.memory.parts import PARTS
 from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
+from studio.core.memory.placement import WeightsDoNotFitError, bubble, pipeline_refusals, step_time_factor
 from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.savers import SAVER_SPECS, STEP_COSTS, ZERO, SaverSpec
 from studio.core.methods import METHOD_SPECS, trains_like
 from studio.core.model.info import ModelShape, UnknownArchitectureError, model_shape
+from studio.core.model.stages import pipeline_family_refusal
 from studio.core.sizes import format_bytes
 
 FIT_MARGIN = 0.02  # of the GPU's memory fit always leaves free
@@ -76,10 +81,14 @@ class FitStep:
 
 
 def _micro_batches(c: Candidate) -> list[Candidate]:
-    """Every micro-batch size that divides the effective batch, smaller and larger (fewer micro-steps cost less)."""
+    """Every micro-batch size that divides the effective batch, smaller and larger (fewer micro-steps cost less;
+    1F1B needs as many as its stages)."""
     t = c.config.training
     effective = t.micro_batch_size * t.gradient_accumulation_steps
-    sizes = [t.micro_batch_size] + [m for m in range(effective, 0, -1) if effective % m == 0 and m != t.micro_batch_size]
+    d = c.config.distributed
+    fewest = d.pipeline_stages if d.pipeline_schedule == "1f1b" else 1  # 1F1B runs a micro-batch per stage at least
+    sizes = [t.micro_batch_size] + [m for m in range(effective, 0, -1) if effective % m == 0 and m != t.micro_batch_size
+                                    and effective // m >= fewest]
     return [replace(c, config=c.config.replace(training={"micro_batch_size": m, "gradient_accumulation_steps": effective // m}))
             for m in sizes]
 
@@ -132,6 +141,8 @@ def _offload(c: Candidate) -> list[Candidate]:
     """ZeRO optimizer offload to CPU RAM, or off again where there is room."""
     if c.scale_out.offload_optimizer:
         return [c, replace(c, scale_out=replace(c.scale_out, offload_optimizer=False))]
+    if c.scale_out.layer_split or c.scale_out.pipeline_stages:  # they hold their blocks whole, unsharded
+        return [c]
     t = c.config.training
     whole_model_savers = any(getattr(t, spec.name) and ZERO in spec.not_with for spec in SAVER_SPECS.values())
     if whole_model_savers:  # offload is a ZeRO stage they cannot run in
@@ -179,6 +190,36 @@ def _image_resolution(model_config: dict | ModelShape) -> FitStep | None:
                    lambda o, c: o.config.vision.max_pixels == c.config.vision.max_pixels, lambda c: 1.0)
 
 
+def _pipeline(c: Candidate) -> list[Candidate]:
+    """A layer split over several GPUs to a pipeline of as many stages (GPipe, and 1F1B where the step has a
+    micro-batch per stage), where a pipeline can run this config; a pipeline to its other schedule."""
+    stages = c.scale_out.pipeline_stages or (len(c.scale_out.split_devices) if c.scale_out.layer_split else 0)
+    if stages < 2:
+        return [c]
+    options = [c]
+    padded = {"packing": "none"} if c.config.data.packing == "padding_free" else {}  # the stages exchange one shape
+    for schedule in ("gpipe", "1f1b"):
+        piped = c.config.replace(distributed={"layer_split": False, "pipeline_stages": stages, "num_processes": stages,
+                                              "pipeline_schedule": schedule}, data=padded)
+        if piped != c.config and not pipeline_refusals(piped):
+            options.append(Candidate(piped, ScaleOut(num_gpus=stages, pipeline_stages=stages)))
+    return options
+
+
+def _describe_pipeline(before: Candidate, after: Candidate) -> str:
+    d, m = after.config.distributed, after.config.training.gradient_accumulation_steps
+    padded = (", data.packing none: its micro-batches are padded to data.max_length"
+              if before.config.data.packing != after.config.data.packing else "")
+    return (f"a pipeline of {d.pipeline_stages} stages ({d.pipeline_schedule}) instead of "
+            + ("the layer split" if before.scale_out.layer_split else before.config.distributed.pipeline_schedule)
+            + f"{padded}: every GPU computes, idle {bubble(d.pipeline_stages, m):.0%} of the step")
+
+
+def _pipeline_slowdown(c: Candidate) -> float:
+    stages = c.scale_out.pipeline_stages
+    return step_time_factor(stages, c.config.training.gradient_accumulation_steps) if stages else 1.0
+
+
 def _slowdown_when(factor: float, in_force: Callable[[Candidate], bool]) -> Callable[[Candidate], float]:
     return lambda c: factor if in_force(c) else 1.0
 
@@ -186,6 +227,9 @@ def _slowdown_when(factor: float, in_force: Callable[[Candidate], bool]) -> Call
 _OWN_STEPS = (
     FitStep("micro_batch", 10, _micro_batches, _describe_micro_batch,
             lambda o, c: o.config.training.micro_batch_size == c.config.training.micro_batch_size, lambda c: 1.0),
+    FitStep("pipeline", 5, _pipeline, _describe_pipeline,
+            lambda o, c: (o.scale_out.pipeline_stages, o.config.distributed.pipeline_schedule)
+            == (c.scale_out.pipeline_stages, c.config.distributed.pipeline_schedule), _pipeline_slowdown),
     FitStep("optimizer", 40, _optimizer, _describe_optimizer,
             lambda o, c: o.config.training.optimizer == c.config.training.optimizer,
             _slowdown_when(STEP_COSTS["eight_bit_optimizer"], lambda c: _eight_bit(c.config.training.optimizer))),
@@ -307,12 +351,13 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     except UnknownArchitectureError:
         shape = None  # no family describes it: each candidate is estimated from the model's trace
 
-    def estimated(c: Candidate) -> Estimate:
-        return estimate(shape or model_config, c.config, device_type, c.scale_out, **estimate_options)
+    def estimated(c: Candidate, compare: bool = False) -> Estimate:
+        return estimate(shape or model_config, c.config, device_type, c.scale_out, compare=compare, **estimate_options)
 
     original = Candidate(config, scale_out)
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
-    steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)]
+    steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)
+             and (step.name != "pipeline" or _cuttable(model_config, shape, scale_out))]
     steps += [step for step in (_image_resolution(model_config),) if step is not None]
     scored, untraced = _scored(_candidates(original, steps), estimated)
     held = [(c, e) for c, e in scored if host_bytes is None or e.host_bytes <= host_bytes]
@@ -324,6 +369,8 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     else:
         chosen, chosen_estimate = min(held or scored, key=lambda ce: ce[1].peak_bytes)
     changes = _explain_changes(original, chosen, steps, estimated)
+    if chosen.config.distributed.pipeline_stages:  # with its comparison against the other ways over its GPUs
+        chosen_estimate = estimated(chosen, compare=True)
     result = FitResult(bool(fitting), chosen.config, chosen.scale_out, chosen_estimate, gpu_bytes, tuple(changes),
                        relative_step_time(chosen, original), "", host_bytes, ram_bound)
     parameters = shape.parameter_count if shape else result.estimate.parameters
@@ -347,13 +394,16 @@ def _speed(scored: tuple[Candidate, Estimate], original: Candidate) -> tuple[flo
 
 def _scored(candidates: list[Candidate], estimated) -> tuple[list[tuple[Candidate, Estimate]], list[str]]:
     """Each candidate with its estimate; a model no family describes skips the candidates whose settings its
-    trace holds no step for (fit never traces: that takes seconds to minutes apiece), named in the second list."""
+    trace holds no step for (fit never traces: that takes seconds to minutes apiece), named in the second list; a
+    layer split that cannot hold the weights is no candidate."""
     scored, untraced = [], []
     for candidate in candidates:
         try:
             scored.append((candidate, estimated(candidate)))
         except TraceNeededError as exc:
             untraced.append(exc.regime)
+        except WeightsDoNotFitError:  # a layer split whose GPUs this candidate leaves no room for the weights
+            continue
     return scored, sorted(set(untraced))
 
 
@@ -368,6 +418,16 @@ def _offered(step: FitStep, shape: ModelShape | None) -> bool:
     return spec.model_refusal is None or spec.model_refusal(shape) is None
 
 
+def _cuttable(model_config: dict | ModelShape, shape: ModelShape | None, scale_out: ScaleOut) -> bool:
+    """Whether a pipeline over the GPUs of ``scale_out`` can cut this model: a family studio.core.model.info
+    describes, none its config.json rules out (studio.core.model.stages: a mixture of experts, a sliding window),
+    a block per stage at least."""
+    stages = scale_out.pipeline_stages or len(scale_out.split_devices)
+    if isinstance(model_config, dict) and pipeline_family_refusal(model_config.get("text_config") or model_config):
+        return False
+    return shape is not None and not shape.experts and shape.layers >= stages
+
+
 def _candidates(original: Candidate, steps: list[FitStep]) -> list[Candidate]:
     """Every combination of every step's options (a few dozen: each step has one to a handful)."""
     layer = [original]
@@ -377,18 +437,25 @@ def _candidates(original: Candidate, steps: list[FitStep]) -> list[Candidate]:
 
 
 def _explain_changes(original: Candidate, chosen: Candidate, steps: list[FitStep], estimated) -> list[Change]:
-    """Apply the chosen candidate's changes one step at a time, in the steps' order, measuring each saving."""
-    changes, current = [], original
+    """Apply the chosen candidate's changes one step at a time, in the steps' order, measuring each saving (a change
+    after which a layer split cannot hold the weights is measured together with the next)."""
+    changes, current, pending = [], original, []
     before = estimated(current)
     for step in steps:
         target = _take(step, current, chosen)
         if target == current:
             continue
-        after = estimated(target)
+        pending.append((step.name, step.describe(current, target)))
+        current = target
+        try:
+            after = estimated(target)
+        except WeightsDoNotFitError:
+            continue
         saved = before.peak_bytes - after.peak_bytes
         deltas = {part: (before.parts[part] - after.parts[part]) * (1 if saved >= 0 else -1) for part in PARTS}
-        changes.append(Change(step.name, step.describe(current, target), saved, max(deltas, key=deltas.get)))
-        current, before = target, after
+        changes.append(Change(" + ".join(name for name, _ in pending), " and ".join(words for _, words in pending),
+                              saved, max(deltas, key=deltas.get)))
+        before, pending = after, []
     return changes
 
 

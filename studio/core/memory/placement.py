@@ -1,6 +1,6 @@
-"""Layer split: which device holds each part of the model (model parallel in one process).
+"""Layer split and pipeline: which device holds each part of the model.
 
-The decoder blocks are spread over the GPUs in order, each GPU taking as many as
+The layer split (model parallel in one process): the decoder blocks are spread over the GPUs in order, each GPU taking as many as
 its weight budget allows; the embeddings go with the first block and the final
 norm and output head with the last one on a GPU. Blocks that fit on no GPU are
 offloaded: kept in CPU RAM and fetched to the first GPU for each forward pass
@@ -8,21 +8,41 @@ offloaded: kept in CPU RAM and fetched to the first GPU for each forward pass
 number of GiB missing.
 
 Pure Python: the estimator, the GUI and the worker all call ``plan_placement``.
+
+The pipeline (one process per stage, all computing at once; its part is below the layer split's): a stage is one
+process (studio.train.distributed.pipeline): its consecutive blocks (``stage_blocks``), the
+embeddings on the first, the final norm and the output layer on the last; a tied output layer is the embedding's
+weight, which the first and the last stage both keep. Its adapters, their gradients and optimizer state are its
+blocks' share. Its activations are those of the micro-batches it holds in flight: GPipe runs every forward before
+any backward, so each stage holds all of the step's micro-batches; 1F1B starts with ``stages - stage`` forwards
+(torch.distributed.pipelining's Schedule1F1B) and then alternates, so stage s holds at most that many. Each
+micro-batch in flight also keeps the stage's output for its backward (not the last stage's: its loss has run);
+the last stage's chunked loss keeps its hidden states' fp32 gradient for each micro-batch in flight besides the
+one it computes. Every stage keeps a receive buffer per micro-batch of the step for what it is sent (the hidden
+states forward, their gradients backward), allocated once, and the step's whole padded batch. ``WayCost``
+compares a pipeline with the layer split, ZeRO-3 and FSDP on its GPUs: memory per GPU, idle share, link bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from studio.core.errors import StudioError
-from studio.core.memory.parts.states import block_weight_bytes, outer_weight_bytes
-from studio.core.memory.regime import Regime
+from studio.core.config import RunConfig
+from studio.core.errors import Problem, StudioError
+from studio.core.memory.parts.logits import chunked_loss_kept, logits_loss_bytes
+from studio.core.memory.parts.states import ModelStates, block_weight_bytes, outer_weight_bytes
+from studio.core.memory.parts.tape import Activations
+from studio.core.memory.regime import DTYPE_BYTES, Regime
 from studio.core.memory.results import DeviceEstimate, complete_parts
 from studio.core.memory.sharding import CudaOverheads, ScaleOut
 from studio.core.model.info import ModelShape
 from studio.core.sizes import format_bytes
 
 OFFLOAD = "offload"  # kept in CPU RAM, run on the first device
+
+
+class WeightsDoNotFitError(StudioError):
+    """The layer split's devices and CPU RAM cannot hold the model's weights (fit skips such a candidate)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +166,7 @@ def _check_fits(placement: Placement, budgets: list[DeviceBudget], free: list[in
     if missing <= 0:
         return
     sizes = ", ".join(f"{b.device} {format_bytes(b.weight_bytes)}" for b in budgets)
-    raise StudioError(
+    raise WeightsDoNotFitError(
         f"the model's weights do not fit the layer split: {format_bytes(missing)} missing "
         f"(weights {format_bytes(sum(placement.module_bytes))}; devices take {sizes}; "
         f"CPU RAM takes {format_bytes(offload_bytes)})",
@@ -211,3 +231,151 @@ def _split_budgets(scale_out: ScaleOut, names: list[str], room: int, overheads: 
         return int((size - overheads.context_bytes) / (1 + overheads.allocator_fraction))
 
     return [DeviceBudget(name, max(0, tensor_bytes(size) - room)) for name, size in zip(names, scale_out.split_devices)]
+
+
+# ---------------------------------------------------------------- the pipeline
+
+def pipeline_refusals(config: RunConfig) -> list[Problem]:
+    """What keeps ``config`` from running as a pipeline: one process per stage, each holding its blocks whole,
+    training an adapter on padded batches (validation adds a block per stage by the model's files)."""
+    d, where = config.distributed, "distributed.pipeline_stages"
+    if d.pipeline_stages < 0:
+        return [Problem(where, "must be 0 (off) or a number of stages")]
+    if d.pipeline_stages == 0:
+        return []
+    refusals = [
+        (d.pipeline_stages < 2, "a pipeline needs 2 stages or more", "set 2 or more, or 0 to turn it off"),
+        (d.num_processes != d.pipeline_stages, f"each stage is one process: {d.pipeline_stages} stages need "
+         f"{d.pipeline_stages} processes, not {d.num_processes}", f"set distributed.num_processes to {d.pipeline_stages}"),
+        (d.sharding != "none", f"a pipeline's stages hold their own blocks whole; {d.sharding} shards them",
+         "set distributed.sharding to none"),
+        (d.layer_split, "a pipeline and a layer split both place the blocks", "turn layer_split off"),
+        (not config.uses_adapter or config.method_spec.trains_virtual_tokens, "a pipeline trains an adapter on the "
+         "blocks' layers (virtual tokens would change every stage's inputs)", "use method lora, qlora, dora, ia3, "
+         "loha or lokr"),
+        (config.objective != "sft", f"a pipeline computes the next-token loss on its last stage; {config.objective} "
+         "needs the whole model's outputs", "use objective sft, or turn the pipeline off"),
+        (config.data.packing == "padding_free", "the stages exchange tensors of one shape: micro-batches are padded "
+         "to data.max_length", "set data.packing to none or length_grouped"),
+        (config.training.torch_compile, "a pipeline's stages are not compiled yet", "turn training.torch_compile off"),
+        (config.schedule.sample_every > 0, "sample answers need the whole model in one process; each stage holds "
+         "its own blocks", "set schedule.sample_every to 0 (export the adapter and try it instead)"),
+        (config.method == "adalora", "AdaLoRA reallocates its ranks from every block's gradients, which the stages "
+         "hold apart", "use method lora"),
+        (d.pipeline_schedule == "1f1b" and config.training.gradient_accumulation_steps < d.pipeline_stages,
+         f"1F1B runs at least as many micro-batches per step as stages ({d.pipeline_stages})",
+         f"set training.gradient_accumulation_steps to {d.pipeline_stages} or more, or use gpipe"),
+    ]
+    return [Problem(where, message, hint) for refused, message, hint in refusals if refused]
+
+
+def stage_blocks(blocks: int, stages: int, stage: int) -> range:
+    """The blocks of ``stage``: consecutive, as even as they divide (the first stages take one more)."""
+    size, extra = divmod(blocks, stages)
+    start = stage * size + min(stage, extra)
+    return range(start, start + size + (stage < extra))
+
+
+def in_flight(schedule: str, stages: int, stage: int, micro_batches: int) -> int:
+    """The micro-batches whose activations ``stage`` holds at once: all of them (GPipe), or the forwards 1F1B runs
+    before its first backward."""
+    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
+
+
+def bubble(stages: int, micro_batches: int) -> float:
+    """The idle share of each stage's step, GPipe and 1F1B alike: (stages - 1) / (micro-batches + stages - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def step_time_factor(stages: int, micro_batches: int) -> float:
+    """A pipeline's step time against a layer split's over as many GPUs (which computes on one at a time): each
+    stage runs 1/stages of the work and idles the bubble, (micro-batches + stages - 1) / (micro-batches x stages).
+    A rule of thumb like fit's others: the transfers overlap, the stages are even."""
+    return (micro_batches + stages - 1) / (micro_batches * stages)
+
+
+def boundary_bytes(shape: ModelShape, regime: Regime) -> int:
+    """The hidden states one micro-batch sends across a stage boundary (and as many bytes of their gradient back)."""
+    return regime.tokens * shape.hidden * DTYPE_BYTES[regime.compute]
+
+
+def stage_weights(shape: ModelShape, regime: Regime, blocks: range, first: bool, last: bool) -> int:
+    """A stage's weights: its blocks, the embeddings on the first, the final norm and output layer on the last (a
+    tied output layer: the embedding's weight, on the last stage too)."""
+    head, block_list, tail = model_modules(shape, regime)
+    embeddings = sum(size for _, size in head)
+    weights = sum(block_list[index][1] for index in blocks) + (embeddings if first else 0)
+    if last:
+        weights += sum(size for _, size in tail) + (embeddings if shape.tie_embeddings and not first else 0)
+    return weights
+
+
+def stage_devices(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int,
+                  stages: int, schedule: str) -> list[DeviceEstimate]:
+    """Each stage's peak (one process, one GPU each), from its phases: the forward's end (every micro-batch in
+    flight; on the last stage its loss at its largest), a backward in the middle of them, and the optimizer step."""
+    micro_batches, boundary = regime.accumulation, boundary_bytes(shape, regime)
+    loss_forward, _ = logits_loss_bytes(shape, regime, acts.logits_dtype)
+    recompute = acts.last_block.saved if regime.checkpointing else 0  # a checkpointed block, run again
+    devices = []
+    for stage in range(stages):
+        blocks = stage_blocks(shape.layers, stages, stage)
+        first, last = stage == 0, stage == stages - 1
+        held = in_flight(schedule, stages, stage, micro_batches)
+        share = len(blocks) / shape.layers
+
+        def part(value: int) -> int:
+            return int(value * share)
+
+        persistent = {"weights": stage_weights(shape, regime, blocks, first, last),
+                      "adapter_weights": part(states.adapters), "optimizer_state": part(states.optimizer_state),
+                      "master_weights": part(states.master_weights),
+                      "communication": boundary * micro_batches * ((not first) + (not last))}
+        saved = (acts.blocks_saved(shape.layers, len(blocks)) + (acts.embedding_saved if first else 0)
+                 + (acts.head_saved if last else 0) + (0 if last else boundary))
+        activations = inputs + acts.shared + held * saved
+        kept_loss = held * chunked_loss_kept(shape, regime) if last else 0
+        gradients = part(states.gradients)
+        phases = {
+            # 1F1B's backwards begin while later micro-batches are still held: the gradients are alive by then
+            "forward": {**persistent, "gradients": gradients if held < micro_batches else 0,
+                        "activations": activations,
+                        "logits_loss": loss_forward + kept_loss - chunked_loss_kept(shape, regime) if last else 0},
+            "backward": {**persistent, "gradients": gradients, "activations": activations, "logits_loss": kept_loss,
+                         "temporaries": acts.last_block.in_flight + recompute},
+            "optimizer": {**persistent, "gradients": gradients, "activations": inputs,
+                          "temporaries": part(states.optimizer_temporaries)},
+        }
+        devices.append(DeviceEstimate.at_peak(f"{regime.device_type}:{stage}", phases))
+    return devices
+
+
+@dataclass(frozen=True)
+class WayCost:
+    """One way to spread the model over the GPUs: its peak per GPU, the idle share of each GPU's step, and the
+    bytes that cross the links between the GPUs in one optimizer step (all links together)."""
+
+    way: str
+    peak_bytes: int
+    idle: float
+    link_bytes: int
+    overlapped: bool  # whether the transfers overlap computation
+
+    def to_json(self) -> dict:
+        return {"way": self.way, "peak_bytes": self.peak_bytes, "idle": round(self.idle, 4),
+                "link_bytes": self.link_bytes, "overlapped": self.overlapped}
+
+
+def boundary_traffic(shape: ModelShape, regime: Regime, boundaries: int) -> int:
+    """A step's bytes across ``boundaries`` stage (or device) boundaries: each micro-batch's hidden states forward
+    and their gradients backward."""
+    return 2 * boundaries * regime.accumulation * boundary_bytes(shape, regime)
+
+
+def sharded_traffic(states: ModelStates, regime: Regime, gpus: int) -> int:
+    """A step's bytes across the links under ZeRO-3 or FSDP on ``gpus`` GPUs, for the same effective batch (each GPU
+    runs its share of the micro-batches): for each micro-batch every GPU gathers the (N-1)/N of the 16-bit weights
+    it lacks in the forward and again in the backward, and the 16-bit gradients are reduce-scattered."""
+    weights, gradients = states.weights + 2 * states.trainable_parameters, 2 * states.trainable_parameters
+    micro_batches = -(-regime.accumulation // gpus)
+    return (gpus - 1) * micro_batches * (2 * weights + gradients)

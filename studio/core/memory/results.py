@@ -104,6 +104,8 @@ class Estimate:
     kind: str = field(default="described", repr=False)
     # with several processes: what each holds while the model loads (whole, or ZeRO-3's shards)
     loading: tuple[LoadingEstimate, ...] = field(default=(), repr=False)
+    # a pipeline's: it and the other ways over its GPUs (studio.core.memory.placement.WayCost)
+    comparison: tuple[Any, ...] = field(default=(), repr=False)
 
     @property
     def peak_device(self) -> DeviceEstimate:
@@ -147,6 +149,8 @@ class Estimate:
             out["kind"] = self.kind
         if self.loading:
             out["loading"] = [entry.to_json() for entry in self.loading]
+        if self.comparison:
+            out["comparison"] = [way.to_json() for way in self.comparison]
         if gpu_bytes:
             out["verdict"] = self.verdict(gpu_bytes).to_json()
         return out

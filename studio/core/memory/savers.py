@@ -79,7 +79,9 @@ class SaverSpec:
 
     def spreads_as(self, scale_out: ScaleOut) -> bool:
         """Whether it can act in a run spread over GPUs as ``scale_out`` says."""
-        spread = {ZERO: scale_out.uses_zero, SHARDED_WEIGHTS: scale_out.zero_stage == 3, LAYER_SPLIT: scale_out.layer_split,
+        # a pipeline places the blocks as a layer split does
+        placed = scale_out.layer_split or scale_out.pipeline_stages > 0
+        spread = {ZERO: scale_out.uses_zero, SHARDED_WEIGHTS: scale_out.zero_stage == 3, LAYER_SPLIT: placed,
                   DATA_PARALLEL: scale_out.num_gpus > 1}
         return not any(spread[way] for way in self.not_with)
 

@@ -29,7 +29,8 @@ class ScaleOut:
     device of a layer split (one process, blocks spread over them, see
     studio.core.memory.placement), ``split_weight_limit`` the configured weight bytes
     per device (0: the device's memory minus room for the rest) and
-    ``split_offload_bytes`` the CPU RAM that may hold the blocks that do not fit.
+    ``split_offload_bytes`` the CPU RAM that may hold the blocks that do not fit. ``pipeline_stages``: a
+    pipeline's stages, one process (and GPU) each among the ``num_gpus`` (studio.core.memory.placement).
     """
 
     num_gpus: int = 1
@@ -39,6 +40,7 @@ class ScaleOut:
     split_devices: tuple[int, ...] = ()
     split_weight_limit: int = 0
     split_offload_bytes: int = 0
+    pipeline_stages: int = 0
 
     def __post_init__(self):
         if self.num_gpus < 1 or self.zero_stage not in (0, 1, 2, 3):
@@ -70,7 +72,8 @@ class ScaleOut:
             return cls(split_devices=devices, split_weight_limit=limit, split_offload_bytes=int(d.max_cpu_memory_gib * GIB))
         stage = 3 if d.sharding == "fsdp" else (d.deepspeed_stage or 0)
         return cls(num_gpus=d.num_processes * num_machines, zero_stage=stage,
-                   offload_optimizer=d.offload_optimizer != "none", offload_params=d.offload_params != "none")
+                   offload_optimizer=d.offload_optimizer != "none", offload_params=d.offload_params != "none",
+                   pipeline_stages=d.pipeline_stages)
 
     @property
     def uses_zero(self) -> bool:

@@ -2,9 +2,10 @@
 
 A model is a vision-language one when its ``config.json`` has a ``vision_config``. Each family is an entry of
 ``VISION_FAMILIES``: the module paths of its vision tower and projector (everything else is the language model,
-the only part LoRA adapts and, by default, the only part that trains) and the token its images become. Rows with
-images on a family not supported yet (listed without its image token, or absent) are refused, the family named,
-before anything loads; such a model still trains on text, as before, through its causal-LM class.
+the only part LoRA adapts and, by default, the only part that trains) and the placeholder its chat template writes
+for an image, which the family's own processor (transformers') expands into the image's tokens. Rows with images on
+a family not supported (listed with the reason, or absent) are refused, the family named, before anything loads;
+such a model still trains on text, as before, through its causal-LM class.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ class VisionFamily:
     """A regular expression (peft's full-match style) for the vision tower's modules, the projector's excluded."""
     projector: str
     """A regular expression for the projector's modules (image features into the language model's width)."""
-    image_token: str = ""
-    """The placeholder its chat template writes for an image, repeated once per image feature (as its processor
-    does: an image of ``image_grid_thw`` (t, h, w) patches is t·h·w / merge_size² tokens, Qwen2-VL's rule, the
-    only one so far); "" for a family not supported yet."""
+    placeholder: str = ""
+    """What its chat template writes for an image, which its processor replaces with the image's tokens; "" for a
+    family not supported."""
+    unsupported: str = "studio does not train it on images yet"
+    """Why a family without a placeholder is not supported."""
 
     @property
     def supported(self) -> bool:
-        return bool(self.image_token)
+        return bool(self.placeholder)
 
     @property
     def vision_parts(self) -> str:
@@ -36,17 +38,24 @@ class VisionFamily:
         return f"(?:{self.tower})|(?:{self.projector})"
 
 
-_QWEN2_VL_TOWER = r".*\bvisual\.(?!merger\b).*"
-_QWEN2_VL_PROJECTOR = r".*\bvisual\.merger\b.*"
+_QWEN_PROJECTORS = r"(?:merger|deepstack_merger_list)"  # Qwen3-VL adds the deepstack mergers to the merger
+_QWEN_TOWER = rf".*\bvisual\.(?!{_QWEN_PROJECTORS}\b).*"
+_QWEN_PROJECTOR = rf".*\bvisual\.{_QWEN_PROJECTORS}\b.*"
+_QWEN_IMAGE = "<|image_pad|>"
+_IDEFICS3 = (r".*\bvision_model\..*", r".*\bconnector\..*", "<image>")
+_LLAVA = (r".*\bvision_tower\..*", r".*\bmulti_modal_projector\..*", "<image>")
 VISION_FAMILIES = {
-    "qwen2_vl": VisionFamily("Qwen2-VL", _QWEN2_VL_TOWER, _QWEN2_VL_PROJECTOR, "<|image_pad|>"),
-    "qwen2_5_vl": VisionFamily("Qwen2.5-VL", _QWEN2_VL_TOWER, _QWEN2_VL_PROJECTOR, "<|image_pad|>"),
-    # Known, not yet supported: each needs its image token and its processor's token count (and tests) to join.
-    "idefics3": VisionFamily("Idefics3", r".*\bvision_model\..*", r".*\bconnector\..*"),
-    "smolvlm": VisionFamily("SmolVLM", r".*\bvision_model\..*", r".*\bconnector\..*"),
-    "llava": VisionFamily("LLaVA", r".*\bvision_tower\..*", r".*\bmulti_modal_projector\..*"),
-    "gemma3": VisionFamily("Gemma 3", r".*\bvision_tower\..*", r".*\bmulti_modal_projector\..*"),
-    "mllama": VisionFamily("Llama 3.2 Vision (mllama)", r".*\bvision_model\..*", r".*\bmulti_modal_projector\..*"),
+    "qwen2_vl": VisionFamily("Qwen2-VL", _QWEN_TOWER, _QWEN_PROJECTOR, _QWEN_IMAGE),
+    "qwen2_5_vl": VisionFamily("Qwen2.5-VL", _QWEN_TOWER, _QWEN_PROJECTOR, _QWEN_IMAGE),
+    "qwen3_vl": VisionFamily("Qwen3-VL", _QWEN_TOWER, _QWEN_PROJECTOR, _QWEN_IMAGE),
+    "gemma3": VisionFamily("Gemma 3", r".*\bvision_tower\..*", r".*\bmulti_modal_projector\..*", "<start_of_image>"),
+    "idefics3": VisionFamily("Idefics3", *_IDEFICS3),
+    "smolvlm": VisionFamily("SmolVLM", *_IDEFICS3),
+    "llava": VisionFamily("LLaVA", *_LLAVA),
+    "llava_next": VisionFamily("LLaVA-Next", *_LLAVA),
+    "mllama": VisionFamily("Llama 3.2 Vision (mllama)", r".*\bvision_model\..*", r".*\bmulti_modal_projector\..*",
+                           unsupported="it reads its images through cross-attention layers (one <|image|> token per "
+                           "image and a cross-attention mask over the row's text), which studio does not build yet"),
 }
 SUPPORTED_VISION = tuple(family.name for family in VISION_FAMILIES.values() if family.supported)
 
@@ -68,12 +77,12 @@ def image_training_refusal(config: dict) -> StudioError | None:
     it is a text model); None when it can."""
     if vision_family(config) is not None:
         return None
-    hint = "choose a Qwen2-VL or Qwen2.5-VL model, or remove the images from the rows"
-    supported = " and ".join(SUPPORTED_VISION)
+    supported = ", ".join(SUPPORTED_VISION)
+    hint = f"choose a {supported} model, or remove the images from the rows"
     if not is_vision_language(config):
         return StudioError(f"the data holds images, but the model is a text model: studio trains {supported} on "
                            "images and text", hint, kind="model")
     model_type = str(config.get("model_type", ""))
-    name = VISION_FAMILIES[model_type].name if model_type in VISION_FAMILIES else model_type or "an unnamed family"
-    return StudioError(f"{name} is a vision-language model that studio does not train on images yet: it trains "
-                       f"{supported} on images and text", hint, kind="model")
+    family = VISION_FAMILIES.get(model_type, VisionFamily(model_type or "an unnamed family", "", ""))
+    return StudioError(f"{family.name} is a vision-language model that studio does not train on images: "
+                       f"{family.unsupported}; it trains {supported} on images and text", hint, kind="model")

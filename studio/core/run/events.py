@@ -145,6 +145,18 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def kept_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events of the steps a run kept: a resumed run trains again from its checkpoint's step, and what the
+    lost steps after it wrote (their steps, evaluations, samples) is dropped, as a viewer of the run drops it."""
+    kept: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("type") == "run_started" and kept:
+            start = int(event.get("start_step") or 0)
+            kept = [e for e in kept if not isinstance(e.get("step"), int) or e["step"] <= start]
+        kept.append(event)
+    return kept
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """What a list of past runs shows: derived from the events alone."""

@@ -4,6 +4,7 @@ model sees it (the loss-masked part set apart), and a token-length histogram wit
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -17,7 +18,8 @@ from studio.core.data.row_formats import DataError
 from studio.core.data.templates import Learning
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.presets import DEMO_TRAIN, train_files_changes
-from studio.gui.state.data_preview import PREFERENCE_KINDS, Preview, TokenizerInfo, build_preview, tokenizer_of
+from studio.gui.state.data_preview import (PREFERENCE_KINDS, Preview, ShownImage, TokenizerInfo, build_preview,
+                                          tokenizer_of)
 from studio.gui.state.model_summary import ModelSummary
 from studio.gui.tasks import BackgroundTask
 from studio.gui.widgets.common import (BAD, MASKED_BG, MUTED, TRAINED_BG, Banner, ConfigStore, explanation,
@@ -302,14 +304,41 @@ def examples_html(preview: Preview) -> str:
         elif example.rejected:
             body = _pair_html(example)
         else:
-            body = _sequence_html(example.segments)
+            body = _sequence_html(example.segments, ImagesInText(example.images, preview.image_placeholder))
         blocks.append(head + body)
     return "".join(f"<div style='margin-bottom:10px'>{block}</div>" for block in blocks) or \
         f"<p style='color:{MUTED}'>No rows.</p>"
 
 
-def _sequence_html(segments) -> str:
-    body = "".join(_segment_html(text, trainable) for text, trainable in segments)
+class ImagesInText:
+    """A row's images, each drawn where the chat template's placeholder for it stands (in order)."""
+
+    def __init__(self, images: Sequence[ShownImage] = (), placeholder: str = ""):
+        self.pending, self.placeholder = iter(images), placeholder
+
+    def html(self, text: str) -> str:
+        """``text`` escaped, each placeholder followed by the next image's thumbnail."""
+        if not self.placeholder:
+            return _escaped(text)
+        pieces = text.split(self.placeholder)
+        return _escaped(self.placeholder).join([_escaped(pieces[0]), *(self._thumbnail() + _escaped(piece)
+                                                                       for piece in pieces[1:])])
+
+    def _thumbnail(self) -> str:
+        image = next(self.pending, None)
+        if image is None:
+            return ""
+        source = html.escape(Path(image.path).as_uri(), quote=True)
+        return f"<img src='{source}' width='{image.width}' height='{image.height}' style='vertical-align:middle'>"
+
+
+def _escaped(text: str) -> str:
+    return html.escape(text).replace("\n", "↵<br>")
+
+
+def _sequence_html(segments, images: ImagesInText | None = None) -> str:
+    images = images or ImagesInText()
+    body = "".join(_segment_html(images.html(text), trainable) for text, trainable in segments)
     return f"<div style='font-family:monospace; white-space:pre-wrap'>{body}</div>"
 
 
@@ -321,8 +350,7 @@ def _pair_html(example) -> str:
     return f"<table width='100%' cellspacing='4'><tr>{cells}</tr></table>"
 
 
-def _segment_html(text: str, trainable: bool) -> str:
-    escaped = html.escape(text).replace("\n", "↵<br>")
+def _segment_html(escaped: str, trainable: bool) -> str:
     if trainable:
         return f"<span style='background:{TRAINED_BG}; color:#111'>{escaped}</span>"
     return f"<span style='background:{MASKED_BG}; color:{MUTED}'>{escaped}</span>"

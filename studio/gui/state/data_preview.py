@@ -45,6 +45,7 @@ class TokenizerInfo:
     chat_template: str | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)
     tokenizer_json: Path | None = None
+    image_placeholder: str = ""  # what the chat template writes for an image (a vision-language model's)
 
     @property
     def eos(self) -> str:
@@ -59,7 +60,8 @@ def tokenizer_of(summary: ModelSummary | None) -> TokenizerInfo:
     """The tokenizer files of a model as the preview reads them; none for a model not on this machine."""
     if summary is None or summary.folder is None:
         return TokenizerInfo()
-    return TokenizerInfo(summary.chat_template, summary.special_tokens, summary.folder / "tokenizer.json")
+    return TokenizerInfo(summary.chat_template, summary.special_tokens, summary.folder / "tokenizer.json",
+                         summary.image_placeholder)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,32 @@ class RenderedExample:
     error: str = ""
     rejected: tuple[Segment, ...] = ()  # a preference pair's rejected sequence, beside the chosen one
     label: bool | None = None  # an unpaired preference row's: whether its completion is desirable
+    images: tuple[ShownImage, ...] = ()  # in the order the chat template's image placeholders stand
+
+
+@dataclass(frozen=True)
+class ShownImage:
+    """An image of a row as the preview draws it: its file, its thumbnail's size in pixels."""
+
+    path: str
+    width: int
+    height: int
+
+
+THUMBNAIL = 96  # pixels: the longer side of a row's image in the preview
+
+
+def shown_images(example: Example) -> tuple[ShownImage, ...]:
+    """The row's images as thumbnails (their headers read: PIL decodes no pixels for the size)."""
+    from PIL import Image
+
+    shown = []
+    for path in example.images:
+        with Image.open(path) as image:
+            width, height = image.size
+        scale = THUMBNAIL / max(width, height, 1)
+        shown.append(ShownImage(str(path), max(1, round(width * scale)), max(1, round(height * scale))))
+    return tuple(shown)
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,7 @@ class Preview:
     lengths: np.ndarray  # per sampled row: tokens, or characters when unit is "characters"
     unit: str  # "tokens" or "characters"
     sampled: int  # rows the lengths cover
+    image_placeholder: str = ""  # where an example's images stand in its text (TokenizerInfo.image_placeholder)
     locations: tuple[str, ...] = ()  # of each sampled row
     response_starts: np.ndarray = field(default_factory=lambda: _numpy().zeros(0))  # per sampled row: tokens before its
     # response (zeros when unit is "characters")
@@ -123,11 +152,12 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
             shown = [tuple(segments) for segments, _, _ in sequences]
             rendered.append(RenderedExample(example.location, shown[0], length if encoder else None,
                                             rejected=shown[1] if len(shown) > 1 else (),
-                                            label=example.label if example.kind == "unpaired_preference" else None))
+                                            label=example.label if example.kind == "unpaired_preference" else None,
+                                            images=shown_images(example)))
     np = _numpy()
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
                    np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
-                   tuple(locations), np.asarray(starts, dtype=float))
+                   tokenizer.image_placeholder, tuple(locations), np.asarray(starts, dtype=float))
 
 
 def rows_beyond(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo, max_length: int,

@@ -15,6 +15,7 @@ from pathlib import Path
 from studio.core.errors import StudioError
 from studio.core.model.check import has_tokenizer
 from studio.core.model.info import hub_cache_dir, load_model_config, model_shape
+from studio.core.model.vision import vision_family
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -36,6 +37,7 @@ class ModelSummary:
     chat_template: str | None  # the tokenizer's Jinja chat template, when it has one
     special_tokens: dict[str, str]  # bos_token, eos_token... as the tokenizer config names them
     note: str = ""  # e.g. why the parameter count is unknown
+    image_placeholder: str = ""  # what its chat template writes for an image; "" unless it trains on images
 
 
 class ModelNotFound(StudioError):
@@ -85,6 +87,7 @@ def summarize_model(name_or_path: str, revision: str = "") -> ModelSummary:
         special_tokens={k: _token_text(v) for k, v in tokenizer_config.items()
                         if k.endswith("_token") and _token_text(v)},
         note=note,
+        image_placeholder=family.placeholder if (family := vision_family(config)) is not None else "",
     )
 
 

@@ -9,7 +9,7 @@ from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (QAbstractSlider, QAbstractSpinBox, QApplication, QComboBox, QFrame, QGroupBox,
                                QHBoxLayout, QLabel, QPushButton, QScrollArea, QScrollBar, QSizePolicy, QStyleFactory,
-                               QVBoxLayout, QWidget)
+                               QTabBar, QVBoxLayout, QWidget)
 
 from studio.core.config import RunConfig
 from studio.core.errors import Problem
@@ -45,7 +45,8 @@ def apply_app_style(app: QApplication) -> None:
 
 class WheelNeedsFocus(QObject):
     """The wheel over a spin box, drop-down or slider scrolls the page unless the control has focus (a click or
-    Tab gave it): scrolling a tab must not change each setting that passes under the cursor (issue 25).
+    Tab gave it): scrolling a tab must not change each setting that passes under the cursor (issue 25). Nor does
+    the wheel over a tab bar ever switch tabs: the page it would move away from holds what was being read.
 
     An application-wide event filter, so that it covers every such control, in dialogs and ones made later too.
     """
@@ -57,7 +58,8 @@ class WheelNeedsFocus(QObject):
 
     @staticmethod
     def is_value_control(widget) -> bool:
-        return isinstance(widget, (QAbstractSpinBox, QComboBox, QAbstractSlider)) and not isinstance(widget, QScrollBar)
+        return isinstance(widget, (QAbstractSpinBox, QComboBox, QAbstractSlider, QTabBar)) and \
+            not isinstance(widget, QScrollBar)
 
     def eventFilter(self, watched, event) -> bool:
         if not self.is_value_control(watched):  # first: it sees every event of the app, and most are not theirs
@@ -67,6 +69,8 @@ class WheelNeedsFocus(QObject):
             return False
         if kind == QEvent.Type.Polish and watched.focusPolicy() == Qt.FocusPolicy.WheelFocus:
             watched.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # else the wheel itself would give it focus
+        if kind == QEvent.Type.Wheel and isinstance(watched, QTabBar):
+            return True  # focus is no sign of intent here: a window opens with its first tab bar focused
         if kind == QEvent.Type.Wheel and not watched.hasFocus():
             event.ignore()  # an ignored wheel event goes on to the parents: the scroll area around scrolls
             return True

@@ -146,8 +146,7 @@ class ChoiceControl(BoundControl):
             set_combo_item_enabled(self.combo, i, not reason, reason)
             if reason:
                 blocked.setdefault(reason, []).append(option.label)
-        self.show_reason("Not available now — " + "; ".join(f"{', '.join(labels)}: {reason}"
-                                                            for reason, labels in blocked.items()) if blocked else "")
+        self.show_reason(unavailable_words(blocked))
 
     def changes_of(self, value: Any) -> dict[str, Any]:
         return self.changes(value) if self.changes else super().changes_of(value)
@@ -155,6 +154,18 @@ class ChoiceControl(BoundControl):
     def _reason(self, value: Any) -> str:
         return (self.extra_rule(value) if self.extra_rule else "") or \
             self.store.blocked_reason(**self.changes_of(value))
+
+
+def unavailable_words(blocked: dict[str, list[str]]) -> str:
+    """What a drop-down says under it of the choices it has disabled: their one reason, or, with several, their
+    names alone (each item's tooltip in the list says its own reason: a paragraph of them read as noise)."""
+    if len(blocked) == 1:
+        ((reason, labels),) = blocked.items()
+        return f"Not available now — {', '.join(labels)}: {reason}"
+    if blocked:
+        labels = [label for names in blocked.values() for label in names]
+        return f"Not available now: {', '.join(labels)} (point at one in the list for why)"
+    return ""
 
 
 class RadioChoice(BoundControl):

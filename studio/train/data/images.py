@@ -1,96 +1,165 @@
 """Image rows for vision-language models: their images as the model's inputs, their image tokens in the ids.
 
-A row is rendered by the tokenizer's chat template as any chat row (one image placeholder per image part); the
-image processor turns the images into pixel values and grid sizes, and each placeholder becomes as many image
-tokens as its image has features (the family's rule, ``studio.core.model.vision``), as the family's processor
-expands them. The image tokens sit in the prompt: never learned. The split keeps each row's pixel values
-(``pixel_values``: one list per patch) and grids (``image_grid_thw``) beside its ids; text rows of the same run
-keep empty ones. Image rows train in padded micro-batches: packing would need the vision positions (Qwen2-VL's
-multimodal rotary positions) of every example in a row, not done yet.
+A row is rendered by the tokenizer's chat template as any chat row: one placeholder per image part (the family's
+``placeholder``, studio.core.model.vision). The model's own processor (transformers', its family's) turns each
+placeholder with its image into the image's tokens and the image inputs the model's forward takes (pixel_values,
+image_grid_thw, pixel_attention_mask, image_sizes; token_type_ids or mm_token_type_ids where the family marks its
+image tokens); the text between is tokenized as any chat row's. The tokens an image becomes are never learned, even
+with data.train_on_prompt; the prompt is not learned either, as for text. The split keeps each row's image inputs
+in one column (``IMAGE_COLUMN``: its arrays as .npz bytes) beside its ids; text rows of the same run keep an empty
+one. Image rows train in padded micro-batches: packing would need the vision positions (Qwen2-VL's multimodal
+rotary positions) of every example in a row, not done yet.
 """
 
 from __future__ import annotations
 
+import inspect
+import io
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 
 from studio.core.config import RunConfig
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
+from studio.core.errors import StudioError
 from studio.core.model.info import load_model_config
 from studio.core.model.vision import VisionFamily, vision_family
 
-IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
-"""What a micro-batch hands the model beside the ids, and the split's columns for them (``mm_token_type_ids``: 1 at
-an image token, 0 elsewhere, as the processor marks them: Qwen2-VL's multimodal positions need them)."""
-IMAGE_COLUMN_TYPES = {"pixel_values": pa.list_(pa.list_(pa.float32())), "image_grid_thw": pa.list_(pa.list_(pa.int32()))}
-NO_IMAGES: dict[str, list] = {name: [] for name in IMAGE_INPUTS}
+TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")
+"""The processors' per-token image inputs (1 at an image token, 0 elsewhere): Gemma 3 attends over an image both
+ways by them, Qwen2-VL places its multimodal positions by them."""
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", *TOKEN_INPUTS)
+"""What a micro-batch may hand the model beside the ids: the processors' image inputs (one entry per image along
+their first axis) and their per-token ones."""
+IMAGE_COLUMN = "image_inputs"
+IMAGE_COLUMN_TYPES = {IMAGE_COLUMN: pa.binary()}
+NO_IMAGES: dict[str, bytes] = {IMAGE_COLUMN: b""}
+
+
+def load_processor(config: RunConfig, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
+    """The model's processor, with the run's tokenizer and the PIL image processor (the fast one needs torchvision;
+    the run's vision.max_pixels, if set, replaces its pixel limit), and its processor_config.json settings ({}
+    without one).
+
+    Built from its parts as ``AutoProcessor`` would, with those settings: a family whose
+    processor also reads videos (Qwen2-VL, SmolVLM) gets a blank video part, as rows hold images alone; transformers
+    offers video processors only with torchvision, and checks the part's class by a name it then does not export.
+    """
+    from transformers import AutoConfig, AutoImageProcessor, processing_utils
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    path, revision = config.model.name_or_path, config.model.revision or None
+    trust = config.model.trust_remote_code
+    try:
+        processor_class = PROCESSOR_MAPPING[type(AutoConfig.from_pretrained(path, revision=revision,
+                                                                              trust_remote_code=trust))]
+        found = processor_class.get_processor_dict(path, revision=revision)[0]
+        settings = {key: value for key, value in found.items() if key != "chat_template"}  # the tokenizer's is used
+        limit = {"max_pixels": config.vision.max_pixels} if config.vision.max_pixels else {}  # Qwen2-VL's resize
+        parts = {"image_processor": AutoImageProcessor.from_pretrained(path, backend="pil", revision=revision,
+                                                                       trust_remote_code=trust, **limit),
+                 "tokenizer": tokenizer}
+        if "video_processor" in processor_class.get_attributes():
+            if not hasattr(processing_utils.transformers_module, "VideoProcessorMixin"):
+                processing_utils.transformers_module.VideoProcessorMixin = VideoProcessorMixin
+            parts["video_processor"] = VideoProcessorMixin()
+        accepted = inspect.signature(processor_class.__init__).parameters
+        return processor_class(**parts, **{key: value for key, value in settings.items()
+                                           if key in accepted and key not in parts}), settings
+    except (ImportError, KeyError, OSError, ValueError) as exc:
+        raise StudioError(f"the processor of {path} (which turns images into the model's inputs) does not load: "
+                          f"{exc}", "give the model folder its preprocessor_config.json (and processor_config.json), "
+                          "and install what the message names", kind="model") from exc
+
+
+@dataclass
+class ImageInputs:
+    """A row's images as the processor gave them: their inputs, one image after the other (``arrays``), the token
+    ids its per-token inputs mark (name: {token id: mark}), how many tokens the images became and those of them
+    that are the tokenizer's added tokens (the image tokens and their frames: text around them has none)."""
+
+    arrays: dict[str, np.ndarray]
+    marks: dict[str, dict[int, int]]
+    length: int
+    added: list[int]
 
 
 class ImageRows:
-    """What turns a run's image rows into model inputs: its family's rules, image processor and image token."""
+    """What turns a run's image rows into model inputs: its family and its processor."""
 
-    def __init__(self, family: VisionFamily, image_processor: Any, tokenizer: Any):
-        self.family, self.image_processor = family, image_processor
-        self.image_token_id = tokenizer.convert_tokens_to_ids(family.image_token)
+    def __init__(self, family: VisionFamily, processor: Any, settings: dict[str, Any]):
+        self.family, self.processor, self.settings = family, processor, settings
 
     @classmethod
     def for_run(cls, config: RunConfig, tokenizer: Any) -> "ImageRows | None":
-        """The run's, or None for a text model. The PIL image processor: the fast one needs torchvision; the run's
-        vision.max_pixels (if set) replaces its pixel limit."""
+        """The run's, or None for a text model."""
         family = vision_family(load_model_config(config.model.name_or_path, config.model.revision))
-        if family is None:
-            return None
-        from transformers import AutoImageProcessor
+        return None if family is None else cls(family, *load_processor(config, tokenizer))
 
-        limit = {"max_pixels": config.vision.max_pixels} if config.vision.max_pixels else {}
+    def save(self, folder: Path) -> None:
+        """What turns images into the model's inputs, beside an export: the image processor and the processor's
+        settings (Idefics3's tokens per image...), as the model had them."""
+        self.processor.image_processor.save_pretrained(folder)
+        if self.settings:
+            (folder / "processor_config.json").write_text(json.dumps(self.settings, indent=2), encoding="utf-8")
 
-        processor = AutoImageProcessor.from_pretrained(config.model.name_or_path, backend="pil",
-                                                       revision=config.model.revision or None,
-                                                       trust_remote_code=config.model.trust_remote_code,
-                                                       **limit)
-        return cls(family, processor, tokenizer)
-
-    def inputs(self, example: Example) -> tuple[dict[str, list], list[int]]:
-        """The row's pixel values and grids, and how many image tokens each image becomes."""
-        processed = self.image_processor(images=[self._open(example, index) for index in range(len(example.images))])
-        grids = [list(map(int, grid)) for grid in processed["image_grid_thw"]]
-        merged = self.image_processor.merge_size ** 2
-        counts = [grid[0] * grid[1] * grid[2] // merged for grid in grids]
-        return {"pixel_values": [list(map(float, patch)) for patch in processed["pixel_values"]],
-                "image_grid_thw": grids}, counts
-
-    def expand(self, segments: Sequence[Segment], counts: list[int], location: str) -> list[Segment]:
-        """The segments with each image's placeholder repeated to its count of image tokens, in order."""
-        token, pending, expanded = self.family.image_token, iter(counts), []
+    def expand(self, segments: Sequence[Segment], example: Example) -> tuple[list, ImageInputs]:
+        """The segments with each image's placeholder replaced by its tokens as the processor writes them
+        (``(ids, False)``: pre-tokenized, never learned), in order; and the row's image inputs."""
+        placeholder, pending, expanded, processed = self.family.placeholder, iter(range(len(example.images))), [], []
         for text, trainable in segments:
-            pieces = text.split(token)
-            out = pieces[0]
+            pieces = text.split(placeholder)
+            expanded.append((pieces[0], trainable))
             for piece in pieces[1:]:
-                count = next(pending, None)
-                if count is None:
-                    raise DataError(location, f"the chat template writes more image placeholders ({token}) than the "
-                                    f"row has images ({len(counts)})", "give each image placeholder its image")
-                out += token * count + piece
-            expanded.append((out, trainable))
+                index = next(pending, None)
+                if index is None:
+                    raise DataError(example.location, f"the chat template writes more image placeholders "
+                                    f"({placeholder}) than the row has images ({len(example.images)})",
+                                    "give each image placeholder its image")
+                processed.append(self.processor(text=placeholder, images=[self._open(example, index)],
+                                                add_special_tokens=False))
+                expanded += [([int(token) for token in processed[-1]["input_ids"][0]], False), (piece, trainable)]
         if next(pending, None) is not None:
-            raise DataError(location, f"the chat template renders fewer image placeholders ({token}) than the row "
-                            f"has images ({len(counts)})", "use the model's own chat template: it renders image parts")
-        return expanded
+            raise DataError(example.location, f"the chat template renders fewer image placeholders ({placeholder}) "
+                            f"than the row has images ({len(example.images)})",
+                            "use the model's own chat template: it renders image parts")
+        return expanded, self._inputs(processed, example.location)
 
-    def masked(self, encoded: dict[str, Any], counts: list[int], max_length: int, location: str) -> dict[str, Any]:
-        """The encoded row with its image tokens never learned; refused when max_length cuts into its images."""
-        ids = encoded["input_ids"]
-        if sum(token == self.image_token_id for token in ids) != sum(counts):
+    def _inputs(self, processed: list[dict[str, Any]], location: str) -> ImageInputs:
+        names = [name for name in processed[0] if name not in ("input_ids", "attention_mask")]
+        unknown = [name for name in names if name not in IMAGE_INPUTS]
+        if unknown:
+            raise DataError(location, f"{self.family.name}'s processor gives model inputs studio does not batch "
+                            f"yet: {', '.join(unknown)}", "train this family on text, or report it")
+        arrays = {name: stacked([np.asarray(output[name]) for output in processed])
+                  for name in names if name not in TOKEN_INPUTS}
+        marks = {name: {int(token): int(mark) for output in processed
+                        for token, mark in zip(output["input_ids"][0], output[name][0]) if mark}
+                 for name in names if name in TOKEN_INPUTS}
+        tokens = [int(token) for output in processed for token in output["input_ids"][0]]
+        added = self.processor.tokenizer.added_tokens_decoder
+        return ImageInputs(arrays, marks, len(tokens), [token for token in tokens if token in added])
+
+    def masked(self, encoded: dict[str, Any], inputs: ImageInputs, max_length: int, location: str) -> dict[str, Any]:
+        """The encoded row with its image inputs (its per-token ones along its ids); refused when max_length cuts
+        into its images (or its text holds the images' tokens too)."""
+        ids, image_ids = encoded["input_ids"], set(inputs.added)
+        if sum(token in image_ids for token in ids) != len(inputs.added):
             raise DataError(location, f"data.max_length {max_length:,} cuts into the row's images: the images alone "
-                            f"are {sum(counts):,} tokens", "raise data.max_length, or use smaller images")
-        encoded["labels"] = [-100 if token == self.image_token_id else label
-                             for token, label in zip(ids, encoded["labels"])]
-        encoded["mm_token_type_ids"] = [int(token == self.image_token_id) for token in ids]
-        return encoded
+                            f"are {inputs.length:,} tokens", "raise data.max_length, or use smaller images")
+        row = {**inputs.arrays, **{name: np.asarray([mark_of.get(token, 0) for token in ids], np.int64)
+                                   for name, mark_of in inputs.marks.items()}}
+        buffer = io.BytesIO()
+        np.savez(buffer, **row)
+        return {**encoded, IMAGE_COLUMN: buffer.getvalue()}
 
     def _open(self, example: Example, index: int):
         from PIL import Image, UnidentifiedImageError
@@ -104,14 +173,47 @@ class ImageRows:
                             "give a PNG, JPEG or another image file PIL reads") from None
 
 
-def image_batch(features: list[dict[str, Any]], width: int) -> dict[str, torch.Tensor]:
-    """A right-padded micro-batch's images, every row's in order (the model matches them to its image tokens in
-    order), and where its image tokens are; none when no row holds an image."""
-    pixels = [patch for feature in features for patch in feature.get("pixel_values") or ()]
-    if not pixels:
+def stacked(arrays: list[np.ndarray]) -> np.ndarray:
+    """Arrays joined along their first axis, their other axes zero-padded to the largest (Idefics3's tiles,
+    LLaVA-Next's patches differ between images: the model drops or slices the padding)."""
+    shape = np.max([array.shape for array in arrays], axis=0)
+    return np.concatenate([np.pad(array, [(0, 0)] + [(0, int(size) - length) for size, length
+                                                     in zip(shape[1:], array.shape[1:])]) for array in arrays])
+
+
+def row_image_inputs(feature: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A split row's image inputs (none for a row without images)."""
+    data = feature.get(IMAGE_COLUMN)
+    if not data:
         return {}
-    grids = [grid for feature in features for grid in feature["image_grid_thw"]]
-    types = [list(feature["mm_token_type_ids"]) for feature in features]
-    return {"pixel_values": torch.tensor(pixels, dtype=torch.float32),
-            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
-            "mm_token_type_ids": torch.tensor([row + [0] * (width - len(row)) for row in types], dtype=torch.long)}
+    with np.load(io.BytesIO(data)) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def row_image_patches(feature: dict[str, Any]) -> tuple[int, ...]:
+    """Each image's patches in a split row, from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's);
+    none for a row without images or a family without grids. Reads the grids alone, not the pixel values."""
+    data = feature.get(IMAGE_COLUMN)
+    if not data:
+        return ()
+    with np.load(io.BytesIO(data)) as arrays:
+        grids = arrays["image_grid_thw"] if "image_grid_thw" in arrays.files else ()
+        return tuple(int(np.prod(grid)) for grid in grids)
+
+
+def image_batch(features: list[dict[str, Any]], width: int) -> dict[str, torch.Tensor]:
+    """A right-padded micro-batch's image inputs, every row's images in order (the model matches them to its image
+    tokens in order) and its per-token marks padded to ``width``; none when no row holds an image."""
+    rows = [row_image_inputs(feature) for feature in features]
+    names = {name for row in rows for name in row}
+    if not names:
+        return {}
+    batch = {}
+    for name in names:
+        if name in TOKEN_INPUTS:
+            marks = [np.pad(row[name], (0, width - len(row[name]))) if name in row else np.zeros(width, np.int64)
+                     for row in rows]
+            batch[name] = torch.from_numpy(np.stack(marks)).long()
+        else:
+            batch[name] = torch.from_numpy(stacked([row[name] for row in rows if name in row]))
+    return batch

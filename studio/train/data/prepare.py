@@ -50,7 +50,8 @@ from studio.core.data.dataset import (MAX_PROBLEMS, SHOWN_ROWS, RowStart, beyond
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import Problem, ProblemsError, StudioError
-from studio.train.data.images import IMAGE_COLUMN_TYPES, IMAGE_INPUTS, NO_IMAGES, ImageRows, image_batch
+from studio.core.model.vision import SUPPORTED_VISION
+from studio.train.data.images import IMAGE_COLUMN, IMAGE_COLUMN_TYPES, NO_IMAGES, ImageRows, image_batch
 
 if TYPE_CHECKING:  # imported where a split is made or loaded: importing this module needs no datasets
     import datasets
@@ -147,17 +148,18 @@ def adds_bos(tokenizer: Any) -> bool:
     return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
 
 
-def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_on_prompt: bool = False,
-           add_bos: bool | None = None) -> dict[str, Any]:
+def encode(segments: Sequence[Segment | tuple[list[int], bool]], tokenizer: Any, max_length: int,
+           train_on_prompt: bool = False, add_bos: bool | None = None) -> dict[str, Any]:
     """Token ids, labels, whether the example was cut at ``max_length`` (right truncation), where its
     first learned token was before the cut (``response_start``; the length when none is) and whether it has one
     (``learns``: not when every turn is marked train: false).
 
     A bos token is prepended when the tokenizer adds one (``add_bos``; None:
-    ask it) and the text does not start with it already (a template wrote it).
+    ask it) and the text does not start with it already (a template wrote it). A segment may come tokenized
+    (its ids instead of its text: an image's tokens, ``ImageRows.expand``): never learned, even with train_on_prompt.
     """
-    texts = [text for text, _ in segments]
-    pieces = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    texts = [text for text, _ in segments if isinstance(text, str)]
+    tokenized = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
     if add_bos is None:
         add_bos = adds_bos(tokenizer)
     first = next((text for text in texts if text), "")
@@ -166,9 +168,11 @@ def encode(segments: Sequence[Segment], tokenizer: Any, max_length: int, train_o
     if add_bos and not first.startswith(tokenizer.bos_token):
         ids.append(tokenizer.bos_token_id)
         labels.append(tokenizer.bos_token_id if train_on_prompt else IGNORE_INDEX)
-    for piece, (_, trainable) in zip(pieces, segments):
+    for text, trainable in segments:
+        piece = next(tokenized) if isinstance(text, str) else text
         ids += piece
-        labels += piece if trainable or train_on_prompt else [IGNORE_INDEX] * len(piece)
+        learned = trainable or (train_on_prompt and isinstance(text, str))
+        labels += piece if learned else [IGNORE_INDEX] * len(piece)
     response_start = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
     return {"input_ids": ids[:max_length], "labels": labels[:max_length], "truncated": len(ids) > max_length,
             "response_start": response_start, "learns": response_start < len(labels)}
@@ -295,7 +299,7 @@ class _SplitBuilder:
                                       "dropped": 0, "unlearned": 0, "format": fmt, "template": template}
         self.prompts_only = fmt == "prompt_only"
         self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()),
-                                                                 *(IMAGE_INPUTS if images else ()))
+                                                                 *((IMAGE_COLUMN,) if images else ()))
         self._schema = pa.schema([(name, _COLUMN_TYPES.get(name, pa.list_(pa.int32()))) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
@@ -519,11 +523,11 @@ class RowEncoder:
         """A chat row with images: its image placeholders expanded to the images' tokens, never learned."""
         if self.image_rows is None:
             raise DataError(example.location, f"the row holds {len(example.images)} image(s), but the model is a "
-                            "text model", "choose a vision-language model (Qwen2-VL, Qwen2.5-VL) or remove the images")
-        inputs, counts = self.image_rows.inputs(example)
-        expanded = self.image_rows.expand(segments, counts, example.location)
+                            "text model", f"choose a vision-language model ({', '.join(SUPPORTED_VISION)}) or remove "
+                            "the images")
+        expanded, inputs = self.image_rows.expand(segments, example)
         encoded = encode(expanded, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
-        return {**self.image_rows.masked(encoded, counts, self.max_length, example.location), **inputs}
+        return self.image_rows.masked(encoded, inputs, self.max_length, example.location)
 
     def raise_problems(self) -> None:
         if self.problems:

@@ -29,11 +29,11 @@ from torch.nn.functional import pad
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.placement import stage_blocks
+from studio.core.model.stages import PIPELINE_OFF_HINT, pipeline_family_refusal, pipeline_refusal_message
 from studio.train.data.prepare import IGNORE_INDEX
 from studio.train.objectives.next_token import chunked_cross_entropy
 
-# config.json keys of a mixture of experts: its router's auxiliary loss needs every block's router logits
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "output_router_logits")
 _BLOCK_INPUTS = {"self", "hidden_states", "attention_mask", "position_ids", "position_embeddings", "cache",
                  "past_key_values", "use_cache", "cache_position", "kwargs"}
 
@@ -57,17 +57,11 @@ def decoder_parts(model) -> DecoderParts:
     family = base.config.model_type
 
     def refuse(reason: str) -> StudioError:
-        return StudioError(f"a pipeline cannot cut {family} models: {reason}",
-                           "set distributed.pipeline_stages to 0 (a layer split or ZeRO-3 holds this model too)",
-                           kind="config")
+        return StudioError(pipeline_refusal_message(family, reason), PIPELINE_OFF_HINT, kind="config")
 
     decoder = base.get_decoder()
-    config = decoder.config  # a multimodal model's text config
-    if experts := [key for key in _EXPERT_KEYS if getattr(config, key, None)]:
-        raise refuse(f"a mixture of experts ({experts[0]}): its router's auxiliary loss needs every block")
-    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-    if windowed or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
-        raise refuse("some blocks attend through a sliding window, which needs a mask of its own")
+    if reason := pipeline_family_refusal(decoder.config.to_dict()):  # a multimodal model's text config
+        raise refuse(reason)
     lists = [child for child in decoder.children() if isinstance(child, nn.ModuleList)]
     if len(lists) != 1:
         raise refuse("its decoder holds no single list of blocks")
@@ -109,13 +103,6 @@ class Stage(nn.Module):
             hidden = block(hidden, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
         return self.norm(hidden) if self.norm is not None else hidden
-
-
-def stage_blocks(blocks: int, stages: int, stage: int) -> range:
-    """The blocks of ``stage``: consecutive, as even as they divide (the first stages take one more)."""
-    size, extra = divmod(blocks, stages)
-    start = stage * size + min(stage, extra)
-    return range(start, start + size + (stage < extra))
 
 
 def check_stages(model, parts: DecoderParts) -> None:

@@ -23,6 +23,8 @@ from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.export.gguf import (DEFAULT_QUANT, LLAMA_CPP_INSTALL, MIN_AGREEMENT, NEEDS_LLAMA_CPP, QUANT_TYPES,
                                      gguf_name, modelfile_name)
+from studio.core.model.info import load_model_config
+from studio.core.model.vision import is_vision_language
 from studio.core.run.commands import EXPORT_RECORD, read_export_record
 from studio.core.run.directory import RunDir, atomic_folder
 from studio.train.export.card import write_card
@@ -79,6 +81,11 @@ def _refuse_unconvertible(config: RunConfig, quants: tuple[str, ...]) -> None:
     if config.qat.enabled:
         raise StudioError("a QAT run's merged model is quantized by torchao, which llama.cpp's converter cannot read",
                           "export it with --merged, or train without QAT for a GGUF", kind="usage")
+    if is_vision_language(load_model_config(config.model.name_or_path, config.model.revision)):
+        raise StudioError("a vision-language model's GGUF needs its vision projector beside it (llama.cpp's mmproj "
+                          "file), which studio does not write and verify yet: a GGUF of the language model alone "
+                          "would not read images", "export it with --merged (it reloads in transformers and vLLM "
+                          "with the processor), or as an adapter", kind="usage")
     needs = [q for q in quants if q in NEEDS_LLAMA_CPP]
     if needs and not llama_cpp_available():
         raise StudioError(f"{', '.join(needs)} is made by llama.cpp's quantizer, which is not installed",

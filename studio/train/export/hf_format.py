@@ -249,7 +249,7 @@ def _save_merged(config: RunConfig, checkpoint: Path, tokenizer, folder: Path, d
     tokenizer.save_pretrained(folder)
     image_rows = ImageRows.for_run(config, tokenizer)
     if image_rows is not None:  # what turns images into the merged model's inputs
-        image_rows.image_processor.save_pretrained(folder)
+        image_rows.save(folder)
     if not config.qat.enabled:
         model.to(dtype).save_pretrained(folder, safe_serialization=True)
         return

@@ -23,8 +23,21 @@ class TensorBoard(Tracker):
         from tensorboardX import SummaryWriter
 
         super().__init__(step)
+        self.folder = folder
         self.writer = SummaryWriter(str(folder), flush_secs=10)
         self.where = f'tensorboard --logdir "{folder}"'
+
+    def record(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "run_started" and event.get("start_step"):
+            self.resume_at(int(event["start_step"]))
+        super().record(event)
+
+    def resume_at(self, step: int) -> None:
+        """A resumed run trains again after ``step``: TensorBoard is told to hide what the lost steps wrote."""
+        from tensorboardX import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(str(self.folder), flush_secs=10, purge_step=step + 1)
 
     @classmethod
     def open(cls, rd: RunDir, config: RunConfig, step: int = 0) -> TensorBoard:

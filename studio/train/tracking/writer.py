@@ -17,7 +17,7 @@ from typing import Any
 from studio.core.config import RunConfig, load_config
 from studio.core.errors import StudioError
 from studio.core.run.directory import RunDir
-from studio.core.run.events import EventWriter, read_events, summarize
+from studio.core.run.events import EventWriter, kept_history, read_events, summarize
 from studio.train.tracking.bridges import BRIDGES, without_secrets
 from studio.train.tracking.figures import Tracker
 from studio.train.tracking.tensorboard import TensorBoard
@@ -91,15 +91,16 @@ def tracked_events(rd: RunDir, config: RunConfig) -> EventWriter | TrackedEvents
 
 
 def replay(run_dir: Path, to: str = "tensorboard") -> str:
-    """Feed the run's events.jsonl to the tracker ``to``; returns where the run can be seen there. TensorBoard's
-    files are written anew; a bridge's run of the run directory's name is added to."""
+    """Feed the run's events.jsonl to the tracker ``to`` (the steps it kept: a resumed run's lost steps left out);
+    returns where the run can be seen there. TensorBoard's files are written anew; a bridge's run of the run
+    directory's name is added to."""
     rd = RunDir(run_dir)
     config = load_config(rd.config)
     if to == TensorBoard.name:
         shutil.rmtree(rd.tensorboard_dir, ignore_errors=True)
     tracker = open_tracker(to, rd, config)
     try:
-        for event in read_events(rd.events):
+        for event in kept_history(read_events(rd.events)):
             tracker.record(event)
         tracker.close()
     except Exception as exc:  # whatever its library raises

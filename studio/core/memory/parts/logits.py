@@ -28,6 +28,13 @@ def logits_loss_bytes(shape: ModelShape, regime: Regime, logits_dtype: str) -> t
     return forward, 12 * positions * v + targets + softcap
 
 
+def chunked_loss_kept(shape: ModelShape, regime: Regime) -> int:
+    """What the chunked loss keeps from its forward to its backward, at worst every position a target: the fp32
+    gradient of the hidden states (and of a trained output layer) it computed in the forward."""
+    positions = regime.micro_batch * (regime.sequence - 1)
+    return 4 * positions * shape.hidden + (4 * shape.vocab * shape.hidden if regime.full else 0)
+
+
 def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targets: int) -> tuple[int, int]:
     """The chunked loss: at worst every position a target; the logits of one chunk at a time.
 
@@ -39,7 +46,7 @@ def _chunked_loss_bytes(shape: ModelShape, regime: Regime, positions: int, targe
     v, h = shape.vocab, shape.hidden
     chunk = min(positions, max(1, CHUNKED_LOSS_BYTES // (4 * v)))
     outer = DTYPE_BYTES[regime.outer_dtype]
-    kept = 4 * positions * h + (4 * v * h if regime.full else 0)
+    kept = chunked_loss_kept(shape, regime)
     forward = positions * h * outer + kept + 12 * chunk * v
     backward = 2 * kept + outer * positions * h
     return forward + targets, backward + targets

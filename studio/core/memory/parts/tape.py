@@ -567,6 +567,12 @@ class Activations:
     # while it computes (a deep model with a small vocabulary peaks here, not at the loss)
     forward_block: int = 0
     shared: int = 0  # what every block reads, alive through forward and backward (the rotary cos and sin)
+    embedding_saved: int = 0  # what the embeddings keep (GPT-2's dropout mask), among ``saved``
+    head_saved: int = 0  # what the final norm and the output head keep, among ``saved``
+
+    def blocks_saved(self, layers: int, blocks: int) -> int:
+        """What ``blocks`` of the model's ``layers`` blocks keep for backward (a pipeline stage's)."""
+        return (self.saved - self.embedding_saved - self.head_saved) * blocks // max(layers, 1)
 
 
 def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activations:
@@ -587,6 +593,7 @@ def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activati
     first_moment, _ = simulate_backward(first, outputs[0], regime.checkpointing)
     last_moment, block_grads = simulate_backward(later, outputs[1], regime.checkpointing)
     layers, block_saved = shape.layers, saved_bytes(later)
+    embedding, head_saved = saved_bytes(tape.nodes[:marks[0]]), saved_bytes(head)
     if layers == 1:  # the second block was only there to be scaled away
         last_moment = first_moment
     if regime.checkpointing:
@@ -596,8 +603,7 @@ def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activati
         kept = x.nbytes + held
         unsaved_input = 0 if any(inputs[1].storage in node.kept for node in later) else x.nbytes
         # what the embeddings keep (GPT-2's dropout mask) stays until the very end of backward
-        embedding = saved_bytes(tape.nodes[:marks[0]])
-        saved = layers * kept + saved_bytes(head) + embedding
+        saved = layers * kept + head_saved + embedding
         before_last = (layers - 1) * kept + held + unsaved_input + embedding
         before_first = held + unsaved_input + embedding
         copies = saved_bytes(head, "weight_copy")
@@ -608,9 +614,10 @@ def activations(shape: ModelShape, regime: Regime, feedforward=None) -> Activati
         before_last, before_first = (saved_bytes(first) + (layers - 2) * block_saved if layers > 1 else 0), 0
         copies = saved_bytes(tape.nodes, "weight_copy") + (layers - 2) * saved_bytes(later, "weight_copy")
         cache = 0
-        forward_block = saved - saved_bytes(head) + forward_transient(later)
+        forward_block = saved - head_saved + forward_transient(later)
     return Activations(saved=saved, weight_copies=copies, autocast_cache=cache, before_last_block=before_last,
                        before_first_block=before_first, last_block=last_moment, first_block=first_moment,
                        block_grads=block_grads, head_grads=sum(node.parameter_grad for node in head),
                        logits_dtype=logits.dtype, block_input=x.nbytes if regime.checkpointing else 0,
-                       forward_block=forward_block, shared=tape.rotary_tables())
+                       forward_block=forward_block, shared=tape.rotary_tables(), embedding_saved=embedding,
+                       head_saved=head_saved)
