@@ -99,9 +99,10 @@ def _load(args):
     return config, model_config, scale_out_for(args, config)
 
 
-def run_data_tokens(config) -> tuple[int, int]:
-    """(the largest micro-batch in tokens, the longest row) of the run's own data in its order: the data is
-    read and tokenized as the worker does (studio.core.memory.run_data)."""
+def run_data_tokens(config) -> tuple[int, int, tuple[int, ...] | None]:
+    """(the largest micro-batch in tokens, the longest row, the patches of the images of the micro-batch with the
+    most) of the run's own data in its order: the data is read and tokenized as the worker does
+    (studio.core.memory.run_data)."""
     from studio.train.data.images import ImageRows
     from studio.train.data.prepare import prepare_data
     from studio.train.model.build import load_tokenizer
@@ -110,8 +111,9 @@ def run_data_tokens(config) -> tuple[int, int]:
     tokenizer = load_tokenizer(config)
     rows = prepare_data(config, tokenizer, image_rows=ImageRows.for_run(config, tokenizer)).train
     plan = BatchPlan.for_rows(config, rows)
-    tokens = plan.largest_micro_batch(config, rows, config.distributed.num_processes, not config.packs_padding_free)
-    return tokens, max(len(ids) for ids in rows["input_ids"])
+    tokens, images = plan.largest_micro_batch(config, rows, config.distributed.num_processes,
+                                              not config.packs_padding_free)
+    return tokens, max(len(ids) for ids in rows["input_ids"]), images
 
 
 def _estimate(args) -> int:
@@ -147,9 +149,9 @@ def _run_data_estimate(config, model_config: dict, args, scale_out) -> dict:
     from studio.core.memory.estimate import estimate
     from studio.core.memory.run_data import config_for_tokens
 
-    tokens, _ = run_data_tokens(config)
-    peak = estimate(model_config, config_for_tokens(config, tokens), args.device, scale_out).peak_bytes
-    return {"tokens": tokens, "peak_bytes": peak}
+    tokens, _, images = run_data_tokens(config)
+    peak = estimate(model_config, config_for_tokens(config, tokens), args.device, scale_out, images=images).peak_bytes
+    return {"tokens": tokens, "peak_bytes": peak, **({"image_patches": sum(images)} if images else {})}
 
 
 def run_data_text(run_data: dict, worst_bytes: int, max_length: int) -> str:

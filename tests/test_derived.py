@@ -76,8 +76,10 @@ def test_the_trace_key_follows_what_changes_the_step_and_not_what_the_estimate_s
                     run(quantization={"load_in": "8bit"}), run(method="qlora")):
         assert trace_key(model, toggled) == base
     for changed in (run(method="full"), run(model={"attn_implementation": "eager"}), run(lora={"use_dora": True}),
-                    run(quantization={"quant_type": "fp4"}), run(training={"output_layer_on_cpu": True})):
+                    run(quantization={"quant_type": "fp4"}), run(training={"output_layer_on_cpu": True}),
+                    run(vision={"train_vision_tower": True}), run(vision={"train_projector": True})):
         assert trace_key(model, changed) != base
+    assert trace_key(model, run(vision={"max_pixels": 1024})) == base  # the images are counted apart, not traced
     adalora = run(method="adalora")  # not recounted: its rank is part of the key
     assert trace_key(model, adalora.replace(lora={"r": 32})) != trace_key(model, adalora)
     assert trace_key({**model, "hidden_size": 128}, run()) != base

@@ -221,12 +221,13 @@ def test_a_short_run_on_images_lowers_the_loss(trained_run):
     assert any(message.startswith("rows with images are not packed yet") for message in warnings)
 
 
-def test_the_run_estimates_its_memory_and_says_what_of_the_images_it_leaves_out(trained_run):
+def test_the_run_estimates_its_memory_and_says_what_it_counts_for_the_images(trained_run):
     _, run_dir = trained_run
     estimates = [event for event in read_events(run_dir.events) if event["type"] == "estimate"]
     assert estimates and estimates[0]["peak_bytes"] > 0
-    assert any("the vision tower's weights are counted, its activations on the images are not yet" in note
-               for note in estimates[0]["notes"])
+    note = next(note for note in estimates[0]["notes"] if note.startswith("vision-language model"))
+    assert "4 image(s) a micro-batch, 64 patches, 16 image tokens" in note  # 16x16 images: 4x4 patches each
+    assert "are frozen: no gradients, no optimizer state, nothing kept for backward" in note
 
 
 def test_exports_reload_in_plain_transformers_with_the_trained_logits_on_image_rows(trained_run, tmp_path):

@@ -276,6 +276,11 @@ class VisionConfig:
     train_projector: bool = _field(
         False, "Train the projector (the layers that map image features into the language model) too, whole; "
         "the same rules as train_vision_tower.")
+    max_pixels: int = _field(
+        0, "The most pixels an image keeps: the image processor resizes larger ones down (keeping the aspect), "
+        "and an image's tokens fall with its area (Qwen2-VL: one token per 28x28 pixels). 0: the processor's own "
+        "limit (its preprocessor_config.json). Lowering it saves the vision tower's and the language model's "
+        "memory for each image.")
 
 
 @dataclass(frozen=True)

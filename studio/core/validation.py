@@ -39,6 +39,9 @@ def validate(config: RunConfig, check_files: bool = True) -> list[Problem]:
     problems += _check_training(config)
     problems += _check_schedule(config)
     problems += _check_distributed(config, check_files)
+    if config.vision.max_pixels < 0:
+        problems.append(Problem("vision.max_pixels", f"must be 0 (the processor's limit) or more, got "
+                                f"{config.vision.max_pixels}", "0 keeps the processor's own limit"))
     return problems
 
 

@@ -40,7 +40,7 @@ from studio.core.errors import StudioError, missing_package
 from studio.core.machine import available_ram
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import Estimate, estimate
-from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens
+from studio.core.memory.run_data import config_for_tokens, largest_micro_batch_tokens, most_image_patches
 from studio.core.model.info import load_model_config
 from studio.core.rewards import Rewards
 from studio.core.run.commands import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, inside_launcher, needs_launcher
@@ -50,7 +50,7 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
-from studio.train.data.images import IMAGE_COLUMN, ImageRows
+from studio.train.data.images import IMAGE_COLUMN, ImageRows, row_image_patches
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -114,11 +114,18 @@ class BatchPlan:
         lengths = sequence_lengths(train_rows) if grouped else None
         return cls(len(train_rows), t.micro_batch_size, t.seed, lengths)
 
-    def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int, padded: bool) -> int:
-        """The most tokens any micro-batch of the whole run holds (studio.core.memory.run_data)."""
+    def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int,
+                            padded: bool) -> tuple[int, tuple[int, ...] | None]:
+        """The most tokens any micro-batch of the whole run holds, and the patches of the images of the micro-batch
+        with the most (None without an image column) (studio.core.memory.run_data)."""
         lengths = sequence_lengths(train_rows)
-        batches = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
-        return largest_micro_batch_tokens(lengths, (self.rows_of(i) for i in range(batches)), padded)
+        count = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
+        batches = [self.rows_of(i) for i in range(count)]
+        images = None
+        if IMAGE_COLUMN in train_rows.column_names:
+            patches = [row_image_patches({IMAGE_COLUMN: data}) for data in train_rows[IMAGE_COLUMN]]
+            images = most_image_patches(patches, batches)
+        return largest_micro_batch_tokens(lengths, batches, padded), images
 
     def total_steps(self, config: RunConfig, world_size: int = 1) -> int:
         t = config.training
@@ -338,13 +345,13 @@ class Worker:
         config = self.config
         if config.objective == "grpo":
             return None
-        tokens = self.plan.largest_micro_batch(config, self.train_rows, self.engine.replicas, not self.packed)
+        tokens, images = self.plan.largest_micro_batch(config, self.train_rows, self.engine.replicas, not self.packed)
         try:
             peak = estimate(model_config, config_for_tokens(config, tokens), self.device.type,
-                            run_scale_out(config)).peak_bytes
+                            run_scale_out(config), images=images).peak_bytes
         except StudioError:
             return None
-        return {"tokens": tokens, "peak_bytes": peak}
+        return {"tokens": tokens, "peak_bytes": peak, **({"image_patches": sum(images)} if images else {})}
 
     # ------------------------------------------------------------------ loop
     def train(self) -> str:

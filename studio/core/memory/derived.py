@@ -46,6 +46,7 @@ from pathlib import Path
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
+from studio.core.memory.parts.vision import VisionMemory
 from studio.core.memory.recount import adapter_bytes, adapter_tensors, lora_block_bytes, lora_settings, recounts_lora
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl_for
 from studio.core.memory.results import Estimate
@@ -79,7 +80,10 @@ def trace_settings(config: RunConfig) -> dict:
             # savers that change what a step keeps: traced as set, never recounted (the trace counts the device's
             # memory only, so the CPU RAM they take is not in a derived estimate)
             "memory_savers": {spec.name: getattr(config.training, spec.name) for spec in SAVER_SPECS.values()
-                              if spec.retraced}}
+                              if spec.retraced},
+            # which parts of a vision-language model train (a text model's key is as before)
+            **({"vision": [config.vision.train_vision_tower, config.vision.train_projector]}
+               if config.vision.train_vision_tower or config.vision.train_projector else {})}
 
 
 
@@ -389,8 +393,9 @@ def _states(step: TracedStep, config: RunConfig, device_type: str) -> ModelState
 
 
 def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda", scale_out: ScaleOut = ScaleOut(),
-                     overheads: CudaOverheads = CudaOverheads()) -> Estimate:
-    """The estimate of ``config`` from the model's trace (see the module doc)."""
+                     overheads: CudaOverheads = CudaOverheads(), vision: VisionMemory | None = None) -> Estimate:
+    """The estimate of ``config`` from the model's trace (see the module doc); ``vision``: what a
+    vision-language model's images hold (the trace runs on text), added to every phase."""
     if scale_out.layer_split:
         raise StudioError("a layer split needs a model family the estimate describes",
                           "estimate without distributed.layer_split", kind="config")
@@ -409,6 +414,8 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
         phases[phase] = {**persistent, "gradients": accumulated, "activations": inputs + blocks, "logits_loss": fixed}
     phases["optimizer"] = {**persistent, "gradients": states.gradients, "activations": inputs,
                            "temporaries": states.optimizer_temporaries}
+    if vision is not None:
+        phases = _with_images(phases, vision, {**persistent, "gradients": states.gradients})
     block_parameters = round(step.once_and_per_block(lambda d: d["parameters"])[1])
     devices, host = sharded_devices(phases, device_type, block_parameters, states, scale_out)
     if device_type == "cuda":
@@ -424,6 +431,21 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=parameters,
                     trainable_parameters=states.trainable_parameters,
                     tokens_per_micro_batch=t.micro_batch_size * config.data.max_length, notes=(note,), kind=DERIVED)
+
+
+def _with_images(phases: dict, vision: VisionMemory, states: dict) -> dict:
+    """The phases with the images' inputs throughout and the trained parts' saved tensors from the tower's forward
+    to its backward; two moments of the tower join them: a frozen tower's forward (before the language model's),
+    and a trained one's backward (the last: every other gradient is there)."""
+    phases = {name: {**parts, "activations": parts["activations"] + vision.inputs
+                     + (vision.saved + vision.sequence if name != "optimizer" else 0)}
+              for name, parts in phases.items()}
+    tower_forward = {**phases["forward"], "activations": phases["optimizer"]["activations"] + vision.transient,
+                     "logits_loss": 0, "gradients": phases["forward"]["gradients"]}
+    tower_backward = {**states, "activations": phases["optimizer"]["activations"] + vision.saved}
+    phases["forward"] = max(phases["forward"], tower_forward, key=lambda parts: sum(parts.values()))
+    phases["backward"] = max(phases["backward"], tower_backward, key=lambda parts: sum(parts.values()))
+    return phases
 
 
 def cached_trace(model_config: dict, config: RunConfig) -> Trace | None:

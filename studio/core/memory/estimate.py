@@ -54,10 +54,11 @@ from studio.core.memory.derived import (TraceNeededError, cached_trace, derived_
 from studio.core.memory.parts.generation import generation_parts, kv_cache_bytes
 from studio.core.memory.parts.logits import logits_loss_bytes
 from studio.core.memory.parts.offload import offloaded_activations, with_host_activations
-from studio.core.memory.parts.states import (ModelStates, host_head_bytes, host_weight_notes, host_weight_ram,
-                                             model_states, weight_bytes)
+from studio.core.memory.parts.states import (OPTIMIZERS, ModelStates, TensorGroup, host_head_bytes,
+                                             host_weight_notes, host_weight_ram, model_states, weight_bytes)
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
+from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, worst_case_images
 from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, sharded_traffic, split_devices,
                                           stage_blocks, stage_devices, stage_weights)
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
@@ -155,11 +156,15 @@ def prefix_bytes(shape: ModelShape, regime: Regime) -> int:
 
 def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: str = "cuda",
              scale_out: ScaleOut = ScaleOut(), loss_impl: str | None = None,
-             overheads: CudaOverheads | None = None, compare: bool = True) -> Estimate:
+             overheads: CudaOverheads | None = None, compare: bool = True,
+             images: tuple[int, ...] | None = None) -> Estimate:
     """The itemized peak memory of ``config`` on ``model_config`` (a config.json mapping).
 
     A pipeline's estimate compares it with the other ways over its GPUs (``Estimate.comparison``, and a note)
     unless ``compare`` is False (fit's candidates: two more estimates apiece).
+
+    ``images``: for a vision-language model, each image's patches in the micro-batch (the run's own data); None
+    for the worst case, each row's image at the largest resolution (``parts.vision.worst_case_images``).
 
     ``device_type`` "cuda" adds the CUDA context and the allocator margin: ``overheads``, or by default this
     machine's as ``studio doctor`` measured them (``sharding.machine_overheads``), which a note then says;
@@ -171,7 +176,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if overheads is None:
         overheads = machine_overheads() if device_type == "cuda" else CudaOverheads()
     if isinstance(model_config, dict) and not _described(model_config):
-        return _derived(model_config, config, device_type, scale_out, overheads)
+        return _derived(model_config, config, device_type, scale_out, overheads, images)
     shape = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
     if config.distributed.pipeline_stages:  # the last stage's loss is the chunked one (StepLoss)
         loss_impl = "chunked"
@@ -226,23 +231,50 @@ def _described(model_config: dict) -> bool:
 
 
 def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out: ScaleOut,
-             overheads: CudaOverheads) -> Estimate:
+             overheads: CudaOverheads, images: tuple[int, ...] | None) -> Estimate:
     """A model no family describes: scale its traced step, or say that it needs tracing."""
     trace = cached_trace(model_config, config)
     if trace is None:
         raise TraceNeededError(model_config["model_type"], trace_path(model_config, config),
                                regime_id(regime_axes(config)))
-    result = derived_estimate(trace, config, device_type, scale_out, overheads)
-    result = replace(result, notes=result.notes + vision_notes(model_config))
+    if images is None:
+        images = worst_case_images(model_config, config)
+    vision = vision_memory(model_config, config, images)
+    result = derived_estimate(trace, config, device_type, scale_out, overheads, vision)
+    result = replace(result, notes=result.notes + vision_notes(model_config, config, vision))
     return replace(result, notes=result.notes + overheads.notes) if device_type == "cuda" else result
 
 
-def vision_notes(model_config: dict) -> tuple[str, ...]:
-    """What the estimate of a vision-language model leaves out: its step is traced on text."""
+def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | None) -> tuple[str, ...]:
+    """What the estimate of a vision-language model counts for its images, and what it leaves out."""
     if not is_vision_language(model_config):
         return ()
-    return ("vision-language model: the vision tower's weights are counted, its activations on the images are not "
-            "yet (the step is traced on text; an image's tokens count as text tokens)",)
+    if vision is None:
+        return ("vision-language model: the vision tower's weights are counted, its activations on images are not "
+                "yet (the estimate has no image rule for this family: studio.core.memory.parts.vision)",)
+    trained = [part for part, on in (("the vision tower", config.vision.train_vision_tower),
+                                     ("the projector", config.vision.train_projector)) if on]
+    saved = (f"{' and '.join(trained)} train: their weights' gradients and optimizer state, and what they keep for "
+             f"backward, {format_bytes(vision.saved)} (counted)" if trained else
+             "the vision tower and projector are frozen: no gradients, no optimizer state, nothing kept for backward; "
+             f"training both would add {_training_the_tower(model_config, config, vision)}")
+    patches = f"{sum(vision.images):,} patches" if vision.images else "no images"
+    return (f"vision-language model: {len(vision.images)} image(s) a micro-batch, {patches}, "
+            f"{vision.tokens:,} image tokens in the language model's sequence (counted in its length); {saved}; "
+            f"the images' pixel values and grids {format_bytes(vision.inputs)}",)
+
+
+def _training_the_tower(model_config: dict, config: RunConfig, frozen: VisionMemory) -> str:
+    """What training the tower and the projector would add to a frozen tower's step: their fp32 gradients and
+    optimizer state, and what they keep for backward on the same images."""
+    vision_config = model_config["vision_config"]
+    trained = vision_memory(model_config, config.replace(vision={"train_vision_tower": True, "train_projector": True}),
+                            frozen.images)
+    group = TensorGroup((image_rule(model_config).parameters(vision_config, True, True),), "fp32", 1)
+    states = group.nbytes + OPTIMIZERS[config.training.optimizer].state(group)
+    kept = trained.saved + trained.sequence - frozen.sequence
+    return (f"the gradients and optimizer state of {group.elements:,} parameters ({format_bytes(states)}) and "
+            f"{format_bytes(kept)} kept for backward on these images")
 
 
 def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:

@@ -16,7 +16,8 @@ faster as every GPU computes; another micro-batch size with the accumulation tha
 (micro-batch x accumulation); then, ranked among them, the switches
 of the table of memory savers (``studio.core.memory.savers``: checkpointing, its block inputs in CPU RAM, the
 input embedding and the output layer in CPU RAM, the tiled MLP), the 8-bit AdamW optimizer, a 4-bit base model
-(LoRA becomes QLoRA) and, when allowed, ZeRO optimizer offload to CPU RAM. Each step goes both ways: a saver
+(LoRA becomes QLoRA), when allowed, ZeRO optimizer offload to CPU RAM, and for a vision-language model, last, a
+lower image resolution (vision.max_pixels: fewer patches and tokens an image, said). Each step goes both ways: a saver
 the run has on is tried off too, so that where there is room fit finds the faster configuration, not only a
 smaller one. A switch is turned on only where validation allows it and the candidate's GPUs can hold it. The
 method (full or LoRA) and the sequence length are never changed: they change what is trained; the explanation
@@ -37,6 +38,7 @@ whose settings the trace holds no step for is skipped and named in the explanati
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
@@ -45,6 +47,7 @@ from studio.core.errors import StudioError
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
 from studio.core.memory.parts import PARTS
+from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
 from studio.core.memory.placement import WeightsDoNotFitError, bubble, pipeline_refusals, step_time_factor
 from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.savers import SAVER_SPECS, STEP_COSTS, ZERO, SaverSpec
@@ -152,6 +155,39 @@ def _describe_offload(before: Candidate, after: Candidate) -> str:
     if after.scale_out.offload_optimizer:
         return f"ZeRO stage {after.scale_out.zero_stage} with optimizer offload to CPU RAM"
     return "no optimizer offload (the optimizer state back on the GPU)"
+
+
+IMAGE_AREA_STEPS = (4, 16, 64)  # fit's lower pixel limits: a quarter of the area (half of each side) at a time
+
+
+def _image_resolution(model_config: dict | ModelShape) -> FitStep | None:
+    """For a vision-language model: the processor's pixel limit (vision.max_pixels) lowered, each image fewer
+    patches and tokens, or back to the processor's own where there is room. Fit lowers it last: it changes what
+    the model sees (``_speed`` ranks a higher resolution first)."""
+    rule = image_rule(model_config) if isinstance(model_config, dict) else None
+    if rule is None:
+        return None
+
+    def limits(config: RunConfig) -> tuple[dict, int, int]:
+        preprocessor = load_preprocessor_config(config.model.name_or_path, config.model.revision)
+        own = rule.pixel_limits(preprocessor)[1]
+        return preprocessor, own, config.vision.max_pixels or own
+
+    def options(c: Candidate) -> list[Candidate]:
+        _, own, current = limits(c.config)
+        lower = [current // area for area in IMAGE_AREA_STEPS if current // area]
+        back = [0] if c.config.vision.max_pixels and current < own else []
+        return [c] + [replace(c, config=c.config.replace(vision={"max_pixels": value})) for value in back + lower]
+
+    def describe(before: Candidate, after: Candidate) -> str:
+        preprocessor, own, current = limits(after.config)
+        largest = rule.largest(preprocessor, current)
+        was = f"{before.config.vision.max_pixels:,}" if before.config.vision.max_pixels else f"the processor's {own:,}"
+        return (f"vision.max_pixels {was} -> {after.config.vision.max_pixels or own:,} (an image at most "
+                f"{largest.tokens:,} tokens, {largest.patches:,} patches)")
+
+    return FitStep("image_resolution", 95, options, describe,
+                   lambda o, c: o.config.vision.max_pixels == c.config.vision.max_pixels, lambda c: 1.0)
 
 
 def _pipeline(c: Candidate) -> list[Candidate]:
@@ -322,6 +358,7 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
     steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)
              and (step.name != "pipeline" or _cuttable(model_config, shape, scale_out))]
+    steps += [step for step in (_image_resolution(model_config),) if step is not None]
     scored, untraced = _scored(_candidates(original, steps), estimated)
     held = [(c, e) for c, e in scored if host_bytes is None or e.host_bytes <= host_bytes]
     fitting, ram_bound = _fitting(held, gpu_bytes), None
@@ -347,10 +384,12 @@ def _fitting(scored: list[tuple[Candidate, Estimate]], gpu_bytes: int) -> list[t
     return comfortable or [(c, e) for c, e in scored if e.peak_bytes <= (1 - FIT_MARGIN) * gpu_bytes]
 
 
-def _speed(scored: tuple[Candidate, Estimate], original: Candidate) -> tuple[float, int]:
-    """How fit ranks a fitting candidate: its expected step time, then its memory."""
+def _speed(scored: tuple[Candidate, Estimate], original: Candidate) -> tuple[float, float, int]:
+    """How fit ranks a fitting candidate: its images' resolution (the highest: a lower one changes what the
+    model sees), its expected step time, then its memory."""
     candidate, estimated = scored
-    return relative_step_time(candidate, original), estimated.peak_bytes
+    resolution = candidate.config.vision.max_pixels or math.inf  # 0: the processor's own limit
+    return -resolution, relative_step_time(candidate, original), estimated.peak_bytes
 
 
 def _scored(candidates: list[Candidate], estimated) -> tuple[list[tuple[Candidate, Estimate]], list[str]]:

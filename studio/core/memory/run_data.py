@@ -3,7 +3,9 @@
 Data order is a pure function of the seed and the step (the worker's batch plan), so the largest
 micro-batch a run will ever train, in tokens, is known before it starts: packed without padding, a
 micro-batch holds the sum of its rows' lengths; padded, its size times its longest row. The estimate of
-that micro-batch is the run's own peak; rows shorter than ``max_length`` make it smaller than the worst case.
+that micro-batch is the run's own peak; rows shorter than ``max_length`` make it smaller than the worst case. For
+a vision-language model the images' patches are known too (each row's grids): the estimate counts the tower on the
+micro-batch with the most, rather than on an image at the processor's largest resolution in every row.
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ def largest_micro_batch_tokens(lengths: Sequence[int], batches: Iterable[Sequenc
             row_lengths = [lengths[row] for row in rows]
             largest = max(largest, len(rows) * max(row_lengths) if padded else sum(row_lengths))
     return largest
+
+
+def most_image_patches(patches: Sequence[tuple[int, ...]], batches: Iterable[Sequence[int]]) -> tuple[int, ...]:
+    """Each image's patches in the micro-batch of ``batches`` whose images have the most (``patches``: each row's
+    images'). With the most tokens (``largest_micro_batch_tokens``, perhaps another micro-batch) it bounds the
+    run's own peak on a vision-language model."""
+    most: tuple[int, ...] = ()
+    for rows in batches:
+        images = tuple(image for row in rows for image in patches[row])
+        most = max(most, images, key=sum)
+    return most
 
 
 def config_for_tokens(config: RunConfig, tokens: int) -> RunConfig:

@@ -303,12 +303,12 @@ def _read_json(path: Path) -> dict:
         raise StudioError(f"cannot read {path}: {exc}", "check the model folder", kind="model") from exc
 
 
-def cached_config(repo_id: str, revision: str) -> Path | None:
-    """The config.json of a Hub model in the local Hugging Face cache, if it is there."""
+def cached_config(repo_id: str, revision: str, filename: str = "config.json") -> Path | None:
+    """The config.json (or another file) of a Hub model in the local Hugging Face cache, if it is there."""
     from huggingface_hub import try_to_load_from_cache  # not at import: the window starts without it
 
     try:
-        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache_dir(), revision=revision or None)
+        found = try_to_load_from_cache(repo_id, filename, cache_dir=hub_cache_dir(), revision=revision or None)
     except ValueError:  # not a valid repo id
         return None
     return Path(found) if isinstance(found, str) else None

@@ -44,8 +44,9 @@ NO_IMAGES: dict[str, bytes] = {IMAGE_COLUMN: b""}
 
 
 def load_processor(config: RunConfig, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
-    """The model's processor, with the run's tokenizer and the PIL image processor (the fast one needs torchvision),
-    and its processor_config.json settings ({} without one).
+    """The model's processor, with the run's tokenizer and the PIL image processor (the fast one needs torchvision;
+    the run's vision.max_pixels, if set, replaces its pixel limit), and its processor_config.json settings ({}
+    without one).
 
     Built from its parts as ``AutoProcessor`` would, with those settings: a family whose
     processor also reads videos (Qwen2-VL, SmolVLM) gets a blank video part, as rows hold images alone; transformers
@@ -62,8 +63,9 @@ def load_processor(config: RunConfig, tokenizer: Any) -> tuple[Any, dict[str, An
                                                                               trust_remote_code=trust))]
         found = processor_class.get_processor_dict(path, revision=revision)[0]
         settings = {key: value for key, value in found.items() if key != "chat_template"}  # the tokenizer's is used
+        limit = {"max_pixels": config.vision.max_pixels} if config.vision.max_pixels else {}  # Qwen2-VL's resize
         parts = {"image_processor": AutoImageProcessor.from_pretrained(path, backend="pil", revision=revision,
-                                                                       trust_remote_code=trust),
+                                                                       trust_remote_code=trust, **limit),
                  "tokenizer": tokenizer}
         if "video_processor" in processor_class.get_attributes():
             if not hasattr(processing_utils.transformers_module, "VideoProcessorMixin"):
@@ -186,6 +188,17 @@ def row_image_inputs(feature: dict[str, Any]) -> dict[str, np.ndarray]:
         return {}
     with np.load(io.BytesIO(data)) as arrays:
         return {name: arrays[name] for name in arrays.files}
+
+
+def row_image_patches(feature: dict[str, Any]) -> tuple[int, ...]:
+    """Each image's patches in a split row, from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's);
+    none for a row without images or a family without grids. Reads the grids alone, not the pixel values."""
+    data = feature.get(IMAGE_COLUMN)
+    if not data:
+        return ()
+    with np.load(io.BytesIO(data)) as arrays:
+        grids = arrays["image_grid_thw"] if "image_grid_thw" in arrays.files else ()
+        return tuple(int(np.prod(grid)) for grid in grids)
 
 
 def image_batch(features: list[dict[str, Any]], width: int, left: bool = False) -> dict[str, torch.Tensor]:

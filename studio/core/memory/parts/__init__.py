@@ -9,7 +9,9 @@ parts, each importing only those listed before it:
 * ``logits``: the logits and the loss, full or chunked;
 * ``tiled``: the tiled MLP's part of the tape;
 * ``offload``: the block inputs that activation offload keeps in host RAM;
-* ``generation``: what sampling a GRPO group holds between steps (its KV cache, one block's work).
+* ``generation``: what sampling a GRPO group holds between steps (its KV cache, one block's work);
+* ``vision``: a vision-language model's images: their patches and tokens at the processor's resolution, and what
+  the vision tower holds for them.
 """
 
 from __future__ import annotations
