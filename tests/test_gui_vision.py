@@ -2,11 +2,12 @@
 conversation, as the model reads it."""
 # ruff: noqa: F811 (test_gui's fixtures, imported, are the tests' parameters)
 
+import json
 import os
 from pathlib import Path
 
 from test_gui import open_window, wait_for_preview
-from test_vision import COLOURS, TINY_VL
+from test_vision import COLOURS, QUESTION, TINY_VL, chat_row
 
 
 def test_the_preview_draws_each_image_where_it_stands_in_the_conversation(qtbot, app_dirs):
@@ -14,9 +15,13 @@ def test_the_preview_draws_each_image_where_it_stands_in_the_conversation(qtbot,
     window.store.update(model={"name_or_path": str(TINY_VL)}, data={"train_files": [str(COLOURS)], "max_length": 64})
     wait_for_preview(qtbot, window)
     window.setup_tabs.setCurrentWidget(window.data_panel)
-    first = window.data_panel.preview.examples[0]
+    preview = window.data_panel.preview
+    first = preview.examples[0]
     (image,) = first.images
     assert Path(image.path) == COLOURS.parent / "images" / "white-1.png" and max(image.width, image.height) == 96
+    assert image.tokens == 4 and first.tokens == 32 + 3  # a 32x32 square: 4 tokens where its placeholder was 1
+    assert preview.lengths[0] == first.tokens  # the histogram counts them
+    assert "4 image tokens" in window.data_panel.examples.toPlainText()
     shown = window.data_panel.examples.toHtml()
     assert shown.count("<img") == len(window.data_panel.preview.examples)
     before, after = shown.split("<img", 1)
@@ -27,3 +32,20 @@ def test_the_preview_draws_each_image_where_it_stands_in_the_conversation(qtbot,
         examples = window.data_panel.examples
         examples.resize(460, 420)
         examples.grab().save(str(Path(folder) / "data_preview_images.png"))
+
+
+def test_a_lower_pixel_limit_shows_the_fewer_tokens_an_image_becomes(qtbot, app_dirs, tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (112, 112), "red").save(tmp_path / "big.png")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(chat_row([{"type": "image"}, QUESTION], images=["big.png"])) + "\n", encoding="utf-8")
+    window = open_window(qtbot)
+    window.store.update(model={"name_or_path": str(TINY_VL)}, data={"train_files": [str(rows)], "max_length": 64})
+    wait_for_preview(qtbot, window)
+    # the tiny model's processor: 4-pixel patches merged 2 x 2, at most 256 pixels (16 x 16 after its resize)
+    assert window.data_panel.preview.examples[0].images[0].tokens == 4
+    window.store.update(vision={"max_pixels": 64})  # 8 x 8: one merged patch
+    wait_for_preview(qtbot, window)
+    assert window.data_panel.preview.examples[0].images[0].tokens == 1
+    assert "1 image token" in window.data_panel.examples.toPlainText()

@@ -175,7 +175,8 @@ class DataPanel(VerticalScroll):
                                       else self.eval_fraction.explain.text())
         self._show_what_is_learned(config)
         inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + tuple(getattr(config, key) for key in
-                                                                           _PREVIEW_SETTINGS) + (self.tokenizer,)
+                                                                           _PREVIEW_SETTINGS) + (
+            config.vision.max_pixels, self.tokenizer)  # the tokens an image becomes
         if inputs != self._preview_inputs:
             self._preview_inputs = inputs
             self._start_preview(config)
@@ -203,7 +204,7 @@ class DataPanel(VerticalScroll):
         tokenizer, row_format = self.tokenizer, config.row_format
         self.summary.setText(f"<span style='color:{MUTED}'>Reading {len(data.train_files)} file(s)…</span>")
         self.task.submit(lambda: build_preview(data.train_files, row_format, data.template, tokenizer,
-                                               data.train_on_prompt, Learning.of(data)))
+                                               data.train_on_prompt, Learning.of(data), config.vision.max_pixels))
 
     def _show_preview(self, preview: Preview) -> None:
         config = self.store.config
@@ -329,7 +330,9 @@ class ImagesInText:
         if image is None:
             return ""
         source = html.escape(Path(image.path).as_uri(), quote=True)
-        return f"<img src='{source}' width='{image.width}' height='{image.height}' style='vertical-align:middle'>"
+        tokens = "" if image.tokens is None else f" {image.tokens:,} image token{'' if image.tokens == 1 else 's'}"
+        return (f"<img src='{source}' width='{image.width}' height='{image.height}' style='vertical-align:middle'>"
+                f"<span style='color:{MUTED}; font-size:11px'>{tokens}</span>")
 
 
 def _escaped(text: str) -> str:

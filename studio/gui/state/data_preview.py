@@ -23,6 +23,8 @@ from studio.core.data import templates
 from studio.core.data.dataset import RowStart, inspect_files, iter_examples
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import PROMPTING, Learning, Segment
+from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
+from studio.core.model.info import load_model_config
 from studio.gui.state.model_summary import ModelSummary
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ class TokenizerInfo:
     special_tokens: dict[str, str] = field(default_factory=dict)
     tokenizer_json: Path | None = None
     image_placeholder: str = ""  # what the chat template writes for an image (a vision-language model's)
+    model_folder: Path | None = None  # its preprocessor_config.json says how many tokens an image becomes
 
     @property
     def eos(self) -> str:
@@ -61,7 +64,7 @@ def tokenizer_of(summary: ModelSummary | None) -> TokenizerInfo:
     if summary is None or summary.folder is None:
         return TokenizerInfo()
     return TokenizerInfo(summary.chat_template, summary.special_tokens, summary.folder / "tokenizer.json",
-                         summary.image_placeholder)
+                         summary.image_placeholder, summary.folder)
 
 
 @dataclass(frozen=True)
@@ -77,18 +80,34 @@ class RenderedExample:
 
 @dataclass(frozen=True)
 class ShownImage:
-    """An image of a row as the preview draws it: its file, its thumbnail's size in pixels."""
+    """An image of a row as the preview draws it: its file, its thumbnail's size in pixels, the tokens it becomes
+    (None for a family whose processor's rule studio does not know)."""
 
     path: str
     width: int
     height: int
+    tokens: int | None = None
 
 
 THUMBNAIL = 96  # pixels: the longer side of a row's image in the preview
 
 
-def shown_images(example: Example) -> tuple[ShownImage, ...]:
-    """The row's images as thumbnails (their headers read: PIL decodes no pixels for the size)."""
+class ImageTokens:
+    """How many tokens an image of a size becomes: the model's processor's resize (studio.core.memory.parts.vision),
+    under the run's vision.max_pixels."""
+
+    def __init__(self, model_folder: Path | None, max_pixels: int = 0):
+        config = load_model_config(str(model_folder), allow_network=False) if model_folder is not None else {}
+        self.rule = image_rule(config)
+        self.preprocessor = load_preprocessor_config(str(model_folder)) if self.rule is not None else {}
+        self.max_pixels = max_pixels
+
+    def of(self, width: int, height: int) -> int | None:
+        return None if self.rule is None else self.rule.size(self.preprocessor, height, width, self.max_pixels).tokens
+
+
+def shown_images(example: Example, tokens: ImageTokens) -> tuple[ShownImage, ...]:
+    """The row's images as thumbnails with their tokens (their headers read: PIL decodes no pixels for the size)."""
     from PIL import Image
 
     shown = []
@@ -96,8 +115,15 @@ def shown_images(example: Example) -> tuple[ShownImage, ...]:
         with Image.open(path) as image:
             width, height = image.size
         scale = THUMBNAIL / max(width, height, 1)
-        shown.append(ShownImage(str(path), max(1, round(width * scale)), max(1, round(height * scale))))
+        shown.append(ShownImage(str(path), max(1, round(width * scale)), max(1, round(height * scale)),
+                                tokens.of(width, height)))
     return tuple(shown)
+
+
+def added_image_tokens(images: Sequence[ShownImage]) -> int:
+    """The tokens a row's images add to its text's count: each placeholder, counted once, becomes its image's
+    tokens (all in the prompt)."""
+    return sum(image.tokens - 1 for image in images if image.tokens is not None)
 
 
 @dataclass(frozen=True)
@@ -127,13 +153,15 @@ class Preview:
 
 
 def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo,
-                  train_on_prompt: bool = False, learning: Learning = Learning()) -> Preview:
-    """Read the files (all rows, for the count), render the first examples and measure a sample.
+                  train_on_prompt: bool = False, learning: Learning = Learning(), max_pixels: int = 0) -> Preview:
+    """Read the files (all rows, for the count), render the first examples and measure a sample (an image row's
+    images counted as the tokens they become under ``max_pixels``, the run's vision.max_pixels).
 
     Raises the dataset's ProblemsError/StudioError with every problem found.
     """
     report = inspect_files(files, fmt, keep=LENGTH_SAMPLE)
     encoder = _load_encoder(tokenizer)
+    image_tokens = ImageTokens(tokenizer.model_folder, max_pixels)
     resolved = resolve_template(template, tokenizer) if _templated(report.format) else "none"
     rendered, lengths, locations, starts = [], [], [], []
     for index, example in enumerate(report.examples):
@@ -144,7 +172,9 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
             if index < PREVIEW_EXAMPLES:
                 rendered.append(RenderedExample(example.location, (), None, str(exc)))
             continue
-        length, start = max(length for _, length, _ in sequences), min(start for _, _, start in sequences)
+        images = shown_images(example, image_tokens) if example.images else ()
+        added = added_image_tokens(images) if encoder else 0
+        length, start = max(length for _, length, _ in sequences) + added, min(first for _, _, first in sequences) + added
         lengths.append(length)
         locations.append(example.location)
         starts.append(start)
@@ -153,7 +183,7 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
             rendered.append(RenderedExample(example.location, shown[0], length if encoder else None,
                                             rejected=shown[1] if len(shown) > 1 else (),
                                             label=example.label if example.kind == "unpaired_preference" else None,
-                                            images=shown_images(example)))
+                                            images=images))
     np = _numpy()
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
                    np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
