@@ -164,8 +164,10 @@ REAL_STEPS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["stablelm", pytest.param("starcoder2", marks=pytest.mark.heavy)])
-def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family):
+@pytest.mark.parametrize("family, step", [("stablelm", 0), *(pytest.param(family, step, marks=pytest.mark.heavy)
+                                                             for family, step in (("stablelm", 1), ("stablelm", 2),
+                                                                                  ("starcoder2", 0)))])
+def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family, step):
     import torch
 
     from studio.train.measure.simulate import measure_step
@@ -173,18 +175,18 @@ def test_the_derived_estimate_matches_a_measured_training_step(tmp_path, family)
 
     folder = make_tiny_model(family, tmp_path / family, num_hidden_layers=5)
     model_config = json.loads((folder / "config.json").read_text())
-    for sections, batch, length in REAL_STEPS:
-        config = run(model={"name_or_path": str(folder), **sections.get("model", {})},
-                     **{k: v for k, v in sections.items() if k != "model"})
-        write_trace(config, neighbours=False)
-        sized = config.replace(training={"micro_batch_size": batch}, data={"max_length": length})
-        started = time.perf_counter()
-        derived = estimate(model_config, sized, "cpu")
-        assert time.perf_counter() - started < 0.05
-        assert derived.kind == DERIVED
-        measured = measure_step(sized, torch.device("cpu"))
-        assert derived.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.03), (sections, measured)
-        assert derived.trainable_parameters == sum(p.numel() for p in _trainable(sized))
+    sections, batch, length = REAL_STEPS[step]
+    config = run(model={"name_or_path": str(folder), **sections.get("model", {})},
+                 **{k: v for k, v in sections.items() if k != "model"})
+    write_trace(config, neighbours=False)
+    sized = config.replace(training={"micro_batch_size": batch}, data={"max_length": length})
+    started = time.perf_counter()
+    derived = estimate(model_config, sized, "cpu")
+    assert time.perf_counter() - started < 0.05
+    assert derived.kind == DERIVED
+    measured = measure_step(sized, torch.device("cpu"))
+    assert derived.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.03), (sections, measured)
+    assert derived.trainable_parameters == sum(p.numel() for p in _trainable(sized))
 
 
 def _trainable(config):
@@ -215,6 +217,7 @@ def test_studio_estimate_traces_an_undescribed_model_once_and_says_which_kind_it
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the trace itself: test_studio_estimate_traces_an_undescribed_model_once..., in CI
 def test_a_training_run_of_an_undescribed_model_traces_it_and_records_the_estimate(tmp_path, story_data, trace_cache):
     from helpers import quick_config, with_demo_tokenizer
 

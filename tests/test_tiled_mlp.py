@@ -80,6 +80,7 @@ def test_sharded_weights_are_refused_naming_the_field(tmp_path):
     assert not [p for p in validate(allowed) if p.where == "training.tiled_mlp"]
 
 
+@pytest.mark.heavy  # torch.compile beside a saver: test_activation_offload's, in CI
 def test_it_trains_under_torch_compile(tmp_path, story_data):
     """dynamo cannot trace the tiles' checkpoints inside a compiled block: the tiled MLP runs eagerly there."""
     from helpers import losses
