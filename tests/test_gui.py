@@ -284,6 +284,8 @@ def test_a_model_no_family_describes_is_measured_in_the_background_then_estimate
     window.store.update(model={"name_or_path": str(folder)}, data={"max_length": 64})
     panel = window.estimate_panel
     assert panel.estimate is None and "measuring the model" in panel.verdict.text()
+    assert "the memory estimate measures it" in window.model_panel.facts["Parameters"].text()
+    assert window.minimumSizeHint().width() <= 1280  # the note wraps: the window stays on a laptop screen
     qtbot.waitUntil(lambda: panel.estimate is not None, timeout=300_000)
     assert panel.estimate.kind == "derived" and "derived from a traced training step" in panel.phase.text()
     before = panel.estimate.peak_bytes

@@ -89,6 +89,7 @@ class ModelPanel(VerticalScroll):
         for key in ("Architecture", "Parameters", "Context length", "Stored dtype", "Vocabulary", "Weights",
                     "Chat template"):
             label = QLabel("–")
+            label.setWordWrap(True)  # a long fact (a note beside the count) must not widen the window
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.facts[key] = label
             form.addRow(f"{key}:", label)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.model.check import has_tokenizer
-from studio.core.model.info import hub_cache_dir, load_model_config, model_shape
+from studio.core.model.info import UnknownArchitectureError, hub_cache_dir, load_model_config, model_shape
 from studio.core.model.vision import vision_family
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -106,6 +106,8 @@ def _not_found(name: str) -> ModelNotFound:
 def _parameter_count(config: dict) -> tuple[int | None, str]:
     try:
         return model_shape(config).parameter_count, ""
+    except UnknownArchitectureError:  # the estimate measures such a model (a traced step); it does not refuse it
+        return None, "no family describes it by hand: the memory estimate measures it instead"
     except StudioError as exc:
         return None, exc.message
 
