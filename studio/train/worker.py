@@ -193,7 +193,9 @@ class Worker:
             started = time.perf_counter()
             self.tokenizer = load_tokenizer(self.config)
             if engine.is_local_main:
-                data = prepare_data(self.config, self.tokenizer, reports, ImageRows.for_run(self.config, self.tokenizer))
+                with_images = any(report is not None and report.image_rows for report in reports)
+                image_rows = ImageRows.for_run(self.config, self.tokenizer) if with_images else None
+                data = prepare_data(self.config, self.tokenizer, reports, image_rows)  # text alone: no image column
                 if engine.world_size > 1:
                     save_prepared(data, prepared)
             else:

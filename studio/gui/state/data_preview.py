@@ -23,8 +23,7 @@ from studio.core.data import templates
 from studio.core.data.dataset import RowStart, inspect_files, iter_examples
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import PROMPTING, Learning, Segment
-from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
-from studio.core.model.info import load_model_config
+from studio.gui.state.memory import ImageTokens
 from studio.gui.state.model_summary import ModelSummary
 
 if TYPE_CHECKING:
@@ -90,20 +89,6 @@ class ShownImage:
 
 
 THUMBNAIL = 96  # pixels: the longer side of a row's image in the preview
-
-
-class ImageTokens:
-    """How many tokens an image of a size becomes: the model's processor's resize (studio.core.memory.parts.vision),
-    under the run's vision.max_pixels."""
-
-    def __init__(self, model_folder: Path | None, max_pixels: int = 0):
-        config = load_model_config(str(model_folder), allow_network=False) if model_folder is not None else {}
-        self.rule = image_rule(config)
-        self.preprocessor = load_preprocessor_config(str(model_folder)) if self.rule is not None else {}
-        self.max_pixels = max_pixels
-
-    def of(self, width: int, height: int) -> int | None:
-        return None if self.rule is None else self.rule.size(self.preprocessor, height, width, self.max_pixels).tokens
 
 
 def shown_images(example: Example, tokens: ImageTokens) -> tuple[ShownImage, ...]:

@@ -19,6 +19,7 @@ from studio.core.errors import StudioError
 from studio.core.machine import available_ram
 from studio.core.memory.estimate import Estimate, ScaleOut, estimate
 from studio.core.memory.fit import fit, fit_own_data, step_time_words
+from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
 from studio.core.memory.savers import SaverSpec
 from studio.core.memory.sharding import machine_overheads
@@ -211,3 +212,16 @@ def parse_simulation(stdout: str) -> Simulation:
         return Simulation(int(found["peak_bytes"]), str(found.get("peak_phase", "")), found.get("seconds"))
     return Simulation(None, error="the simulation printed no result", hint="see its output for details")
 
+
+class ImageTokens:
+    """How many tokens an image of a size becomes: the model's processor's resize (studio.core.memory.parts.vision),
+    under the run's vision.max_pixels."""
+
+    def __init__(self, model_folder: Path | None, max_pixels: int = 0):
+        config = load_model_config(str(model_folder), allow_network=False) if model_folder is not None else {}
+        self.rule = image_rule(config)
+        self.preprocessor = load_preprocessor_config(str(model_folder)) if self.rule is not None else {}
+        self.max_pixels = max_pixels
+
+    def of(self, width: int, height: int) -> int | None:
+        return None if self.rule is None else self.rule.size(self.preprocessor, height, width, self.max_pixels).tokens

@@ -13,6 +13,7 @@ rotary positions) of every example in a row, not done yet.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import json
@@ -29,6 +30,7 @@ from studio.core.config import RunConfig
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import StudioError
+from studio.core.memory.parts.vision import load_preprocessor_config
 from studio.core.model.info import load_model_config
 from studio.core.model.vision import VisionFamily, vision_family
 
@@ -93,20 +95,36 @@ class ImageInputs:
 
 
 class ImageRows:
-    """What turns a run's image rows into model inputs: its family and its processor."""
+    """What turns a run's image rows into model inputs: its family and its processor, loaded when a row first
+    needs it (a vision-language model trained on text alone needs no image processor, nor its files)."""
 
-    def __init__(self, family: VisionFamily, processor: Any, settings: dict[str, Any]):
-        self.family, self.processor, self.settings = family, processor, settings
+    def __init__(self, family: VisionFamily, config: RunConfig, tokenizer: Any):
+        self.family, self.config, self.tokenizer = family, config, tokenizer
 
     @classmethod
     def for_run(cls, config: RunConfig, tokenizer: Any) -> "ImageRows | None":
         """The run's, or None for a text model."""
         family = vision_family(load_model_config(config.model.name_or_path, config.model.revision))
-        return None if family is None else cls(family, *load_processor(config, tokenizer))
+        return None if family is None else cls(family, config, tokenizer)
+
+    @functools.cached_property
+    def _loaded(self) -> tuple[Any, dict[str, Any]]:
+        return load_processor(self.config, self.tokenizer)
+
+    @property
+    def processor(self) -> Any:
+        return self._loaded[0]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._loaded[1]
 
     def save(self, folder: Path) -> None:
         """What turns images into the model's inputs, beside an export: the image processor and the processor's
-        settings (Idefics3's tokens per image...), as the model had them."""
+        settings (Idefics3's tokens per image...), as the model had them; nothing for a model folder without an
+        image processor's file (a vision architecture trained as a text model)."""
+        if not load_preprocessor_config(self.config.model.name_or_path, self.config.model.revision):
+            return
         self.processor.image_processor.save_pretrained(folder)
         if self.settings:
             (folder / "processor_config.json").write_text(json.dumps(self.settings, indent=2), encoding="utf-8")
