@@ -37,7 +37,9 @@ class TensorBoard(Tracker):
         from tensorboardX import SummaryWriter
 
         self.writer.close()
-        self.writer = SummaryWriter(str(self.folder), flush_secs=10, purge_step=step + 1)
+        # its own file name: tensorboardX names a file by the second it opens, and would write over the last one
+        self.writer = SummaryWriter(str(self.folder), flush_secs=10, purge_step=step + 1,
+                                    filename_suffix=f".resumed-at-{step}")
 
     @classmethod
     def open(cls, rd: RunDir, config: RunConfig, step: int = 0) -> TensorBoard:
