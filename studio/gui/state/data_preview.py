@@ -146,7 +146,7 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
     """
     report = inspect_files(files, fmt, keep=LENGTH_SAMPLE)
     encoder = _load_encoder(tokenizer)
-    image_tokens = ImageTokens(tokenizer.model_folder, max_pixels)
+    image_tokens = ImageTokens(tokenizer.model_folder if tokenizer.image_placeholder else None, max_pixels)
     resolved = resolve_template(template, tokenizer) if _templated(report.format) else "none"
     rendered, lengths, locations, starts = [], [], [], []
     for index, example in enumerate(report.examples):
@@ -159,7 +159,8 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
             continue
         images = shown_images(example, image_tokens) if example.images else ()
         added = added_image_tokens(images) if encoder else 0
-        length, start = max(length for _, length, _ in sequences) + added, min(first for _, _, first in sequences) + added
+        length = max(length for _, length, _ in sequences) + added
+        start = min(first for _, _, first in sequences) + added
         lengths.append(length)
         locations.append(example.location)
         starts.append(start)

@@ -215,13 +215,18 @@ def parse_simulation(stdout: str) -> Simulation:
 
 class ImageTokens:
     """How many tokens an image of a size becomes: the model's processor's resize (studio.core.memory.parts.vision),
-    under the run's vision.max_pixels."""
+    under the run's vision.max_pixels; unknown (None) for a family without a rule, or files that do not read (the
+    preview of the data goes on without the counts)."""
 
     def __init__(self, model_folder: Path | None, max_pixels: int = 0):
-        config = load_model_config(str(model_folder), allow_network=False) if model_folder is not None else {}
-        self.rule = image_rule(config)
-        self.preprocessor = load_preprocessor_config(str(model_folder)) if self.rule is not None else {}
-        self.max_pixels = max_pixels
+        self.rule, self.preprocessor, self.max_pixels = None, {}, max_pixels
+        if model_folder is None:
+            return
+        try:
+            self.rule = image_rule(load_model_config(str(model_folder), allow_network=False))
+            self.preprocessor = load_preprocessor_config(str(model_folder)) if self.rule is not None else {}
+        except StudioError:
+            self.rule = None
 
     def of(self, width: int, height: int) -> int | None:
         return None if self.rule is None else self.rule.size(self.preprocessor, height, width, self.max_pixels).tokens
