@@ -49,3 +49,21 @@ def test_a_lower_pixel_limit_shows_the_fewer_tokens_an_image_becomes(qtbot, app_
     wait_for_preview(qtbot, window)
     assert window.data_panel.preview.examples[0].images[0].tokens == 1
     assert "1 image token" in window.data_panel.examples.toPlainText()
+
+
+def test_try_it_offers_an_image_for_a_vision_language_run_alone_and_shows_the_one_chosen(qtbot, app_dirs, tmp_path):
+    from studio.core.presets import DEMO_MODEL
+
+    window = open_window(qtbot)
+    panel = window.try_panel
+    runs = {}
+    for name, model in (("text", DEMO_MODEL), ("vision", TINY_VL)):
+        runs[name] = app_dirs / "runs" / name
+        runs[name].mkdir(parents=True)
+        (runs[name] / "config.yaml").write_text(json.dumps({"model": {"name_or_path": str(model)}}))
+    panel.set_run(runs["vision"])
+    assert not panel.image_button.isHidden()
+    panel.set_image(COLOURS.parent / "images" / "white-1.png")
+    assert not panel.thumbnail.isHidden() and panel.thumbnail.pixmap().width() == 48
+    panel.set_run(runs["text"])  # a text model cannot read the image: neither the choice nor the image stays
+    assert panel.image_button.isHidden() and panel.image is None and panel.thumbnail.isHidden()

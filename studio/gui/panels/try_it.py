@@ -16,13 +16,19 @@ import time
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
+from studio.core.config import load_config
+from studio.core.errors import StudioError
+from studio.core.model.vision import is_vision_language
 from studio.core.run.commands import generate_command, last_json_object
+from studio.core.run.directory import RunDir
 from studio.gui.process import LineProcess
 from studio.gui.state.console import console_error
+from studio.gui.state.memory import model_config_of
 from studio.gui.widgets.common import BAD, MUTED, explanation
 
 
@@ -42,6 +48,7 @@ class TryPanel(QWidget):
         self.image_button.setToolTip("An image the prompt asks about, for a run of a vision-language model")
         self.image_button.clicked.connect(self.choose_image)
         self.image_label = QLabel()
+        self.thumbnail = QLabel()  # the chosen image, small, so the user sees which one the prompt asks about
         self.clear_image_button = QPushButton("No image")
         self.clear_image_button.clicked.connect(lambda: self.set_image(None))
         self.generate_button = QPushButton("Generate with both")
@@ -80,6 +87,7 @@ class TryPanel(QWidget):
         row.addWidget(QLabel("Max new tokens:"))
         row.addWidget(self.max_tokens)
         row.addWidget(self.image_button)
+        row.addWidget(self.thumbnail)
         row.addWidget(self.image_label)
         row.addWidget(self.clear_image_button)
         row.addWidget(self.generate_button)
@@ -103,6 +111,10 @@ class TryPanel(QWidget):
             self._process.stop()  # answers of the run no longer shown: dropped when it ends
         name = self.run_dir.name if self.run_dir else "no run chosen"
         self.titles["tuned"].setText(f"<b>Fine-tuned</b> <span style='color:{MUTED}'>({html.escape(name)})</span>")
+        reads_images = self.run_dir is None or run_reads_images(self.run_dir)
+        self.image_button.setVisible(reads_images)
+        if not reads_images:
+            self.set_image(None)
         self._update_button()
 
     def choose_image(self) -> None:
@@ -115,6 +127,11 @@ class TryPanel(QWidget):
         self.image = image
         self.image_label.setText(html.escape(image.name) if image else "")
         self.clear_image_button.setVisible(image is not None)
+        picture = QPixmap(str(image)) if image else QPixmap()
+        self.thumbnail.setPixmap(picture.scaled(48, 48, Qt.AspectRatioMode.KeepAspectRatio,
+                                                Qt.TransformationMode.SmoothTransformation) if not picture.isNull()
+                                 else QPixmap())
+        self.thumbnail.setVisible(not picture.isNull())
 
     def _update_button(self) -> None:
         reason = "" if self.run_dir is not None else "Finish a run, or choose one in History, to try it."
@@ -166,3 +183,12 @@ class TryPanel(QWidget):
         message, hint = (found.message, found.hint) if found else (error or f"generation exited with code {exit_code}", "")
         self.status.setText(f"<span style='color:{BAD}'>Generation failed: {html.escape(message)}</span>"
                             + (f"<br>{html.escape(hint)}" if hint else ""))
+
+
+def run_reads_images(run_dir: Path) -> bool:
+    """Whether the run's model is a vision-language one (Try it then offers an image); True when its config or the
+    model's files cannot be read offline, so that the choice is never hidden from a run that needs it."""
+    try:
+        return is_vision_language(model_config_of(load_config(RunDir(run_dir).config)))
+    except (StudioError, OSError, ValueError):
+        return True
