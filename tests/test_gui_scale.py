@@ -91,7 +91,12 @@ def test_a_pipeline_takes_one_process_per_stage_and_says_its_bubble(window):
     window.data_panel.sample_every.spin.setValue(0)
     window.techniques_panel.packing.combo.setCurrentIndex(2)  # padded
     assert not window.listed_problems()
-    shown = window.estimate_panel.phase.text()
-    assert "bubble" in shown and "layer split" in shown and "ZeRO-3 or FSDP" in shown  # against the other ways
+    estimate = window.estimate_panel
+    assert "layer split" not in estimate.phase.text()  # the table says it, under the bubble
+    table = estimate.ways.text()  # against the other ways, a row each
+    assert table.startswith("Pipeline of 2 stages, 4 micro-batches a step: each stage idles 20%")
+    assert not estimate.ways.isHidden() and table.count("<tr>") == 4
+    assert "layer split" in table and "ZeRO-3 or FSDP" in table and "Over the links a step" in table
     panel.pipeline_stages.spin.setValue(0)
     assert window.store.config.distributed.num_processes == 1  # its processes were the stages
+    assert estimate.ways.isHidden()

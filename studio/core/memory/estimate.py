@@ -214,7 +214,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
                   "turn on gradient checkpointing to fetch one at a time",)
     comparison = (_pipeline_comparison(shape, config, device_type, overheads, regime, states, devices)
                   if stages and compare else ())
-    notes += (_comparison_note(config, comparison),) if comparison else ()
+    notes += (comparison_note(config, comparison),) if comparison else ()
     loading = loading_per_process(states, scale_out, config.sharded_loading)
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
@@ -342,15 +342,21 @@ def _pipeline_comparison(shape: ModelShape, config: RunConfig, device_type: str,
             WayCost("ZeRO-3 or FSDP", zero.peak_bytes, 0.0, sharded_traffic(states, regime, gpus), True))
 
 
-def _comparison_note(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
-    """The comparison in words: each way's memory per GPU, idle share and traffic per step."""
-    stages, micro_batches = config.distributed.pipeline_stages, config.training.gradient_accumulation_steps
+def comparison_note(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
+    """The comparison in words: the bubble, then each way's memory per GPU, idle share and traffic per step (the
+    window shows the ways as a table under the bubble's words instead)."""
     ways = "; ".join(f"{way.way} {format_bytes(way.peak_bytes)} per GPU, idle {way.idle:.0%}, "
                      f"{format_bytes(way.link_bytes)} over the links" + ("" if way.overlapped else " (not overlapped)")
                      for way in comparison)
+    return f"{bubble_words(config, comparison)}. On {config.distributed.pipeline_stages} GPUs: {ways}"
+
+
+def bubble_words(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
+    """What the pipeline's bubble costs each stage (the comparison's first way is the pipeline)."""
+    stages, micro_batches = config.distributed.pipeline_stages, config.training.gradient_accumulation_steps
     return (f"pipeline of {stages} stages, {micro_batches} micro-batches a step: each stage idles "
             f"{comparison[0].idle:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
-            f"gradient_accumulation_steps shrink it). On {stages} GPUs: {ways}")
+            f"gradient_accumulation_steps shrink it)")
 
 
 def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:

@@ -224,6 +224,8 @@ class EstimatePanel(QGroupBox):
         self.data_lengths: tuple[int, ...] | None = None  # the data preview's token lengths (set_data_lengths)
         self.data_complete = False
         self.data_peak = explanation("")  # the run's own data beside the worst case at max_length
+        self.ways = explanation("")  # a pipeline's comparison with the other ways over its GPUs, as a table
+        self.ways.setTextFormat(Qt.TextFormat.RichText)
         self._build_layout()
         self._simulation = LineProcess(self)
         self._simulation.done.connect(self._simulation_done)
@@ -252,6 +254,7 @@ class EstimatePanel(QGroupBox):
         layout.addLayout(self.bar_area)
         layout.addWidget(self.legend)
         layout.addWidget(self.phase)
+        layout.addWidget(self.ways)
         layout.addWidget(self.data_peak)
         layout.addWidget(self.result)
 
@@ -282,6 +285,7 @@ class EstimatePanel(QGroupBox):
             self._set_bars([])
             self._set_legend({})
             self.data_peak.setText("")
+            self.ways.setText("")
             self.verdict.setText(f"<span style='color:{MUTED}'>No estimate: {html.escape(self.error)}</span>")
             self.phase.setText("")
             return
@@ -300,9 +304,13 @@ class EstimatePanel(QGroupBox):
                            f"{format_bytes(abs(headroom))} {'to spare' if headroom >= 0 else 'short'}; "
                            f"{estimate.trainable_parameters:,} trainable parameters."
                            + _scale_out_text(estimate, available_ram())
-                           + ("" if not estimate.notes else " Note: " + "; ".join(estimate.notes) + ".")
+                           + ("" if not (notes := memory.shown_notes(self.store.config, estimate))
+                              else " Note: " + "; ".join(notes) + ".")
                            + f" Estimate: {kind_text(estimate)}.")
         self.data_peak.setText(self._data_peak_text(estimate))
+        self.ways.setText(html.escape(memory.ways_caption(self.store.config, estimate))
+                          + _ways_table(estimate.comparison))
+        self.ways.setVisible(bool(estimate.comparison))
 
     def set_data_lengths(self, lengths: tuple[int, ...] | None, complete: bool) -> None:
         """The token lengths of the data's rows (all of them when ``complete``), for the estimate of its own peak."""
@@ -440,3 +448,17 @@ class EstimatePanel(QGroupBox):
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)
         self.result.setText(f"Simulated peak: <b>{format_bytes(result.peak_bytes)}</b> of tensors, during "
                             f"{phase}{analytic}.")
+
+
+def _ways_table(comparison) -> str:
+    """A pipeline's comparison (studio.core.memory.placement.WayCost) as a small table: per GPU, idle, links."""
+    if not comparison:
+        return ""
+    cell = "<td style='padding:0 8px 0 0'>{}</td>"
+    head = "".join(cell.format(f"<b>{title}</b>") for title in ("Way over the GPUs", "Per GPU", "Idle",
+                                                                  "Over the links a step"))
+    rows = "".join("<tr>" + "".join(cell.format(text) for text in (
+        html.escape(way.way), format_bytes(way.peak_bytes), f"{way.idle:.0%}",
+        format_bytes(way.link_bytes) + ("" if way.overlapped else " (not overlapped)"))) + "</tr>"
+        for way in comparison)
+    return f"<table cellspacing='0'><tr>{head}</tr>{rows}</table>"

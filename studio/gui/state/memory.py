@@ -17,7 +17,7 @@ from pathlib import Path
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.machine import available_ram
-from studio.core.memory.estimate import Estimate, ScaleOut, estimate
+from studio.core.memory.estimate import Estimate, ScaleOut, bubble_words, comparison_note, estimate
 from studio.core.memory.fit import fit, fit_own_data, step_time_words
 from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
@@ -230,3 +230,18 @@ class ImageTokens:
 
     def of(self, width: int, height: int) -> int | None:
         return None if self.rule is None else self.rule.size(self.preprocessor, height, width, self.max_pixels).tokens
+
+
+def shown_notes(config: RunConfig, estimate: Estimate) -> list[str]:
+    """The estimate's notes the window writes out: all but the pipeline's comparison, which it draws as a table
+    (``ways_caption`` above it)."""
+    table = comparison_note(config, estimate.comparison) if estimate.comparison else None
+    return [note for note in estimate.notes if note != table]
+
+
+def ways_caption(config: RunConfig, estimate: Estimate) -> str:
+    """The words above a pipeline's comparison table: its bubble."""
+    if not estimate.comparison:
+        return ""
+    words = bubble_words(config, estimate.comparison)
+    return words[0].upper() + words[1:] + ":"
