@@ -59,9 +59,16 @@ def test_the_run_s_losses_reach_tensorboard_and_can_be_written_again(tmp_path, s
     assert scalars(rd.path / "tensorboard") == before
 
 
-def test_a_resumed_run_shows_each_step_once_in_tensorboard_with_the_losses_it_kept(tmp_path, small_data):
+def test_a_resumed_run_shows_each_step_once_in_tensorboard_with_the_losses_it_kept(tmp_path, small_data, monkeypatch):
     import shutil
+    import time
+    import types
 
+    from tensorboardX import event_file_writer
+
+    # every file opened in the same second, as when a short run is resumed at once: no file may overwrite another
+    frozen = types.SimpleNamespace(time=lambda: 1_700_000_000.0, sleep=time.sleep)
+    monkeypatch.setattr(event_file_writer, "time", frozen)
     config = quick_config(small_data, training={"max_steps": 4}, schedule={"save_every": 2})
     code, rd = run(config, tmp_path / "run", watch_stdin=False)
     shutil.rmtree(rd.latest_checkpoint())  # as if it had stopped after step 2's checkpoint

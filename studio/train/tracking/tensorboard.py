@@ -14,17 +14,14 @@ from studio.core.run.directory import RunDir
 from studio.train.tracking.figures import Tracker, sample_markdown
 
 
-
 class TensorBoard(Tracker):
     name, label, package = "tensorboard", "TensorBoard", "tensorboardX"
     failure_hint = "check that the run directory can be written"
 
     def __init__(self, folder: Path, step: int = 0):
-        from tensorboardX import SummaryWriter
-
         super().__init__(step)
         self.folder = folder
-        self.writer = SummaryWriter(str(folder), flush_secs=10)
+        self.writer = self._new_writer()
         self.where = f'tensorboard --logdir "{folder}"'
 
     def record(self, event: dict[str, Any]) -> None:
@@ -34,12 +31,18 @@ class TensorBoard(Tracker):
 
     def resume_at(self, step: int) -> None:
         """A resumed run trains again after ``step``: TensorBoard is told to hide what the lost steps wrote."""
+        self.writer.close()
+        self.writer = self._new_writer(purge_step=step + 1)
+
+    def _new_writer(self, purge_step: int | None = None):
+        """A writer to a file of its own. tensorboardX names a file by the second it opens, so a run resumed (or
+        evaluated) within that second would write over the last file; the count of files before it keeps the
+        name new and sorts it after them, as TensorBoard reads them."""
         from tensorboardX import SummaryWriter
 
-        self.writer.close()
-        # its own file name: tensorboardX names a file by the second it opens, and would write over the last one
-        self.writer = SummaryWriter(str(self.folder), flush_secs=10, purge_step=step + 1,
-                                    filename_suffix=f".resumed-at-{step}")
+        earlier = len(list(self.folder.glob("events.out.tfevents.*"))) if self.folder.is_dir() else 0
+        suffix = f".{earlier:04d}" + (f".resumed-at-{purge_step - 1}" if purge_step else "")
+        return SummaryWriter(str(self.folder), flush_secs=10, purge_step=purge_step, filename_suffix=suffix)
 
     @classmethod
     def open(cls, rd: RunDir, config: RunConfig, step: int = 0) -> TensorBoard:
