@@ -23,12 +23,12 @@ STEPS = 4
 EXACT = {"rel": 0, "abs": 1e-5}
 
 
-def config_for(data, stages: int = 0, schedule: str = "gpipe"):
+def config_for(data, stages: int = 0, schedule: str = "gpipe", replicas: int = 1, accumulation: int = 2):
     return quick_config(data, data={"train_files": (str(data),), "eval_files": (str(data),), "max_length": 48,
                                     "packing": "none"},
-                        training={"micro_batch_size": 4, "max_steps": STEPS, "gradient_accumulation_steps": 2},
+                        training={"micro_batch_size": 4, "max_steps": STEPS, "gradient_accumulation_steps": accumulation},
                         schedule={"save_every": 2},
-                        distributed={"num_processes": max(stages, 1), "pipeline_stages": stages,
+                        distributed={"num_processes": max(stages, 1) * replicas, "pipeline_stages": stages,
                                      "pipeline_schedule": schedule})
 
 
@@ -134,7 +134,7 @@ def test_llama_like_families_are_cut_at_their_blocks(family):
     ({"distributed": {"num_processes": 2, "pipeline_stages": 2, "sharding": "fsdp"}}, "fsdp shards them"),
     ({"distributed": {"num_processes": 1, "pipeline_stages": 2, "layer_split": True}}, "both place the blocks"),
     ({"distributed": {"num_processes": 8, "pipeline_stages": 8}}, "the model has 4 blocks, fewer than 8 stages"),
-    ({"distributed": {"num_processes": 1, "pipeline_stages": 2}}, "2 stages need 2 processes"),
+    ({"distributed": {"num_processes": 3, "pipeline_stages": 2}}, "2 stages need a multiple of 2 processes, not 3"),
     ({"distributed": {"num_processes": 2, "pipeline_stages": 2, "pipeline_schedule": "1f1b"},
       "training": {"gradient_accumulation_steps": 1}}, "1F1B runs at least as many micro-batches"),
     ({"distributed": {"num_processes": 2, "pipeline_stages": 2}, "data": {"packing": "padding_free"}},

@@ -15,9 +15,10 @@ through torchrun (studio.train.distributed.launcher) and each process trains as 
 (studio.train.distributed.engine): an optimizer step takes N x accumulation micro-batches
 of the same plan, each rank its own contiguous share, so N processes equal one
 process with N times the accumulation. Rank 0 writes the events and checkpoints;
-the ranks agree on a stop at the same step. With ``distributed.pipeline_stages`` the N
-processes are one data replica instead: each runs its stage of every micro-batch of the
-step (studio.train.distributed.pipeline), the last one computing the loss.
+the ranks agree on a stop at the same step. With ``distributed.pipeline_stages`` S the N
+processes are N / S data replicas instead, each taking its share of the plan: each of a
+replica's processes runs its stage of every micro-batch of the replica's share
+(studio.train.distributed.pipeline), the last one computing the loss.
 """
 
 from __future__ import annotations
@@ -408,7 +409,7 @@ class Worker:
         # process's stage in a pipeline
         own = self.predicted
         if own is not None and self.config.distributed.pipeline_stages:
-            own = replace(own, devices=(own.devices[self.engine.rank],))
+            own = replace(own, devices=(own.devices[self.engine.rank % self.config.distributed.pipeline_stages],))
         predicted = {} if own is None else {
             "predicted_bytes": own.peak_bytes,
             **{f"predicted_{name}": value for name, value in own.predicted_readings().items()}}
@@ -569,8 +570,8 @@ class Worker:
             for start in range(0, len(self.eval_rows), size)]
         total_tokens = sum(objective.units(batch) for batch in batches)
         with self.engine.autocast():
-            if self.engine.pipeline is not None:  # the last stage's sum, which all_sum hands every process
-                total_loss = self.engine.all_sum([self.engine.pipeline.loss_sum(batches)])[0]
+            if self.engine.pipeline is not None:
+                total_loss = self.engine.evaluated_loss_sum(batches)
             else:
                 total_loss = sum(float(objective.loss_sum(self.model, batch)) for batch in batches)
         eval_loss = total_loss / max(total_tokens, 1)

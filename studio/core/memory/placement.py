@@ -236,7 +236,8 @@ def _split_budgets(scale_out: ScaleOut, names: list[str], room: int, overheads: 
 # ---------------------------------------------------------------- the pipeline
 
 def pipeline_refusals(config: RunConfig) -> list[Problem]:
-    """What keeps ``config`` from running as a pipeline: one process per stage, each holding its blocks whole,
+    """What keeps ``config`` from running as a pipeline: one process per stage of each data replica (num_processes a
+    multiple of the stages; stage s of replica r is rank r x stages + s), each holding its blocks whole,
     training an adapter on padded batches (validation adds a block per stage by the model's files)."""
     d, where = config.distributed, "distributed.pipeline_stages"
     if d.pipeline_stages < 0:
@@ -245,8 +246,9 @@ def pipeline_refusals(config: RunConfig) -> list[Problem]:
         return []
     refusals = [
         (d.pipeline_stages < 2, "a pipeline needs 2 stages or more", "set 2 or more, or 0 to turn it off"),
-        (d.num_processes != d.pipeline_stages, f"each stage is one process: {d.pipeline_stages} stages need "
-         f"{d.pipeline_stages} processes, not {d.num_processes}", f"set distributed.num_processes to {d.pipeline_stages}"),
+        (d.pipeline_stages >= 2 and d.num_processes % d.pipeline_stages != 0, f"each stage is one process, in one "
+         f"or more data replicas of the pipeline: {d.pipeline_stages} stages need a multiple of {d.pipeline_stages} "
+         f"processes, not {d.num_processes}", f"set distributed.num_processes to {_multiples(d.pipeline_stages)}"),
         (d.sharding != "none", f"a pipeline's stages hold their own blocks whole; {d.sharding} shards them",
          "set distributed.sharding to none"),
         (d.layer_split, "a pipeline and a layer split both place the blocks", "turn layer_split off"),
@@ -267,6 +269,18 @@ def pipeline_refusals(config: RunConfig) -> list[Problem]:
          f"set training.gradient_accumulation_steps to {d.pipeline_stages} or more, or use gpipe"),
     ]
     return [Problem(where, message, hint) for refused, message, hint in refusals if refused]
+
+
+def _multiples(stages: int) -> str:
+    """The first process counts that run ``stages`` stages, in words."""
+    counts = [str(stages * replicas) for replicas in (1, 2, 3)]
+    return f"{', '.join(counts)} (1, 2 or 3 replicas) or another multiple of {stages}"
+
+
+def pipeline_layout(stages: int, processes: int) -> str:
+    """The processes of a pipeline in words: its replicas and their stages."""
+    replicas = processes // stages
+    return f"{processes} processes: {replicas} pipeline replica{'s' if replicas > 1 else ''} of {stages} stages"
 
 
 def stage_blocks(blocks: int, stages: int, stage: int) -> range:

@@ -10,7 +10,8 @@ checkpoint that are spread over the processes.
   environment (NCCL on GPUs, gloo on the CPU). FSDP loads sharded: rank 0 reads the
   weights, the others build the model on the meta device and receive their shards.
 - ``PipelineEngine``: pipeline parallel (``pipeline_stages``): each process one stage of the model
-  (studio.train.distributed.pipeline), all of them on the same micro-batches: one data replica.
+  (studio.train.distributed.pipeline) in one of ``num_processes / pipeline_stages`` data replicas, whose
+  stages read the same micro-batches.
 - ``DeepSpeedEngine``: ZeRO stages 1-3 with optional CPU/NVMe offload through
   ``deepspeed.initialize`` directly, so that the accumulation boundary is the
   worker's own (accelerate's wrapper would step DeepSpeed at every micro-batch).
@@ -472,16 +473,32 @@ def free_port() -> int:
 
 
 class PipelineEngine(AccelerateEngine):
-    """Pipeline parallel: every process builds the whole model and trains its stage of it on the step's
-    micro-batches, which every process reads alike (one data replica). The last stage holds the step's loss."""
+    """Pipeline parallel, in ``replicas`` data replicas: every process builds the whole model and trains its stage
+    of it on its replica's micro-batches (the data plan's share), which every stage of the replica reads alike.
+
+    Rank ``replica * stages + stage`` runs ``stage`` of ``replica`` (a 2-D mesh, replicas x stages): a replica's
+    stages are consecutive ranks, so torchrun puts them on one machine when a machine holds a whole replica. They
+    exchange hidden states at every micro-batch, while the replicas exchange only the trained (adapter) gradients
+    once per step: the heavy, frequent traffic stays on the fast link. Each replica's last stage holds its loss."""
+
+    def __init__(self, config: RunConfig):
+        super().__init__(config)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.stages = config.distributed.pipeline_stages
+        mesh = init_device_mesh(self.device.type, (self.world_size // self.stages, self.stages),
+                                mesh_dim_names=("replica", "stage"))
+        self.stage_group, self.replica_group = mesh.get_group("stage"), mesh.get_group("replica")
+        self.stage = self.rank % self.stages
+        self.is_last_stage = self.stage == self.stages - 1
 
     @property
     def replicas(self) -> int:
-        return 1
+        return self.world_size // self.stages
 
     @property
     def replica(self) -> int:
-        return 0
+        return self.rank // self.stages
 
     def prepare(self, model, optimizer, first_forward: Callable[[torch.nn.Module], None]):
         """This process's stage and the schedule, cut from the whole model, whose other parts go to the meta device
@@ -489,21 +506,26 @@ class PipelineEngine(AccelerateEngine):
         from studio.train.distributed.pipeline import Pipeline
 
         first_forward(model)
-        self.pipeline = Pipeline(model, self.config, self.rank, self.world_size, self.device)
+        self.pipeline = Pipeline(model, self.config, self.stage, self.stages, self.device, group=self.stage_group)
         held = sum(p.numel() for p in model.parameters() if not p.is_meta)
-        log.info("pipeline stage %d of %d: blocks %d-%d; this process holds %s of the %s weights", self.rank,
-                 self.world_size, self.pipeline.blocks.start, self.pipeline.blocks.stop - 1, f"{held:,}",
-                 f"{count_parameters(model)[1]:,}")
+        log.info("pipeline stage %d of %d (replica %d of %d): blocks %d-%d; this process holds %s of the %s weights",
+                 self.stage, self.stages, self.replica, self.replicas, self.pipeline.blocks.start,
+                 self.pipeline.blocks.stop - 1, f"{held:,}", f"{count_parameters(model)[1]:,}")
         self.model, self.optimizer = model, optimizer
         return model, optimizer
 
     def optimizer_step(self, after_step: Callable[[], None] = lambda: None) -> float:
-        """Clip by the norm of every stage's gradients together (as one process would), step, clear."""
+        """Sum each stage's gradients over the replicas (each replica's loss is already divided by the step's
+        target tokens over every replica, so the sum is one process's gradient), clip by the norm of every stage's
+        gradients together (as one process would), step, clear."""
         import torch.distributed as dist
 
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.replicas > 1:
+            for grad in grads:
+                dist.all_reduce(grad, group=self.replica_group)
         squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
-        dist.all_reduce(squares)
+        dist.all_reduce(squares, group=self.stage_group)
         norm = squares.sqrt()
         max_norm = self.config.training.max_grad_norm
         if max_norm > 0:  # torch's clip_grad_norm_, over the stages
@@ -516,28 +538,43 @@ class PipelineEngine(AccelerateEngine):
         return float(norm)
 
     def all_sum(self, values: list[float]) -> list[float]:
-        """The sum over the data replicas (one): the last stage's figures, which alone include the loss."""
+        """The sum over the data replicas of their last stages' figures (which alone include the loss), on every
+        process."""
         import torch.distributed as dist
 
-        tensor = torch.tensor(values, dtype=torch.float64)
-        dist.broadcast(tensor, src=self.world_size - 1)
+        tensor = torch.tensor(values, dtype=torch.float64) if self.is_last_stage else torch.zeros(len(values),
+                                                                                                 dtype=torch.float64)
+        dist.all_reduce(tensor)
         return tensor.tolist()
+
+    def evaluated_loss_sum(self, batches: list[dict[str, torch.Tensor]]) -> float:
+        """The summed loss of the evaluation's micro-batches through the stages, on every process: every replica
+        evaluates every row, and the first replica's last stage reports."""
+        import torch.distributed as dist
+
+        tensor = torch.tensor([self.pipeline.loss_sum(batches)], dtype=torch.float64)
+        dist.broadcast(tensor, src=self.stages - 1)
+        return float(tensor[0])
 
     def any_rank(self, flag: bool) -> bool:
         return AccelerateEngine.all_sum(self, [float(flag)])[0] > 0
+
+    def _first_replica(self, value: Any) -> list[Any]:
+        """The stages' ``value``s of the first replica (a collective: the replicas hold the same after each step)."""
+        return self.gather(value)[:self.stages]
 
     def trainable_tensors(self, raw_model) -> dict[str, torch.Tensor]:
         """Every stage's trained tensors, under the whole model's names (a collective)."""
         names = set(self.pipeline.trained_names(raw_model))
         mine = {name: tensor.detach().to("cpu").contiguous() for name, tensor in raw_model.named_parameters()
                 if name in names}
-        return {name: tensor for stage in self.gather(mine) for name, tensor in stage.items()}
+        return {name: tensor for stage in self._first_replica(mine) for name, tensor in stage.items()}
 
     def save_optimizer(self, folder: Path) -> None:
         """One optimizer file, as one process writes it: each stage holds the state of its own parameters (their
         indices are the whole model's), so the stages' states together are the whole state."""
         state = self.optimizer.state_dict()
-        merged = {index: entry for stage in self.gather(state["state"]) for index, entry in stage.items()}
+        merged = {index: entry for stage in self._first_replica(state["state"]) for index, entry in stage.items()}
         if self.is_main:
             torch.save({**state, "state": merged}, folder / OPTIMIZER_FILE)
 

@@ -164,7 +164,8 @@ def padded_step(batches: list[dict[str, torch.Tensor]], rows: int, length: int, 
 class Pipeline:
     """This process's stage of the model and the schedule that runs a step's micro-batches through every stage."""
 
-    def __init__(self, model, config: RunConfig, stage_index: int, stages: int, device: torch.device):
+    def __init__(self, model, config: RunConfig, stage_index: int, stages: int, device: torch.device, group=None):
+        """``group``: the processes of this stage's pipeline (its replica's stages; None: every process)."""
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         parts = decoder_parts(model)
@@ -184,7 +185,7 @@ class Pipeline:
         self.micro_batches = config.training.gradient_accumulation_steps
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[config.distributed.pipeline_schedule]
         # scale_grads off: StepLoss already divides by the step's target tokens
-        self.schedule = schedule(PipelineStage(self.module, stage_index, stages, device),
+        self.schedule = schedule(PipelineStage(self.module, stage_index, stages, device, group=group),
                                  n_microbatches=self.micro_batches, loss_fn=self.loss, scale_grads=False)
         self.owned = {id(parameter) for parameter in self.module.parameters()}
         if self.last:
