@@ -47,3 +47,18 @@ def test_plain_data_parallel_needs_no_hostfile_and_a_layer_split_no_bundle(tmp_p
     assert not (bundle.folder / "hostfile").exists()
     with pytest.raises(StudioError, match="one machine"):
         write_bundle(demo_config().replace(distributed={"layer_split": True}), ("a", "b"), 1, tmp_path / "split")
+
+
+def test_a_pipeline_s_bundle_keeps_each_replica_on_one_machine(tmp_path):
+    from studio.core.run.bundle import write_bundle
+
+    piped = demo_config().replace(distributed={"pipeline_stages": 2, "num_processes": 2}, data={"packing": "none"},
+                                  schedule={"sample_every": 0})
+    assert validate(piped) == []
+    with pytest.raises(StudioError, match="2 stages need a multiple of 2 GPUs per machine, not 1") as refused:
+        write_bundle(piped, ("a", "b"), 1, tmp_path / "spread")
+    assert "give each machine 2 GPUs or a multiple" in refused.value.hint
+    bundle = write_bundle(piped, ("a", "b"), 2, tmp_path / "two")
+    assert "(4 processes, 2 pipeline replicas of 2 stages, each replica on one machine)" in (
+        bundle.folder / "README.txt").read_text()
+    assert validate(load_config(bundle.folder / "config.yaml")) == []

@@ -100,3 +100,25 @@ def test_a_pipeline_takes_one_process_per_stage_and_says_its_bubble(window):
     panel.pipeline_stages.spin.setValue(0)
     assert window.store.config.distributed.num_processes == 1  # its processes were the stages
     assert estimate.ways.isHidden()
+
+
+def test_pipeline_replicas_take_a_process_per_stage_each_and_say_what_crosses_between_them(window):
+    panel = window.scale_panel
+    assert not panel.pipeline_replicas.isEnabled()  # only with a pipeline
+    window.techniques_panel.accumulation.spin.setValue(4)
+    window.data_panel.sample_every.spin.setValue(0)
+    window.techniques_panel.packing.combo.setCurrentIndex(2)  # padded
+    panel.pipeline_stages.spin.setValue(2)
+    panel.pipeline_replicas.spin.setValue(2)
+    assert window.store.config.distributed.num_processes == 4 and not window.listed_problems()
+    assert panel.pipeline_replicas.explain.text().endswith("Now 4 processes: 2 pipeline replicas of 2 stages.")
+    assert "its 2 replicas, each on its share of every batch, all-reduce" in window.estimate_panel.ways.text()
+    titles = [title.text() for title, _ in window.estimate_panel.bars]
+    assert titles[0].startswith("stage 0 (ranks 0, 2): ") and titles[1].startswith("stage 1 (ranks 1, 3): ")
+    panel.pipeline_stages.spin.setValue(3)  # each replica gets the new stages
+    assert (window.store.config.distributed.num_processes, panel.pipeline_replicas.spin.value()) == (6, 2)
+    panel.processes.spin.setValue(5)  # not whole replicas: refused under the tabs, naming the counts that are
+    listed = " ".join(window.store.words(str(p)) for p in window.listed_problems())
+    assert "3 stages need a multiple of 3 processes, not 5" in listed and "3, 6, 9" in listed
+    panel.pipeline_stages.spin.setValue(0)
+    assert window.store.config.distributed.num_processes == 1

@@ -84,6 +84,19 @@ def test_the_comparison_gives_memory_the_bubble_and_the_link_bytes_of_each_way()
     assert result.to_json()["comparison"][0]["way"] == "pipeline (1f1b)"
 
 
+def test_replicas_hold_what_one_holds_per_gpu_and_add_the_gradients_all_reduce_between_them():
+    one, two = (estimate(LLAMA_31_8B, config, "cuda", ScaleOut.from_config(config))
+                for config in (piped(2), piped(2).replace(distributed={"num_processes": 4})))
+    assert [d.total_bytes for d in two.devices] == [d.total_bytes for d in one.devices]
+    assert one.comparison[0].replica_link_bytes == 0
+    lora_gradients = one.devices[0].parts["gradients"] + one.devices[1].parts["gradients"]
+    assert two.comparison[0].replica_link_bytes == pytest.approx(2 * lora_gradients, rel=1e-3)  # a ring, 2 replicas
+    assert two.comparison[1:] == one.comparison[1:]  # the other ways on one replica's GPUs
+    note = next(note for note in two.notes if note.startswith("pipeline of 2 stages"))
+    assert "its 2 replicas, each on its share of every batch, all-reduce the trained gradients once a step" in note
+    assert "the ways below are on one replica's 2 GPUs" in note
+
+
 def test_fit_turns_a_layer_split_into_a_pipeline_where_it_fits():
     split = RunConfig().replace(data={"max_length": 2048}, distributed={"layer_split": True},
                                 training={"micro_batch_size": 2, "gradient_accumulation_steps": 8,

@@ -61,4 +61,4 @@ def test_process_counts_that_are_not_replicas_of_the_stages_are_refused(small_da
     assert "2 stages need a multiple of 2 processes, not 5" in problem.message
     assert "distributed.num_processes to 2, 4, 6" in problem.hint
     assert not [p for p in validate(config_for(small_data, 2, replicas=3)) if p.where == "distributed.pipeline_stages"]
-    assert pipeline_layout(2, 4) == "4 processes: 2 pipeline replicas of 2 stages"
+    assert pipeline_layout(2, 4) == "2 pipeline replicas of 2 stages"

@@ -4,6 +4,7 @@ that work offline on any machine; and what choosing an objective or a pipeline c
 from __future__ import annotations
 
 from studio.core.config import RewardConfig, RunConfig
+from studio.core.memory.placement import pipeline_replicas
 from studio.core.runtime.environment import studio_source_root
 
 RESOURCES = studio_source_root() / "resources"  # beside the studio package: a checkout, or the bundle's copy
@@ -92,13 +93,17 @@ def objective_changes(config: RunConfig, objective: str) -> dict:
 
 
 def pipeline_changes(config: RunConfig, stages: int) -> dict:
-    """The changes that setting the pipeline's stages makes: one process per stage, and back to one process when
-    the pipeline goes off (its processes were the stages)."""
-    distributed = config.distributed
+    """The changes that setting the pipeline's stages makes: one process per stage of each of its data replicas
+    (as many as before, one when there was no pipeline); when the pipeline goes off, one process per replica (a
+    replica's processes were its stages)."""
     if stages:
-        return {"distributed": {"pipeline_stages": stages, "num_processes": stages}}
-    processes = 1 if distributed.num_processes == distributed.pipeline_stages else distributed.num_processes
-    return {"distributed": {"pipeline_stages": 0, "num_processes": processes}}
+        return {"distributed": {"pipeline_stages": stages, "num_processes": stages * pipeline_replicas(config)}}
+    return {"distributed": {"pipeline_stages": 0, "num_processes": pipeline_replicas(config)}}
+
+
+def pipeline_replicas_changes(config: RunConfig, replicas: int) -> dict:
+    """The changes that setting the pipeline's data replicas makes: one process per stage of each."""
+    return {"distributed": {"num_processes": config.distributed.pipeline_stages * replicas}}
 
 
 def with_demo_model(config: RunConfig) -> RunConfig:

@@ -59,8 +59,8 @@ from studio.core.memory.parts.states import (OPTIMIZERS, ModelStates, TensorGrou
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, worst_case_images
-from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, sharded_traffic, split_devices,
-                                          stage_blocks, stage_devices, stage_weights)
+from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, pipeline_replicas, replica_traffic,
+                                          sharded_traffic, split_devices, stage_blocks, stage_devices, stage_weights)
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
 from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, machine_overheads,
@@ -317,15 +317,16 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
 
 def _pipeline_comparison(shape: ModelShape, config: RunConfig, device_type: str, overheads: CudaOverheads,
                          regime: Regime, states: ModelStates, devices: list[DeviceEstimate]) -> tuple[WayCost, ...]:
-    """The pipeline against the other ways to spread the model over its GPUs: the layer split cut where the stages
-    are (each GPU's weight budget the largest stage's), and ZeRO-3 or FSDP (estimated alike) over as many GPUs
-    keeping the effective batch. A CPU estimate compares them as GPUs without CUDA's overheads (a layer split on
+    """The pipeline against the other ways to spread the model over its GPUs (one replica's, with replicas): the
+    layer split cut where the stages are (each GPU's weight budget the largest stage's), and ZeRO-3 or FSDP
+    (estimated alike) over as many GPUs keeping the replica's batch. A CPU estimate compares them as GPUs without CUDA's overheads (a layer split on
     the CPU has one device)."""
     if device_type == "cpu":
         device_type, overheads = "cuda", CudaOverheads(context_bytes=0, allocator_fraction=0.0, nccl_bytes=0)
     gpus, micro_batches = config.distributed.pipeline_stages, regime.accumulation
     pipeline = WayCost(f"pipeline ({config.distributed.pipeline_schedule})", max(d.total_bytes for d in devices),
-                       bubble(gpus, micro_batches), boundary_traffic(shape, regime, gpus - 1), True)
+                       bubble(gpus, micro_batches), boundary_traffic(shape, regime, gpus - 1), True,
+                       replica_traffic(states, pipeline_replicas(config)))
     largest = max(stage_weights(shape, regime, stage_blocks(shape.layers, gpus, stage), stage == 0, stage == gpus - 1)
                   for stage in range(gpus))
     alone = {"pipeline_stages": 0, "pipeline_schedule": "gpipe"}
@@ -354,9 +355,15 @@ def comparison_note(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
 def bubble_words(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
     """What the pipeline's bubble costs each stage (the comparison's first way is the pipeline)."""
     stages, micro_batches = config.distributed.pipeline_stages, config.training.gradient_accumulation_steps
-    return (f"pipeline of {stages} stages, {micro_batches} micro-batches a step: each stage idles "
-            f"{comparison[0].idle:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
-            f"gradient_accumulation_steps shrink it)")
+    words = (f"pipeline of {stages} stages, {micro_batches} micro-batches a step: each stage idles "
+             f"{comparison[0].idle:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
+             f"gradient_accumulation_steps shrink it)")
+    replicas = pipeline_replicas(config)
+    if replicas > 1:
+        words += (f"; its {replicas} replicas, each on its share of every batch, all-reduce the trained gradients "
+                  f"once a step ({format_bytes(comparison[0].replica_link_bytes)} over the links between them); "
+                  f"the ways below are on one replica's {stages} GPUs")
+    return words
 
 
 def _preference_note(shape: ModelShape, regime: Regime, config: RunConfig) -> str:

@@ -277,10 +277,17 @@ def _multiples(stages: int) -> str:
     return f"{', '.join(counts)} (1, 2 or 3 replicas) or another multiple of {stages}"
 
 
+def pipeline_replicas(config: RunConfig) -> int:
+    """How many data replicas of the pipeline the config's processes make (1 without a pipeline; a count that is
+    not a multiple of the stages, which validation refuses, as many as it holds whole)."""
+    stages = config.distributed.pipeline_stages
+    return max(config.distributed.num_processes // stages, 1) if stages > 0 else 1
+
+
 def pipeline_layout(stages: int, processes: int) -> str:
-    """The processes of a pipeline in words: its replicas and their stages."""
+    """A pipeline's ``processes`` in words: its replicas and their stages."""
     replicas = processes // stages
-    return f"{processes} processes: {replicas} pipeline replica{'s' if replicas > 1 else ''} of {stages} stages"
+    return f"{replicas} pipeline replica{'s' if replicas > 1 else ''} of {stages} stages"
 
 
 def stage_blocks(blocks: int, stages: int, stage: int) -> range:
@@ -374,16 +381,25 @@ class WayCost:
     idle: float
     link_bytes: int
     overlapped: bool  # whether the transfers overlap computation
+    replica_link_bytes: int = 0
+    """A pipeline's data replicas: the bytes between them a step (the others' figures are of one replica)."""
 
     def to_json(self) -> dict:
         return {"way": self.way, "peak_bytes": self.peak_bytes, "idle": round(self.idle, 4),
-                "link_bytes": self.link_bytes, "overlapped": self.overlapped}
+                "link_bytes": self.link_bytes, "overlapped": self.overlapped,
+                "replica_link_bytes": self.replica_link_bytes}
 
 
 def boundary_traffic(shape: ModelShape, regime: Regime, boundaries: int) -> int:
     """A step's bytes across ``boundaries`` stage (or device) boundaries: each micro-batch's hidden states forward
     and their gradients backward."""
     return 2 * boundaries * regime.accumulation * boundary_bytes(shape, regime)
+
+
+def replica_traffic(states: ModelStates, replicas: int) -> int:
+    """A step's bytes across the links between a pipeline's ``replicas`` (all links together): each stage's trained
+    gradients all-reduced over its replicas, a ring sending 2 (R - 1) / R of them from each of the R."""
+    return 2 * (replicas - 1) * states.gradients
 
 
 def sharded_traffic(states: ModelStates, regime: Regime, gpus: int) -> int:

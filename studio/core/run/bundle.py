@@ -18,6 +18,7 @@ from pathlib import Path
 from studio.core.config import RunConfig, save_config
 from studio.core.data.hub import is_hub_spec
 from studio.core.errors import StudioError
+from studio.core.memory.placement import pipeline_layout
 from studio.core.run.commands import DEFAULT_PORT, Cluster, torchrun_command, worker_args
 from studio.core.validation import raise_if_invalid
 
@@ -52,6 +53,12 @@ def write_bundle(config: RunConfig, hosts: tuple[str, ...], gpus_per_host: int, 
     if config.distributed.layer_split:
         raise StudioError("a layer split runs in one process on one machine", "turn distributed.layer_split off, "
                           "or train on one machine", kind="config")
+    stages = config.distributed.pipeline_stages
+    if stages > 0 and gpus_per_host % stages:
+        raise StudioError(f"each machine holds whole replicas of the pipeline (a replica's stages exchange activations "
+                          f"at every micro-batch, the replicas only gradients once a step): {stages} stages need a "
+                          f"multiple of {stages} GPUs per machine, not {gpus_per_host}",
+                          f"give each machine {stages} GPUs or a multiple, or fewer pipeline stages", kind="config")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise StudioError(f"{out} is not empty", "choose a new folder; nothing was overwritten", kind="usage")
@@ -114,11 +121,19 @@ def _write_scripts(out: Path, name: str, comment: str, argv: list[str]) -> None:
         encoding="utf-8", newline="")
 
 
+def _layout(config: RunConfig, cluster: Cluster) -> str:
+    """How the processes share the model: its sharding, or its pipeline's replicas (each on one machine)."""
+    stages = config.distributed.pipeline_stages
+    if stages > 0:
+        return f"{pipeline_layout(stages, cluster.world_size)}, each replica on one machine"
+    return f"sharding: {config.distributed.sharding}"
+
+
 def _readme(bundle: Bundle, config: RunConfig) -> str:
     cluster = bundle.cluster
     lines = [
         f"Finetune Studio launch bundle: run '{config.name}' on {len(bundle.hosts)} machines x "
-        f"{cluster.processes_per_machine} GPUs ({cluster.world_size} processes, sharding: {config.distributed.sharding}).",
+        f"{cluster.processes_per_machine} GPUs ({cluster.world_size} processes, {_layout(config, cluster)}).",
         "",
         "1. Install the same Finetune Studio version and Python environment on every machine.",
         "2. Copy this whole folder to every machine (any path).",

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGroupBox, QHBoxLayout
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.machine import available_ram
+from studio.core.memory.placement import pipeline_replicas
 from studio.core.sizes import GIB, format_bytes
 from studio.gui.process import LineProcess
 from studio.gui.state import memory
@@ -177,9 +178,19 @@ def _loading_text(estimate: Estimate) -> str:
     return " While the model loads: " + "; ".join(each) + "."
 
 
-def _bar_title(device: str, total_bytes: int, layer_split: bool) -> str:
-    """A bar's title when there are several: the device of a layer split, or the rank of the process on it."""
-    who = device if layer_split else f"rank {device.rsplit(':', 1)[-1]} ({device})"
+def _bar_title(device: str, total_bytes: int, layer_split: bool, config: RunConfig) -> str:
+    """A bar's title when there are several: the device of a layer split, the stage of a pipeline with the ranks
+    that run it (one in each replica), or the rank of the process on it."""
+    index = int(device.rsplit(":", 1)[-1])
+    stages = config.distributed.pipeline_stages
+    if layer_split:
+        who = device
+    elif stages > 0:
+        ranks = [str(index + replica * stages) for replica in range(pipeline_replicas(config))]
+        shown = ", ".join(ranks[:3]) + (", …" if len(ranks) > 3 else "")
+        who = f"stage {index} (rank{'s' if len(ranks) > 1 else ''} {shown})"
+    else:
+        who = f"rank {index} ({device})"
     return f"{who}: {format_bytes(total_bytes)}"
 
 
@@ -291,7 +302,8 @@ class EstimatePanel(QGroupBox):
             return
         gpus = [d for d in estimate.devices if d.device != "host"]
         split = estimate.placement is not None
-        self._set_bars([(_bar_title(d.device, d.total_bytes, split), d.parts) for d in gpus])  # titled when several
+        self._set_bars([(_bar_title(d.device, d.total_bytes, split, self.store.config), d.parts)
+                        for d in gpus])  # titled when several
         self._set_legend(gpus[0].parts)
         verdict = estimate.verdict(capacity)
         color = VERDICT_COLORS[verdict.status]

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayo
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.presets import pipeline_changes
+from studio.core.memory.placement import pipeline_layout
+from studio.core.presets import pipeline_changes, pipeline_replicas, pipeline_replicas_changes
 from studio.core.run.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.run.commands import DEFAULT_PORT
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
@@ -110,8 +111,10 @@ class ScalePanel(SettingsColumn):
     def _pipeline_group(self):
         store = self.store
         self.pipeline_stages = PipelineStages(store)
+        self.pipeline_replicas = PipelineReplicas(store)
         self.pipeline_schedule = ChoiceControl(store, "distributed.pipeline_schedule", "Schedule")
-        return group_box("Pipeline (model parallel, every GPU busy)", self.pipeline_stages, self.pipeline_schedule)
+        return group_box("Pipeline (model parallel, every GPU busy)", self.pipeline_stages, self.pipeline_replicas,
+                         self.pipeline_schedule)
 
     def _cluster_group(self):
         self.bundle_button = QPushButton("Export cluster bundle…")
@@ -134,9 +137,11 @@ class ScalePanel(SettingsColumn):
         self.bundle_button.setEnabled(not bundle_reason)
         self.bundle_button.setToolTip(bundle_reason.capitalize() or self.bundle_button.toolTip())
         self._say_once(self.offload_optimizer, self.offload_params)
-        piped = bool(config.distributed.pipeline_stages)
-        self.pipeline_schedule.setEnabled(piped)
-        self.pipeline_schedule.setToolTip("" if piped else "Only with a pipeline.")
+        piped = config.distributed.pipeline_stages > 0
+        for control in (self.pipeline_replicas, self.pipeline_schedule):
+            control.setEnabled(piped)
+            control.setToolTip("" if piped else "Only with a pipeline.")
+        self.pipeline_replicas.say_layout(config)
 
     @staticmethod
     def _say_once(above: BoundControl, below: BoundControl) -> None:
@@ -210,3 +215,32 @@ class PipelineStages(NumberControl):
 
     def changes_of(self, value) -> dict:
         return pipeline_changes(self.store.config, int(value))
+
+
+class PipelineReplicas(NumberControl):
+    """The pipeline's data replicas: distributed.num_processes as a multiple of the stages, shown divided by them
+    (messages about the field name the processes' own control)."""
+
+    names_field = False
+
+    EXPLAIN = ("Copies of the whole pipeline, each on its share of every batch: one process (GPU) per stage of each. "
+               "A copy's stages exchange activations all the time, the copies only gradients once a step: put a "
+               "copy's GPUs on one machine.")
+
+    def __init__(self, store: ConfigStore):
+        super().__init__(store, "distributed.num_processes", "Replicas", self.EXPLAIN, 1, 256)
+
+    def refresh(self, config: RunConfig) -> None:
+        self.spin.blockSignals(True)
+        self.spin.setValue(pipeline_replicas(config))
+        self.spin.blockSignals(False)
+
+    def write(self, value) -> None:
+        if value != pipeline_replicas(self.store.config):
+            self.store.update(**pipeline_replicas_changes(self.store.config, int(value)))
+
+    def say_layout(self, config: RunConfig) -> None:
+        """The explanation, ending with the processes the stages and replicas make."""
+        stages, processes = config.distributed.pipeline_stages, config.distributed.num_processes
+        whole = stages > 0 and processes % stages == 0
+        self.set_explanation(f"{self.EXPLAIN} Now {processes} processes: {pipeline_layout(stages, processes)}." if whole else self.EXPLAIN)

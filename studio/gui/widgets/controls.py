@@ -52,6 +52,7 @@ class BoundControl(QWidget):
     """Base: a control for ``path`` with an explanation line and a reason line for blocked choices."""
 
     label = ""  # the field's name as the window shows it (what messages about the field call it)
+    names_field = True  # False for a second control of a field shown otherwise: the first one names it
 
     def __init__(self, store: ConfigStore, path: str, explain: str = "", compact: bool = False,
                  parent: QWidget | None = None):
@@ -69,7 +70,7 @@ class BoundControl(QWidget):
         store.changed.connect(self.refresh)
 
     def finish_layout(self) -> None:
-        if self.label:
+        if self.label and self.names_field:
             self.store.labels[self.path] = self.label
         if not self.compact:
             self.column.addWidget(self.explain)

@@ -548,13 +548,9 @@ class PipelineEngine(AccelerateEngine):
         return tensor.tolist()
 
     def evaluated_loss_sum(self, batches: list[dict[str, torch.Tensor]]) -> float:
-        """The summed loss of the evaluation's micro-batches through the stages, on every process: every replica
-        evaluates every row, and the first replica's last stage reports."""
-        import torch.distributed as dist
-
-        tensor = torch.tensor([self.pipeline.loss_sum(batches)], dtype=torch.float64)
-        dist.broadcast(tensor, src=self.stages - 1)
-        return float(tensor[0])
+        """The summed loss of the evaluation's micro-batches through the stages, on every process: each replica
+        evaluates its share of them, and every replica's last stage adds its sum."""
+        return self.all_sum([self.pipeline.loss_sum(batches[self.replica::self.replicas])])[0]
 
     def any_rank(self, flag: bool) -> bool:
         return AccelerateEngine.all_sum(self, [float(flag)])[0] > 0
