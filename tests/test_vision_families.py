@@ -140,22 +140,26 @@ FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_
             "mllama": (mllama, ".vision_model.", ".multi_modal_projector.")}
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, tmp_path_factory):
-    """(the family's model folder, its tower's and its projector's module names): a random tiny model, the demo
-    tokenizer with the family's image tokens, its image processor and processor settings."""
+def saved_family(name: str, folder: Path) -> Path:
+    """``folder`` with a random tiny model of the family ``name``: the demo tokenizer with the family's image tokens,
+    its image processor and processor settings."""
     import torch
 
-    build, tower, projector = FAMILIES[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(0)
-    model, tokenizer, image_processor, settings = build(vision_assets())
+    model, tokenizer, image_processor, settings = FAMILIES[name][0](vision_assets())
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     image_processor.save_pretrained(folder)
     if settings:
         (folder / "processor_config.json").write_text(json.dumps(settings), encoding="utf-8")
-    return folder, tower, projector
+    return folder
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    """(the family's model folder, its tower's and its projector's module names)."""
+    _, tower, projector = FAMILIES[request.param]
+    return saved_family(request.param, tmp_path_factory.mktemp(request.param)), tower, projector
 
 
 def family_config(folder: Path, **sections):
