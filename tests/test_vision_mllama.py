@@ -57,7 +57,7 @@ def test_a_row_holds_one_image_token_and_the_inputs_transformers_processor_gives
     text = tokenizer.apply_chat_template([dict(message) for message in example.messages], tokenize=False)
     expected = processor(text=text, images=[Image.open(example.images[0]).convert("RGB")], add_special_tokens=False,
                          return_tensors="np")
-    start = len(expected["input_ids"][0]) - len(row["input_ids"])  # the processor adds a bos; studio, as for text
+    start = len(expected["input_ids"][0]) - len(row["input_ids"])  # the processor puts a bos first; studio, where its tokenizer does
     assert list(expected["input_ids"][0][start:]) == row["input_ids"]
     inputs = row_image_inputs(row)
     for name in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask"):
