@@ -1,6 +1,6 @@
 """Vision-language families beyond the demo's Qwen2-VL (issue 30): tiny random Qwen3-VL, Gemma 3, Idefics3, LLaVA,
-LLaVA-Next and Llama 3.2 Vision (mllama) models built here, their rows expanded by their own processors, the answer alone learned, LoRA on
-the language model alone, the vision tower frozen and the projector trained when asked."""
+LLaVA-Next and Llama 3.2 Vision (mllama) models built here, their rows expanded by their own processors, the answer
+alone learned, LoRA on the language model alone, the vision tower frozen and the projector trained when asked."""
 
 import importlib.util
 import json

@@ -30,8 +30,9 @@ def write_rows(folder, rows: list[tuple[list[tuple[int, int]], str]]):
         for index, (name, size) in enumerate(zip(names, sizes)):
             Image.new("RGB", size, (60 * index, 40 * row, 200)).save(folder / name)
         content = [part for _ in names for part in ({"type": "image"}, QUESTION)] or "What colour is the sky?"
-        lines.append(json.dumps({**({"images": names} if names else {}), "messages": [
-            {"role": "user", "content": content}, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]}))
+        messages = [{"role": "user", "content": content},
+                    {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+        lines.append(json.dumps({**({"images": names} if names else {}), "messages": messages}))
     path = folder / "rows.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -57,14 +58,15 @@ def test_a_row_holds_one_image_token_and_the_inputs_transformers_processor_gives
     text = tokenizer.apply_chat_template([dict(message) for message in example.messages], tokenize=False)
     expected = processor(text=text, images=[Image.open(example.images[0]).convert("RGB")], add_special_tokens=False,
                          return_tensors="np")
-    start = len(expected["input_ids"][0]) - len(row["input_ids"])  # the processor puts a bos first; studio, where its tokenizer does
+    # the processor puts a bos first; studio, where its tokenizer does (as for text rows)
+    start = len(expected["input_ids"][0]) - len(row["input_ids"])
     assert list(expected["input_ids"][0][start:]) == row["input_ids"]
     inputs = row_image_inputs(row)
     for name in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask"):
         np.testing.assert_array_equal(inputs[name], expected[name])
     np.testing.assert_array_equal(inputs["cross_attention_mask"], expected["cross_attention_mask"][:, start:])
-    seen = inputs["cross_attention_mask"][0, :, 0].sum(-1)  # the tiles each token sees: one 16x16 tile
-    assert set(seen[:row["input_ids"].index(image_token)]) == {0} and set(seen[row["input_ids"].index(image_token):]) == {1}
+    seen, image = inputs["cross_attention_mask"][0, :, 0].sum(-1), row["input_ids"].index(image_token)
+    assert set(seen[:image]) == {0} and set(seen[image:]) == {1}  # the tiles each token sees: one 16x16 tile
 
 
 def test_rows_of_one_and_of_two_images_of_different_sizes_give_in_a_batch_the_logits_they_give_alone(mllama, tmp_path):
@@ -139,7 +141,8 @@ def test_an_adapter_export_reloads_in_plain_transformers_and_peft_with_the_train
     from studio.train.model.build import load_tokenizer
 
     config = family_config(mllama, training={"micro_batch_size": 4, "max_steps": 4, "learning_rate": 1e-2,
-                                             "warmup_ratio": 0.0, "lr_scheduler": "constant"})
+                                             "warmup_ratio": 0.0, "lr_scheduler": "constant",
+                                             "gradient_checkpointing": True})
     code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
     assert code == 0 and len(losses(run_dir)) == 4
     folders, checks = {}, {}

@@ -5,13 +5,13 @@ A row is rendered by the tokenizer's chat template as any chat row: one placehol
 placeholder with its image into the image's tokens and the image inputs the model's forward takes (pixel_values,
 image_grid_thw, pixel_attention_mask, image_sizes; token_type_ids or mm_token_type_ids where the family marks its
 image tokens); the text between is tokenized as any chat row's. A family reading its images through
-cross-attention (mllama) keeps each placeholder as its one image token: its image processor tiles the row's images
-together (pixel_values, aspect_ratio_ids, aspect_ratio_mask, one row of images) and the row's cross_attention_mask,
-which image and tiles each token sees, follows its ids as trained (after the chat template and the cut). The tokens an image becomes are never learned, even
-with data.train_on_prompt; the prompt is not learned either, as for text. The split keeps each row's image inputs
-in one column (``IMAGE_COLUMN``: its arrays as .npz bytes) beside its ids; text rows of the same run keep an empty
-one. Image rows train in padded micro-batches: packing would need the vision positions (Qwen2-VL's multimodal
-rotary positions) of every example in a row, not done yet.
+cross-attention (mllama) keeps each placeholder as one image token: its image processor tiles the row's images
+together (pixel_values, aspect_ratio_ids, aspect_ratio_mask: one row of images) and the row's cross_attention_mask,
+which image and tiles each token sees, follows its ids as trained (after the chat template and the cut). The tokens
+an image becomes are never learned, even with data.train_on_prompt; the prompt is not learned either, as for text.
+The split keeps each row's image inputs in one column (``IMAGE_COLUMN``: its arrays as .npz bytes) beside its ids;
+text rows of the same run keep an empty one. Image rows train in padded micro-batches: packing would need the vision
+positions (Qwen2-VL's multimodal rotary positions) of every example in a row, not done yet.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ class ImageRows:
 
 def cross_attention_mask(ids: Sequence[int], image_token: int, aspect_ratio_mask: np.ndarray) -> np.ndarray:
     """mllama's mask of the images (and their tiles) each token of a row sees, ``[1, tokens, images, tiles]``, as
-    transformers' processor builds it: a token sees the image tokens before it back to the last run of them."""
+    transformers' processor builds it: a token sees the nearest image before it (all of a run of adjacent ones)."""
     from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
                                                               get_cross_attention_token_mask)
 
@@ -287,18 +287,21 @@ def _padded_tokens(array: np.ndarray, width: int, left: bool) -> np.ndarray:
 
 
 def _cross_attention_batch(rows: list[dict[str, np.ndarray]], width: int, left: bool) -> dict[str, torch.Tensor]:
-    """mllama's micro-batch: one row of images per row, as many as the most any row has. A row of fewer fills the
-    slots left with its own images again, in turn, which none of its tokens sees: transformers' mllama lets a token
-    that sees no image (those before the row's first one) attend evenly over every slot of its row, so the repeats
-    keep that the average of its own images' whenever their count divides the batch's (always for one image). A
-    text row gets blank slots; its cross-attention mask is all zeros, the others' padded along the ids as they are."""
-    imaged = [row for row in rows if row]
-    count, tiles = max(row["aspect_ratio_ids"].shape[1] for row in imaged), imaged[0]["aspect_ratio_mask"].shape[-1]
-    blank = {name: np.zeros_like(imaged[0][name][:, :1].repeat(count, axis=1)) for name in TILED_IMAGES}
-    batch = {name: np.concatenate([np.take(row[name], np.arange(count) % row[name].shape[1], axis=1) if row
-                                   else blank[name] for row in rows]) for name in TILED_IMAGES}
-    masks = [_padded_tokens(np.pad(row["cross_attention_mask"][0],
-                                   [(0, 0), (0, count - row["cross_attention_mask"].shape[2]), (0, 0)]), width, left)
-             if row else np.zeros((width, count, tiles), np.int64) for row in rows]
-    return {**{name: torch.from_numpy(array) for name, array in batch.items()},
-            "cross_attention_mask": torch.from_numpy(np.stack(masks))}
+    """mllama's micro-batch: one row of images per row, as many image slots as the most any row has. A row of fewer
+    fills the slots left with its own images again, in turn, which none of its tokens sees: transformers' mllama lets
+    a token that sees no image (those before the row's first one) attend evenly over every slot of its row, so the
+    repeats keep that the average over its own images whenever their count divides the batch's (always for one
+    image). A text row gets blank slots and a cross-attention mask of zeros."""
+    count = max(row["aspect_ratio_ids"].shape[1] for row in rows if row)
+    filled = [_filled_slots(row, count, width, left) if row else None for row in rows]
+    blank = {name: np.zeros_like(array) for name, array in next(row for row in filled if row).items()}
+    return {name: torch.from_numpy(np.concatenate([(row or blank)[name] for row in filled])) for name in blank}
+
+
+def _filled_slots(row: dict[str, np.ndarray], count: int, width: int, left: bool) -> dict[str, np.ndarray]:
+    """An mllama row's image inputs with ``count`` image slots, its images and then its images again in turn (its
+    mask zero there), the mask padded to ``width`` tokens as the ids are."""
+    images = row["aspect_ratio_ids"].shape[1]
+    mask = np.pad(row["cross_attention_mask"][0], [(0, 0), (0, count - images), (0, 0)])
+    return {**{name: row[name][:, np.arange(count) % images] for name in TILED_IMAGES},
+            "cross_attention_mask": _padded_tokens(mask, width, left)[None]}
