@@ -2,7 +2,7 @@
 model through cross-attention. A row keeps one <|image|> token per image; its inputs are those transformers' own
 processor gives; rows of one and two images, of different sizes, batch as they run alone; LoRA adapts the
 cross-attention layers too, the tower untouched; text rows train beside image rows; the adapter export reloads in
-plain transformers and peft."""
+plain transformers and peft; prompts with images are answered in a left-padded batch as alone."""
 
 import json
 
@@ -158,3 +158,37 @@ def test_an_adapter_export_reloads_in_plain_transformers_and_peft_with_the_train
         torch.testing.assert_close(logits, merged(**inputs).logits, atol=1e-5, rtol=1e-5)
         base = AutoModelForImageTextToText.from_pretrained(mllama).eval()(**inputs).logits
     assert not torch.allclose(base, logits, atol=1e-3)  # the export carries the training
+
+
+def test_prompts_with_images_are_answered_left_padded_in_a_batch_as_alone(mllama, tmp_path):
+    """What studio eval and Try it do: greedy answers to prompts of one and two images, of different lengths, the
+    cross-attention mask left-padded as the ids."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from studio.core.data.dataset import inspect_files
+    from studio.train.data.images import image_batch
+    from studio.train.data.prepare import encode_image_prompt
+    from studio.train.evaluation.exact_match import generate_answers
+
+    path = write_rows(tmp_path, [([(16, 16)], "blue"), ([(32, 16), (16, 32)], "green")])
+    config = rows_config(mllama, path)
+    _, tokenizer, image_rows = prepared(config)
+    prompts = [encode_image_prompt(example, tokenizer, config.data.template, image_rows)[:2]
+               for example in inspect_files([path]).examples]
+    model = AutoModelForImageTextToText.from_pretrained(mllama).eval()
+
+    def next_token_logits(chosen):  # of the prompts' last tokens, left-padded as generate_answers pads them
+        width = max(len(ids) for ids, _ in chosen)
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row, _ in chosen])
+        mask = (ids != tokenizer.pad_token_id).long()
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                         **image_batch([images for _, images in chosen], width, left=True)).logits[:, -1]
+
+    assert len(prompts[0][0]) != len(prompts[1][0]) and tokenizer.pad_token_id not in prompts[0][0] + prompts[1][0]
+    together = next_token_logits(prompts)
+    for index, prompt in enumerate(prompts):
+        torch.testing.assert_close(together[index], next_token_logits([prompt])[0], atol=1e-5, rtol=1e-5)
+    answers = generate_answers(model, tokenizer, [ids for ids, _ in prompts], 6, [images for _, images in prompts])
+    assert answers == [generate_answers(model, tokenizer, [ids], 6, [images])[0] for ids, images in prompts]
