@@ -125,7 +125,6 @@ def test_labels_learn_the_answer_alone_never_the_image_or_the_prompt():
 
 
 @pytest.mark.parametrize("model_type, name, reason", [
-    ("mllama", "Llama 3.2 Vision (mllama)", "it reads its images through cross-attention layers"),
     ("fuyu", "fuyu", "studio does not train it on images yet"),
 ])
 def test_other_vision_families_are_refused_images_by_name(model_type, name, reason):

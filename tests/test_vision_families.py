@@ -1,6 +1,6 @@
-"""Vision-language families beyond the demo's Qwen2-VL (issue 30): tiny random Qwen3-VL, Gemma 3, Idefics3, LLaVA
-and LLaVA-Next models built here, their rows expanded by their own processors, the answer alone learned, LoRA on
-the language model alone, the vision tower frozen and the projector trained when asked."""
+"""Vision-language families beyond the demo's Qwen2-VL (issue 30): tiny random Qwen3-VL, Gemma 3, Idefics3, LLaVA,
+LLaVA-Next and Llama 3.2 Vision (mllama) models built here, their rows expanded by their own processors, the answer
+alone learned, LoRA on the language model alone, the vision tower frozen and the projector trained when asked."""
 
 import importlib.util
 import json
@@ -107,30 +107,59 @@ def llava_next(assets):
         "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
 
 
+def mllama(assets):
+    """Llama 3.2 Vision: 16-pixel tiles, up to 4 an image; one cross-attention layer between two self-attention
+    ones, its gates opened (they start closed: the images would change nothing)."""
+    import torch
+    import transformers
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    tokenizer = assets.build_tokenizer(["<|image|>"], "<|image|>")
+    config = transformers.MllamaConfig(
+        text_config={**TEXT, "num_hidden_layers": 3, "cross_attention_layers": [1], "vocab_size": len(tokenizer),
+                     "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                     "eos_token_id": tokenizer.eos_token_id},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_global_layers": 1,
+                       "attention_heads": 2, "image_size": 16, "patch_size": 4, "max_num_tiles": 4,
+                       "intermediate_layers_indices": [0], "vision_output_dim": 64},
+        image_token_index=tokenizer.convert_tokens_to_ids("<|image|>"))
+    model = transformers.MllamaForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
+                param.fill_(0.7)
+    return model, tokenizer, MllamaImageProcessorPil(size={"height": 16, "width": 16}, max_image_tiles=4), {}
+
+
 # each family: its builder, a module of its vision tower and one of its projector (as named in the model)
 FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_list."),
             "gemma3": (gemma3, ".vision_tower.", ".multi_modal_projector."),
             "idefics3": (idefics3, ".vision_model.", ".connector."),
             "llava": (llava, ".vision_tower.", ".multi_modal_projector."),
-            "llava_next": (llava_next, ".vision_tower.", ".multi_modal_projector.")}
+            "llava_next": (llava_next, ".vision_tower.", ".multi_modal_projector."),
+            "mllama": (mllama, ".vision_model.", ".multi_modal_projector.")}
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, tmp_path_factory):
-    """(the family's model folder, its tower's and its projector's module names): a random tiny model, the demo
-    tokenizer with the family's image tokens, its image processor and processor settings."""
+def saved_family(name: str, folder: Path) -> Path:
+    """``folder`` with a random tiny model of the family ``name``: the demo tokenizer with the family's image tokens,
+    its image processor and processor settings."""
     import torch
 
-    build, tower, projector = FAMILIES[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(0)
-    model, tokenizer, image_processor, settings = build(vision_assets())
+    model, tokenizer, image_processor, settings = FAMILIES[name][0](vision_assets())
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     image_processor.save_pretrained(folder)
     if settings:
         (folder / "processor_config.json").write_text(json.dumps(settings), encoding="utf-8")
-    return folder, tower, projector
+    return folder
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    """(the family's model folder, its tower's and its projector's module names)."""
+    _, tower, projector = FAMILIES[request.param]
+    return saved_family(request.param, tmp_path_factory.mktemp(request.param)), tower, projector
 
 
 def family_config(folder: Path, **sections):

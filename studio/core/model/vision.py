@@ -3,7 +3,8 @@
 A model is a vision-language one when its ``config.json`` has a ``vision_config``. Each family is an entry of
 ``VISION_FAMILIES``: the module paths of its vision tower and projector (everything else is the language model,
 the only part LoRA adapts and, by default, the only part that trains) and the placeholder its chat template writes
-for an image, which the family's own processor (transformers') expands into the image's tokens. Rows with images on
+for an image, which the family's own processor (transformers') expands into the image's tokens (or, for a family
+reading its images through cross-attention, Llama 3.2 Vision's, which stays one token per image). Rows with images on
 a family not supported (listed with the reason, or absent) are refused, the family named, before anything loads;
 such a model still trains on text, as before, through its causal-LM class.
 """
@@ -27,6 +28,9 @@ class VisionFamily:
     family not supported."""
     unsupported: str = "studio does not train it on images yet"
     """Why a family without a placeholder is not supported."""
+    cross_attention: bool = False
+    """Whether its language model reads the images through cross-attention layers (mllama): each placeholder stays
+    one image token, and a mask over the row's tokens says which image each sees."""
 
     @property
     def supported(self) -> bool:
@@ -53,9 +57,8 @@ VISION_FAMILIES = {
     "smolvlm": VisionFamily("SmolVLM", *_IDEFICS3),
     "llava": VisionFamily("LLaVA", *_LLAVA),
     "llava_next": VisionFamily("LLaVA-Next", *_LLAVA),
-    "mllama": VisionFamily("Llama 3.2 Vision (mllama)", r".*\bvision_model\..*", r".*\bmulti_modal_projector\..*",
-                           unsupported="it reads its images through cross-attention layers (one <|image|> token per "
-                           "image and a cross-attention mask over the row's text), which studio does not build yet"),
+    "mllama": VisionFamily("Llama 3.2 Vision (mllama)", r".*\bvision_model\..*", r".*\bmulti_modal_projector\b.*",
+                           "<|image|>", cross_attention=True),  # its projector is one linear, named without a dot
 }
 SUPPORTED_VISION = tuple(family.name for family in VISION_FAMILIES.values() if family.supported)
 

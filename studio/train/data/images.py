@@ -4,11 +4,14 @@ A row is rendered by the tokenizer's chat template as any chat row: one placehol
 ``placeholder``, studio.core.model.vision). The model's own processor (transformers', its family's) turns each
 placeholder with its image into the image's tokens and the image inputs the model's forward takes (pixel_values,
 image_grid_thw, pixel_attention_mask, image_sizes; token_type_ids or mm_token_type_ids where the family marks its
-image tokens); the text between is tokenized as any chat row's. The tokens an image becomes are never learned, even
-with data.train_on_prompt; the prompt is not learned either, as for text. The split keeps each row's image inputs
-in one column (``IMAGE_COLUMN``: its arrays as .npz bytes) beside its ids; text rows of the same run keep an empty
-one. Image rows train in padded micro-batches: packing would need the vision positions (Qwen2-VL's multimodal
-rotary positions) of every example in a row, not done yet.
+image tokens); the text between is tokenized as any chat row's. A family reading its images through
+cross-attention (mllama) keeps each placeholder as one image token: its image processor tiles the row's images
+together (pixel_values, aspect_ratio_ids, aspect_ratio_mask: one row of images) and the row's cross_attention_mask,
+which image and tiles each token sees, follows its ids as trained (after the chat template and the cut). The tokens
+an image becomes are never learned, even with data.train_on_prompt; the prompt is not learned either, as for text.
+The split keeps each row's image inputs in one column (``IMAGE_COLUMN``: its arrays as .npz bytes) beside its ids;
+text rows of the same run keep an empty one. Image rows train in padded micro-batches: packing would need the vision
+positions (Qwen2-VL's multimodal rotary positions) of every example in a row, not done yet.
 """
 
 from __future__ import annotations
@@ -37,9 +40,14 @@ from studio.core.model.vision import VisionFamily, vision_family
 TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")
 """The processors' per-token image inputs (1 at an image token, 0 elsewhere): Gemma 3 attends over an image both
 ways by them, Qwen2-VL places its multimodal positions by them."""
-IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", *TOKEN_INPUTS)
+CROSS_ATTENTION_INPUTS = ("aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask")
+"""mllama's image inputs beside its pixel_values: each a row's, its images along the second axis (the mask's tokens
+along the first)."""
+TILED_IMAGES = ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask")
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", *TOKEN_INPUTS,
+                *CROSS_ATTENTION_INPUTS)
 """What a micro-batch may hand the model beside the ids: the processors' image inputs (one entry per image along
-their first axis) and their per-token ones."""
+their first axis; mllama's one row each), their per-token ones and mllama's cross-attention mask."""
 IMAGE_COLUMN = "image_inputs"
 IMAGE_COLUMN_TYPES = {IMAGE_COLUMN: pa.binary()}
 NO_IMAGES: dict[str, bytes] = {IMAGE_COLUMN: b""}
@@ -132,7 +140,7 @@ class ImageRows:
     def expand(self, segments: Sequence[Segment], example: Example) -> tuple[list, ImageInputs]:
         """The segments with each image's placeholder replaced by its tokens as the processor writes them
         (``(ids, False)``: pre-tokenized, never learned), in order; and the row's image inputs."""
-        placeholder, pending, expanded, processed = self.family.placeholder, iter(range(len(example.images))), [], []
+        placeholder, pending, expanded, made = self.family.placeholder, iter(range(len(example.images))), [], []
         for text, trainable in segments:
             pieces = text.split(placeholder)
             expanded.append((pieces[0], trainable))
@@ -142,14 +150,32 @@ class ImageRows:
                     raise DataError(example.location, f"the chat template writes more image placeholders "
                                     f"({placeholder}) than the row has images ({len(example.images)})",
                                     "give each image placeholder its image")
-                processed.append(self.processor(text=placeholder, images=[self._open(example, index)],
-                                                add_special_tokens=False))
-                expanded += [([int(token) for token in processed[-1]["input_ids"][0]], False), (piece, trainable)]
+                tokens, source = self._expanded_image(self._open(example, index))
+                made.append(source)
+                expanded += [(tokens, False), (piece, trainable)]
         if next(pending, None) is not None:
             raise DataError(example.location, f"the chat template renders fewer image placeholders ({placeholder}) "
                             f"than the row has images ({len(example.images)})",
                             "use the model's own chat template: it renders image parts")
-        return expanded, self._inputs(processed, example.location)
+        return expanded, self._tiled_inputs(made) if self.family.cross_attention else self._inputs(made,
+                                                                                                  example.location)
+
+    def _expanded_image(self, image: Any) -> tuple[list[int], Any]:
+        """An image's tokens in the ids and what its inputs come from: mllama's one image token and the image itself
+        (its processor, called on the text, would add a bos after each image token); the others' tokens and inputs
+        as their processor gives them for the placeholder."""
+        if self.family.cross_attention:
+            return [self.processor.image_token_id], image
+        output = self.processor(text=self.family.placeholder, images=[image], add_special_tokens=False)
+        return [int(token) for token in output["input_ids"][0]], output
+
+    def _tiled_inputs(self, images: list[Any]) -> ImageInputs:
+        """mllama's: the row's images tiled together by the image processor (one row: ``[1, images, tiles, ...]``),
+        each one image token."""
+        output = self.processor.image_processor([images], return_tensors="np")
+        token = self.processor.image_token_id
+        return ImageInputs({name: np.asarray(output[name]) for name in TILED_IMAGES}, {}, len(images),
+                           [token] * len(images))
 
     def _inputs(self, processed: list[dict[str, Any]], location: str) -> ImageInputs:
         names = [name for name in processed[0] if name not in ("input_ids", "attention_mask")]
@@ -167,14 +193,17 @@ class ImageRows:
         return ImageInputs(arrays, marks, len(tokens), [token for token in tokens if token in added])
 
     def masked(self, encoded: dict[str, Any], inputs: ImageInputs, max_length: int, location: str) -> dict[str, Any]:
-        """The encoded row with its image inputs (its per-token ones along its ids); refused when max_length cuts
-        into its images (or its text holds the images' tokens too)."""
+        """The encoded row with its image inputs (its per-token ones along its ids, mllama's cross-attention mask
+        too); refused when max_length cuts into its images (or its text holds the images' tokens too)."""
         ids, image_ids = encoded["input_ids"], set(inputs.added)
         if sum(token in image_ids for token in ids) != len(inputs.added):
             raise DataError(location, f"data.max_length {max_length:,} cuts into the row's images: the images alone "
                             f"are {inputs.length:,} tokens", "raise data.max_length, or use smaller images")
         row = {**inputs.arrays, **{name: np.asarray([mark_of.get(token, 0) for token in ids], np.int64)
                                    for name, mark_of in inputs.marks.items()}}
+        if self.family.cross_attention:
+            row["cross_attention_mask"] = cross_attention_mask(ids, self.processor.image_token_id,
+                                                               inputs.arrays["aspect_ratio_mask"])
         buffer = io.BytesIO()
         np.savez(buffer, **row)
         return {**encoded, IMAGE_COLUMN: buffer.getvalue()}
@@ -189,6 +218,17 @@ class ImageRows:
         except (OSError, UnidentifiedImageError, ValueError) as exc:
             raise DataError(example.location, f"image {index} ({path}) cannot be read as an image: {exc}",
                             "give a PNG, JPEG or another image file PIL reads") from None
+
+
+def cross_attention_mask(ids: Sequence[int], image_token: int, aspect_ratio_mask: np.ndarray) -> np.ndarray:
+    """mllama's mask of the images (and their tiles) each token of a row sees, ``[1, tokens, images, tiles]``, as
+    transformers' processor builds it: a token sees the nearest image before it (all of a run of adjacent ones)."""
+    from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
+                                                              get_cross_attention_token_mask)
+
+    tiles = aspect_ratio_mask.sum(-1).tolist()  # [1, images]: the tiles each image uses
+    return convert_sparse_cross_attention_mask_to_dense([get_cross_attention_token_mask(list(ids), image_token)],
+                                                        tiles, aspect_ratio_mask.shape[-1], len(ids))
 
 
 def stacked(arrays: list[np.ndarray]) -> np.ndarray:
@@ -227,12 +267,41 @@ def image_batch(features: list[dict[str, Any]], width: int, left: bool = False) 
     names = {name for row in rows for name in row}
     if not names:
         return {}
+    if "cross_attention_mask" in names:
+        return _cross_attention_batch(rows, width, left)
     batch = {}
     for name in names:
         if name in TOKEN_INPUTS:
-            marks = [np.pad(row[name], (width - len(row[name]), 0) if left else (0, width - len(row[name])))
-                     if name in row else np.zeros(width, np.int64) for row in rows]
+            marks = [_padded_tokens(row[name], width, left) if name in row else np.zeros(width, np.int64)
+                     for row in rows]
             batch[name] = torch.from_numpy(np.stack(marks)).long()
         else:
             batch[name] = torch.from_numpy(stacked([row[name] for row in rows if name in row]))
     return batch
+
+
+def _padded_tokens(array: np.ndarray, width: int, left: bool) -> np.ndarray:
+    """A per-token array zero-padded along its first axis to ``width``: before its tokens when ``left``."""
+    padding = width - len(array)
+    return np.pad(array, [(padding, 0) if left else (0, padding)] + [(0, 0)] * (array.ndim - 1))
+
+
+def _cross_attention_batch(rows: list[dict[str, np.ndarray]], width: int, left: bool) -> dict[str, torch.Tensor]:
+    """mllama's micro-batch: one row of images per row, as many image slots as the most any row has. A row of fewer
+    fills the slots left with its own images again, in turn, which none of its tokens sees: transformers' mllama lets
+    a token that sees no image (those before the row's first one) attend evenly over every slot of its row, so the
+    repeats keep that the average over its own images whenever their count divides the batch's (always for one
+    image). A text row gets blank slots and a cross-attention mask of zeros."""
+    count = max(row["aspect_ratio_ids"].shape[1] for row in rows if row)
+    filled = [_filled_slots(row, count, width, left) if row else None for row in rows]
+    blank = {name: np.zeros_like(array) for name, array in next(row for row in filled if row).items()}
+    return {name: torch.from_numpy(np.concatenate([(row or blank)[name] for row in filled])) for name in blank}
+
+
+def _filled_slots(row: dict[str, np.ndarray], count: int, width: int, left: bool) -> dict[str, np.ndarray]:
+    """An mllama row's image inputs with ``count`` image slots, its images and then its images again in turn (its
+    mask zero there), the mask padded to ``width`` tokens as the ids are."""
+    images = row["aspect_ratio_ids"].shape[1]
+    mask = np.pad(row["cross_attention_mask"][0], [(0, 0), (0, count - images), (0, 0)])
+    return {**{name: row[name][:, np.arange(count) % images] for name in TILED_IMAGES},
+            "cross_attention_mask": _padded_tokens(mask, width, left)[None]}
