@@ -95,6 +95,21 @@ def test_an_unreadable_image_is_refused_naming_the_row_and_the_image(tmp_path):
         prepared(vision_config(path))
 
 
+def test_a_row_cut_into_its_images_or_writing_their_tokens_in_its_text_is_refused_saying_which(tmp_path):
+    path = write_rows(tmp_path, [chat_row([{"type": "image"}, QUESTION], images=["red.png"])])
+    with pytest.raises(ProblemsError, match=r"rows.jsonl:1: data.max_length 8 cuts into the row's images: the "
+                       r"images alone are \d+ tokens"):
+        prepared(vision_config(path, {"max_length": 8}))
+    from test_vision_families import saved_family
+
+    gemma = saved_family("gemma3", tmp_path / "gemma3")  # its image becomes <image_soft_token>s between frames
+    typed = write_rows(tmp_path, [chat_row([{"type": "image"}, {"type": "text", "text": "<image_soft_token>?"}],
+                                           images=["red.png"])])
+    with pytest.raises(ProblemsError, match=r"rows.jsonl:1: the row's text holds the images' own tokens "
+                       r"\(.*<image_soft_token>.*\) beside its image parts: 1 more than its images make"):
+        prepared(vision_config(typed, {"max_length": 256}, model={"name_or_path": str(gemma)}))
+
+
 def test_a_built_in_template_refuses_rows_with_images(tmp_path):
     path = write_rows(tmp_path, [chat_row([{"type": "image"}, QUESTION], images=["red.png"])])
     with pytest.raises(ProblemsError, match="rows.jsonl:1: a row with images needs the model's own chat template, "

@@ -196,7 +196,13 @@ class ImageRows:
         """The encoded row with its image inputs (its per-token ones along its ids, mllama's cross-attention mask
         too); refused when max_length cuts into its images (or its text holds the images' tokens too)."""
         ids, image_ids = encoded["input_ids"], set(inputs.added)
-        if sum(token in image_ids for token in ids) != len(inputs.added):
+        found = sum(token in image_ids for token in ids)
+        if found > len(inputs.added):
+            written = self.processor.tokenizer.convert_ids_to_tokens(sorted(image_ids))
+            raise DataError(location, f"the row's text holds the images' own tokens ({', '.join(written)}) beside "
+                            f"its image parts: {found - len(inputs.added):,} more than its images make",
+                            "give each image as an image part, not as its tokens in the text")
+        if found < len(inputs.added):
             raise DataError(location, f"data.max_length {max_length:,} cuts into the row's images: the images alone "
                             f"are {inputs.length:,} tokens", "raise data.max_length, or use smaller images")
         row = {**inputs.arrays, **{name: np.asarray([mark_of.get(token, 0) for token in ids], np.int64)
