@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGroupBox, QHBoxLayout
 from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.machine import available_ram
-from studio.core.memory.placement import pipeline_replicas
 from studio.core.sizes import GIB, format_bytes
 from studio.gui.process import LineProcess
 from studio.gui.state import memory
@@ -186,7 +185,7 @@ def _bar_title(device: str, total_bytes: int, layer_split: bool, config: RunConf
     if layer_split:
         who = device
     elif stages > 0:
-        ranks = [str(index + replica * stages) for replica in range(pipeline_replicas(config))]
+        ranks = [str(index + replica * stages) for replica in range(memory.pipeline_replicas(config))]
         shown = ", ".join(ranks[:3]) + (", …" if len(ranks) > 3 else "")
         who = f"stage {index} (rank{'s' if len(ranks) > 1 else ''} {shown})"
     else:

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayo
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.placement import pipeline_layout
+from studio.gui.state.memory import pipeline_layout
 from studio.core.presets import pipeline_changes, pipeline_replicas, pipeline_replicas_changes
 from studio.core.run.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.run.commands import DEFAULT_PORT

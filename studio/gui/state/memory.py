@@ -18,6 +18,7 @@ from studio.core.config import RunConfig, save_config
 from studio.core.errors import StudioError
 from studio.core.machine import available_ram
 from studio.core.memory.estimate import Estimate, ScaleOut, bubble_words, comparison_note, estimate
+from studio.core.memory.placement import pipeline_layout, pipeline_replicas  # noqa: F401 (the window's)
 from studio.core.memory.fit import fit, fit_own_data, step_time_words
 from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
 from studio.core.memory.run_data import config_for_tokens, largest_possible_micro_batch
