@@ -409,7 +409,7 @@ class Worker:
         # process's stage in a pipeline
         own = self.predicted
         if own is not None and self.config.distributed.pipeline_stages:
-            own = replace(own, devices=(own.devices[self.engine.rank % self.config.distributed.pipeline_stages],))
+            own = replace(own, devices=(own.devices[self.engine.stage],))
         predicted = {} if own is None else {
             "predicted_bytes": own.peak_bytes,
             **{f"predicted_{name}": value for name, value in own.predicted_readings().items()}}

@@ -319,8 +319,8 @@ def _pipeline_comparison(shape: ModelShape, config: RunConfig, device_type: str,
                          regime: Regime, states: ModelStates, devices: list[DeviceEstimate]) -> tuple[WayCost, ...]:
     """The pipeline against the other ways to spread the model over its GPUs (one replica's, with replicas): the
     layer split cut where the stages are (each GPU's weight budget the largest stage's), and ZeRO-3 or FSDP
-    (estimated alike) over as many GPUs keeping the replica's batch. A CPU estimate compares them as GPUs without CUDA's overheads (a layer split on
-    the CPU has one device)."""
+    (estimated alike) over as many GPUs keeping the replica's batch. A CPU estimate compares them as GPUs
+    without CUDA's overheads (a layer split on the CPU has one device)."""
     if device_type == "cpu":
         device_type, overheads = "cuda", CudaOverheads(context_bytes=0, allocator_fraction=0.0, nccl_bytes=0)
     gpus, micro_batches = config.distributed.pipeline_stages, regime.accumulation

@@ -14,10 +14,10 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayo
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.gui.state.memory import pipeline_layout
 from studio.core.presets import pipeline_changes, pipeline_replicas, pipeline_replicas_changes
 from studio.core.run.bundle import Bundle, parse_hosts, write_bundle
 from studio.core.run.commands import DEFAULT_PORT
+from studio.gui.state.memory import pipeline_layout
 from studio.gui.widgets.common import ConfigStore, SettingsColumn, explanation, group_box
 from studio.gui.widgets.controls import BoundControl, ChoiceControl, NumberControl, ToggleControl, read_field
 
@@ -230,17 +230,15 @@ class PipelineReplicas(NumberControl):
     def __init__(self, store: ConfigStore):
         super().__init__(store, "distributed.num_processes", "Replicas", self.EXPLAIN, 1, 256)
 
-    def refresh(self, config: RunConfig) -> None:
-        self.spin.blockSignals(True)
-        self.spin.setValue(pipeline_replicas(config))
-        self.spin.blockSignals(False)
+    def value_of(self, config: RunConfig) -> int:
+        return pipeline_replicas(config)
 
-    def write(self, value) -> None:
-        if value != pipeline_replicas(self.store.config):
-            self.store.update(**pipeline_replicas_changes(self.store.config, int(value)))
+    def changes_of(self, value) -> dict:
+        return pipeline_replicas_changes(self.store.config, int(value))
 
     def say_layout(self, config: RunConfig) -> None:
         """The explanation, ending with the processes the stages and replicas make."""
         stages, processes = config.distributed.pipeline_stages, config.distributed.num_processes
         whole = stages > 0 and processes % stages == 0
-        self.set_explanation(f"{self.EXPLAIN} Now {processes} processes: {pipeline_layout(stages, processes)}." if whole else self.EXPLAIN)
+        layout = f" Now {processes} processes: {pipeline_layout(stages, processes)}." if whole else ""
+        self.set_explanation(self.EXPLAIN + layout)

@@ -85,8 +85,13 @@ class BoundControl(QWidget):
             self.setToolTip(text)
 
     def write(self, value: Any) -> None:
-        if read_field(self.store.config, self.path) != value:
+        if self.value_of(self.store.config) != value:
             self.store.update(**self.changes_of(value))
+
+    def value_of(self, config: RunConfig) -> Any:
+        """What the control shows of ``config``: its field's value (a control showing the field otherwise
+        overrides it)."""
+        return read_field(config, self.path)
 
     def changes_of(self, value: Any) -> dict[str, Any]:
         """What setting the field to ``value`` writes (``ConfigStore.update``'s sections)."""
@@ -247,7 +252,7 @@ class NumberControl(BoundControl):
 
     def refresh(self, config: RunConfig) -> None:
         self.spin.blockSignals(True)
-        self.spin.setValue(read_field(config, self.path))
+        self.spin.setValue(self.value_of(config))
         self.spin.blockSignals(False)
 
 
