@@ -122,3 +122,23 @@ def test_pipeline_replicas_take_a_process_per_stage_each_and_say_what_crosses_be
     assert "3 stages need a multiple of 3 processes, not 5" in listed and "3, 6, 9" in listed
     panel.pipeline_stages.spin.setValue(0)
     assert window.store.config.distributed.num_processes == 1
+
+
+def test_the_interleaved_schedule_takes_chunks_per_gpu_and_shrinks_the_bubble(window):
+    panel = window.scale_panel
+    window.techniques_panel.accumulation.spin.setValue(4)
+    window.data_panel.sample_every.spin.setValue(0)
+    window.techniques_panel.packing.combo.setCurrentIndex(2)  # padded
+    panel.pipeline_stages.spin.setValue(2)
+    assert not panel.pipeline_chunks.isEnabled() and panel.pipeline_chunks.toolTip() == "Only with the interleaved schedule."
+    assert panel.pipeline_schedule.combo.itemText(2) == "Interleaved 1F1B"
+    panel.pipeline_schedule.combo.setCurrentIndex(2)
+    distributed = window.store.config.distributed
+    assert distributed.pipeline_schedule == "interleaved" and panel.pipeline_chunks.isEnabled()
+    assert distributed.pipeline_chunks == panel.pipeline_chunks.spin.value() == 2 and not window.listed_problems()
+    table = window.estimate_panel.ways.text()  # 1 - 2 x 4 / (2 x 4 + 2 - 1), against GPipe's 20%
+    assert table.startswith("Pipeline of 2 stages, 2 chunks of blocks per stage, 4 micro-batches a step: each stage "
+                            "idles 11%") and "pipeline (interleaved)" in table
+    window.techniques_panel.accumulation.spin.setValue(5)  # not whole rounds: refused, naming the counts that are
+    listed = " ".join(window.store.words(str(p)) for p in window.listed_problems())
+    assert "5 do not make 2 rounds" in listed and "to 4 or 6" in listed

@@ -69,9 +69,11 @@ def assert_each_rank_measures_its_stage_s_estimate(config, run_dir):
 
 
 @pytest.mark.slow
-def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_path, reference):
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved"])  # interleaved: 2 chunks of 1 block per process
+def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_path, reference, schedule):
     expected_losses, expected_tensors, expected_eval = reference
-    code, run_dir = train_cli(config_for(small_data, 2), tmp_path)
+    config = config_for(small_data, 2, schedule)
+    code, run_dir = train_cli(config, tmp_path)
     assert code == EXIT_OK, events_of(run_dir, "error")
     assert losses(run_dir) == pytest.approx(expected_losses, **EXACT)
     assert_same_adapter(trained_tensors(run_dir), expected_tensors)
@@ -80,7 +82,9 @@ def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_pat
     held = [int(line.split("holds ")[1].split(" ")[0].replace(",", "")) for line in run_dir.log.read_text().splitlines()
             if "pipeline stage" in line]
     assert len(held) == 2 and all(count < 0.8 * total for count in held)  # each its blocks, not the whole model
-    assert_each_rank_measures_its_stage_s_estimate(config_for(small_data, 2), run_dir)
+    chunks = {"gpipe": "blocks 0-1", "interleaved": "blocks 0, 2"}[schedule]  # interleaved: chunks 0 and 2 of 4
+    assert f"pipeline stage 0 of 2 (replica 0 of 1): {chunks};" in run_dir.log.read_text()
+    assert_each_rank_measures_its_stage_s_estimate(config, run_dir)
 
     resumed = resumed_copy(run_dir, tmp_path / "resumed")  # stopped after step 2
     assert resume_cli(resumed) == EXIT_OK

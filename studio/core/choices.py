@@ -199,11 +199,14 @@ OFFLOAD_WORDS: ChoiceWords = {
     "nvme": ("NVMe SSD", "Kept on a fast SSD: for what CPU RAM cannot hold; the slowest."),
 }
 
-PipelineSchedule = Literal["gpipe", "1f1b"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
 PIPELINE_SCHEDULE_WORDS: ChoiceWords = {
     "gpipe": ("GPipe", "Every micro-batch forward, then every backward: simple; holds all micro-batches' activations."),
     "1f1b": ("1F1B", "One forward, one backward in turn once the pipeline is full: the same bubble, the activations "
                      "of at most as many micro-batches as stages."),
+    "interleaved": ("Interleaved 1F1B", "1F1B over several chunks of blocks per GPU (Chunks per GPU), taken in turn: "
+                                        "a bubble that many times smaller, more activations held and more hidden "
+                                        "states sent."),
 }
 
 Tracker = Literal["trackio", "wandb", "mlflow"]

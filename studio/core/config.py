@@ -455,13 +455,24 @@ class DistributedConfig:
     pipeline_schedule: PipelineSchedule = _field(
         "gpipe", "Pipeline parallel: the order the stages run the step's micro-batches (its "
         "gradient_accumulation_steps) in. gpipe: all forwards, then all backwards. 1f1b: one forward, one "
-        "backward in turn, holding fewer micro-batches' activations."
+        "backward in turn, holding fewer micro-batches' activations. interleaved: 1F1B over pipeline_chunks "
+        "chunks of blocks per process (torch's ScheduleInterleaved1F1B): a smaller bubble, more activations held."
+    )
+    pipeline_chunks: int = _field(
+        2, "Interleaved pipeline schedule: the chunks of blocks each process holds, not consecutive (process p of P "
+        "runs chunks p, p + P, ...; the model is cut into pipeline_stages x pipeline_chunks chunks), dividing the "
+        "bubble by as many. Only used by pipeline_schedule interleaved."
     )
 
     @property
     def deepspeed_stage(self) -> int | None:
         """The ZeRO stage, or None when DeepSpeed is not used."""
         return int(self.sharding[-1]) if self.sharding.startswith("zero") else None
+
+    @property
+    def chunks_per_process(self) -> int:
+        """The chunks of blocks each pipeline process runs: pipeline_chunks under the interleaved schedule, else 1."""
+        return self.pipeline_chunks if self.pipeline_schedule == "interleaved" else 1
 
     @property
     def shards_weights(self) -> bool:

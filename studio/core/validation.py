@@ -18,7 +18,7 @@ from studio.core.data.dataset import SUFFIXES
 from studio.core.data.hub import is_hub_spec, parse_hub_spec
 from studio.core.data.row_formats import ANSWERED_FORMATS, DataError
 from studio.core.errors import Problem, ProblemsError, StudioError
-from studio.core.memory.placement import pipeline_refusals
+from studio.core.memory.placement import pipeline_refusals, too_few_blocks
 from studio.core.memory.savers import SAVER_SPECS
 from studio.core.methods import ADALORA_BUDGET, ATTENTION_TOKENS, DORA, RSLORA, VIRTUAL_TOKEN_COUNT
 from studio.core.model.check import is_local_model
@@ -478,7 +478,7 @@ def _check_pipeline(config: RunConfig, check_files: bool) -> list[Problem]:
 
 def _pipeline_model_problems(config: RunConfig) -> list[Problem]:
     """What the model's config.json says a pipeline cannot do, when it can be read offline (else the worker
-    finds it): a family it cannot cut, fewer blocks than stages."""
+    finds it): a family it cannot cut, fewer blocks than chunks (stages x their chunks)."""
     try:
         model_config = load_model_config(config.model.name_or_path, config.model.revision, allow_network=False)
     except StudioError:
@@ -489,9 +489,8 @@ def _pipeline_model_problems(config: RunConfig) -> list[Problem]:
         family = str(model_config.get("model_type", "this family's"))
         return [Problem(where, pipeline_refusal_message(family, reason), PIPELINE_OFF_HINT)]
     blocks = decoder.get("num_hidden_layers")
-    if isinstance(blocks, int) and blocks < stages:
-        return [Problem(where, f"the model has {blocks} blocks, fewer than {stages} stages", f"use at most {blocks} stages")]
-    return []
+    refusal = too_few_blocks(blocks, stages, config.distributed.chunks_per_process) if isinstance(blocks, int) else None
+    return [refusal] if refusal is not None else []
 
 
 def _deepspeed_file_stage(path: str) -> int | None:

@@ -60,7 +60,7 @@ from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
 from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, worst_case_images
 from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, pipeline_replicas, replica_traffic,
-                                          sharded_traffic, split_devices, stage_blocks, stage_devices, stage_weights)
+                                          sharded_traffic, split_devices, stage_devices)
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
 from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, machine_overheads,
@@ -190,7 +190,7 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if stages:
         placement, host = None, None
         devices = stage_devices(shape, regime, states, acts, step_inputs(shape, regime), stages,
-                                config.distributed.pipeline_schedule)
+                                config.distributed.pipeline_schedule, config.distributed.chunks_per_process)
     elif scale_out.layer_split:
         devices, host, placement = split_devices(phases, shape, regime, scale_out, overheads)
     else:
@@ -324,11 +324,11 @@ def _pipeline_comparison(shape: ModelShape, config: RunConfig, device_type: str,
     if device_type == "cpu":
         device_type, overheads = "cuda", CudaOverheads(context_bytes=0, allocator_fraction=0.0, nccl_bytes=0)
     gpus, micro_batches = config.distributed.pipeline_stages, regime.accumulation
+    chunks = config.distributed.chunks_per_process  # every boundary between chunks crosses to another GPU
     pipeline = WayCost(f"pipeline ({config.distributed.pipeline_schedule})", max(d.total_bytes for d in devices),
-                       bubble(gpus, micro_batches), boundary_traffic(shape, regime, gpus - 1), True,
+                       bubble(gpus, micro_batches, chunks), boundary_traffic(shape, regime, gpus * chunks - 1), True,
                        replica_traffic(states, pipeline_replicas(config)))
-    largest = max(stage_weights(shape, regime, stage_blocks(shape.layers, gpus, stage), stage == 0, stage == gpus - 1)
-                  for stage in range(gpus))
+    largest = max(device.parts["weights"] for device in devices)
     alone = {"pipeline_stages": 0, "pipeline_schedule": "gpipe"}
     split_config = config.replace(distributed={**alone, "num_processes": 1, "layer_split": True})
     split = estimate(shape, split_config, device_type, ScaleOut(split_devices=(largest,) * gpus,
@@ -355,9 +355,12 @@ def comparison_note(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
 def bubble_words(config: RunConfig, comparison: tuple[WayCost, ...]) -> str:
     """What the pipeline's bubble costs each stage (the comparison's first way is the pipeline)."""
     stages, micro_batches = config.distributed.pipeline_stages, config.training.gradient_accumulation_steps
-    words = (f"pipeline of {stages} stages, {micro_batches} micro-batches a step: each stage idles "
-             f"{comparison[0].idle:.0%} of the step (the bubble: (stages - 1) / (micro-batches + stages - 1); more "
-             f"gradient_accumulation_steps shrink it)")
+    chunks = config.distributed.chunks_per_process
+    interleaved = f", {chunks} chunks of blocks per stage" if chunks > 1 else ""
+    formula = f"(stages - 1) / ({'chunks x ' if chunks > 1 else ''}micro-batches + stages - 1)"
+    words = (f"pipeline of {stages} stages{interleaved}, {micro_batches} micro-batches a step: each stage idles "
+             f"{comparison[0].idle:.0%} of the step (the bubble: {formula}; more gradient_accumulation_steps "
+             f"shrink it)")
     replicas = pipeline_replicas(config)
     if replicas > 1:
         words += (f"; its {replicas} replicas, each on its share of every batch, all-reduce the trained gradients "

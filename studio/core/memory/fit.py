@@ -48,7 +48,8 @@ from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
 from studio.core.memory.parts import PARTS
 from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
-from studio.core.memory.placement import WeightsDoNotFitError, bubble, pipeline_refusals, step_time_factor
+from studio.core.memory.placement import (WeightsDoNotFitError, bubble, pipeline_refusals, runs_micro_batches,
+                                          step_time_factor)
 from studio.core.memory.run_data import config_for_longest_row
 from studio.core.memory.savers import SAVER_SPECS, STEP_COSTS, ZERO, SaverSpec
 from studio.core.methods import METHOD_SPECS, trains_like
@@ -82,13 +83,16 @@ class FitStep:
 
 def _micro_batches(c: Candidate) -> list[Candidate]:
     """Every micro-batch size that divides the effective batch, smaller and larger (fewer micro-steps cost less;
-    1F1B needs as many as its stages)."""
+    a pipeline's schedule runs only some micro-batch counts)."""
     t = c.config.training
     effective = t.micro_batch_size * t.gradient_accumulation_steps
     d = c.config.distributed
-    fewest = d.pipeline_stages if d.pipeline_schedule == "1f1b" else 1  # 1F1B runs a micro-batch per stage at least
+
+    def runs(count: int) -> bool:
+        return not d.pipeline_stages or runs_micro_batches(d.pipeline_schedule, d.pipeline_stages, count)
+
     sizes = [t.micro_batch_size] + [m for m in range(effective, 0, -1) if effective % m == 0 and m != t.micro_batch_size
-                                    and effective // m >= fewest]
+                                    and runs(effective // m)]
     return [replace(c, config=c.config.replace(training={"micro_batch_size": m, "gradient_accumulation_steps": effective // m}))
             for m in sizes]
 
@@ -212,12 +216,13 @@ def _describe_pipeline(before: Candidate, after: Candidate) -> str:
               if before.config.data.packing != after.config.data.packing else "")
     return (f"a pipeline of {d.pipeline_stages} stages ({d.pipeline_schedule}) instead of "
             + ("the layer split" if before.scale_out.layer_split else before.config.distributed.pipeline_schedule)
-            + f"{padded}: every GPU computes, idle {bubble(d.pipeline_stages, m):.0%} of the step")
+            + f"{padded}: every GPU computes, idle {bubble(d.pipeline_stages, m, d.chunks_per_process):.0%} of the step")
 
 
 def _pipeline_slowdown(c: Candidate) -> float:
     stages = c.scale_out.pipeline_stages
-    return step_time_factor(stages, c.config.training.gradient_accumulation_steps) if stages else 1.0
+    return (step_time_factor(stages, c.config.training.gradient_accumulation_steps,
+                             c.config.distributed.chunks_per_process) if stages else 1.0)
 
 
 def _slowdown_when(factor: float, in_force: Callable[[Candidate], bool]) -> Callable[[Candidate], float]:

@@ -12,19 +12,23 @@ Pure Python: the estimator, the GUI and the worker all call ``plan_placement``.
 The pipeline (one process per stage, all computing at once; its part is below the layer split's): a stage is one
 process (studio.train.distributed.pipeline): its consecutive blocks (``stage_blocks``), the
 embeddings on the first, the final norm and the output layer on the last; a tied output layer is the embedding's
-weight, which the first and the last stage both keep. Its adapters, their gradients and optimizer state are its
-blocks' share. Its activations are those of the micro-batches it holds in flight: GPipe runs every forward before
-any backward, so each stage holds all of the step's micro-batches; 1F1B starts with ``stages - stage`` forwards
-(torch.distributed.pipelining's Schedule1F1B) and then alternates, so stage s holds at most that many. Each
-micro-batch in flight also keeps the stage's output for its backward (not the last stage's: its loss has run);
+weight, which the first and the last stage both keep. Under the interleaved schedule the model is cut into
+stages x chunks chunks, and process p holds chunks p, p + stages, ... (``process_chunks``): the first chunk (the
+embeddings) on the first process, the last (norm, output layer) on the last. Its adapters, their gradients and
+optimizer state are its blocks' share. Its activations are those of the micro-batches it holds in flight: GPipe
+runs every forward before any backward, so each stage holds all of the step's micro-batches; 1F1B starts with
+``stages - stage`` forwards (torch.distributed.pipelining's Schedule1F1B) and then alternates, so stage s holds at
+most that many; the interleaved schedule holds its warm-up's chunk forwards and one more (``in_flight``). Each
+micro-batch in flight also keeps the chunk's output for its backward (not the last chunk's: its loss has run);
 the last stage's chunked loss keeps its hidden states' fp32 gradient for each micro-batch in flight besides the
-one it computes. Every stage keeps a receive buffer per micro-batch of the step for what it is sent (the hidden
+one it computes. Every chunk keeps a receive buffer per micro-batch of the step for what it is sent (the hidden
 states forward, their gradients backward), allocated once, and the step's whole padded batch. ``WayCost``
 compares a pipeline with the layer split, ZeRO-3 and FSDP on its GPUs: memory per GPU, idle share, link bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from studio.core.config import RunConfig
@@ -92,7 +96,7 @@ class Placement:
         parts = []
         for device in self.devices:
             name = "CPU RAM (offloaded)" if device == OFFLOAD else device
-            parts.append(f"{name}: {_ranges(self.layers_on(device))} ({format_bytes(self.bytes_on(device))})")
+            parts.append(f"{name}: {ranges_in_words(self.layers_on(device))} ({format_bytes(self.bytes_on(device))})")
         return "; ".join(parts)
 
     def to_json(self) -> dict:
@@ -101,15 +105,16 @@ class Placement:
                 "weight_bytes": {device: self.bytes_on(device) for device in self.devices}}
 
 
-def _ranges(indices: list[int]) -> str:
+def ranges_in_words(indices: list[int], noun: str = "layer") -> str:
+    """``layers 0-13, 28``: ascending indices as their runs."""
     if not indices:
-        return "no layers"
+        return f"no {noun}s"
     spans, start = [], indices[0]
     for previous, current in zip(indices, indices[1:] + [None]):
         if current != previous + 1 if current is not None else True:
             spans.append(f"{start}" if start == previous else f"{start}-{previous}")
             start = current
-    return ("layer " if len(indices) == 1 else "layers ") + ", ".join(spans)
+    return f"{noun}{'' if len(indices) == 1 else 's'} " + ", ".join(spans)
 
 
 def model_modules(shape: ModelShape, regime: Regime) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
@@ -238,12 +243,14 @@ def _split_budgets(scale_out: ScaleOut, names: list[str], room: int, overheads: 
 def pipeline_refusals(config: RunConfig) -> list[Problem]:
     """What keeps ``config`` from running as a pipeline: one process per stage of each data replica (num_processes a
     multiple of the stages; stage s of replica r is rank r x stages + s), each holding its blocks whole,
-    training an adapter on padded batches (validation adds a block per stage by the model's files)."""
+    training an adapter on padded batches, in micro-batch counts its schedule runs (validation adds a block per
+    chunk by the model's files)."""
     d, where = config.distributed, "distributed.pipeline_stages"
     if d.pipeline_stages < 0:
         return [Problem(where, "must be 0 (off) or a number of stages")]
     if d.pipeline_stages == 0:
         return []
+    micro_batches = config.training.gradient_accumulation_steps
     refusals = [
         (d.pipeline_stages < 2, "a pipeline needs 2 stages or more", "set 2 or more, or 0 to turn it off"),
         (d.pipeline_stages >= 2 and d.num_processes % d.pipeline_stages != 0, f"each stage is one process, in one "
@@ -264,11 +271,62 @@ def pipeline_refusals(config: RunConfig) -> list[Problem]:
          "its own blocks", "set schedule.sample_every to 0 (export the adapter and try it instead)"),
         (config.method == "adalora", "AdaLoRA reallocates its ranks from every block's gradients, which the stages "
          "hold apart", "use method lora"),
-        (d.pipeline_schedule == "1f1b" and config.training.gradient_accumulation_steps < d.pipeline_stages,
+        (d.pipeline_schedule == "1f1b" and micro_batches < d.pipeline_stages,
          f"1F1B runs at least as many micro-batches per step as stages ({d.pipeline_stages})",
          f"set training.gradient_accumulation_steps to {d.pipeline_stages} or more, or use gpipe"),
     ]
-    return [Problem(where, message, hint) for refused, message, hint in refusals if refused]
+    problems = [Problem(where, message, hint) for refused, message, hint in refusals if refused]
+    if d.pipeline_schedule == "interleaved":
+        problems += _interleaved_refusals(d.pipeline_stages, d.pipeline_chunks, micro_batches)
+    return problems
+
+
+def _interleaved_refusals(stages: int, chunks: int, micro_batches: int) -> list[Problem]:
+    """What torch's ScheduleInterleaved1F1B cannot run: fewer than 2 chunks per process (1F1B's), or a step whose
+    micro-batches do not make whole rounds."""
+    problems = []
+    if chunks < 2:
+        problems.append(Problem("distributed.pipeline_chunks", f"the interleaved schedule runs 2 or more chunks of "
+                                f"blocks per process, not {chunks}", "set 2 or more, or use schedule 1f1b"))
+    if not runs_micro_batches("interleaved", stages, micro_batches):
+        rounds = interleaved_rounds(stages, micro_batches)
+        fewer = next(m for m in range(micro_batches - 1, 0, -1) if runs_micro_batches("interleaved", stages, m))
+        more = next(m for m in range(micro_batches + 1, 2 * micro_batches + 1)
+                    if runs_micro_batches("interleaved", stages, m))
+        problems.append(Problem("distributed.pipeline_stages", f"the interleaved schedule runs a step's "
+                                f"micro-batches in max(1, micro-batches // stages) rounds of equal size: "
+                                f"{micro_batches} do not make {rounds} rounds",
+                                f"set training.gradient_accumulation_steps to {fewer} or {more}, or use 1f1b"))
+    return problems
+
+
+def interleaved_rounds(stages: int, micro_batches: int) -> int:
+    """The rounds torch's ScheduleInterleaved1F1B runs a step's micro-batches in, each chunk taking a round's
+    micro-batches in turn."""
+    return max(1, micro_batches // stages)
+
+
+def runs_micro_batches(schedule: str, stages: int, micro_batches: int) -> bool:
+    """Whether torch's schedule runs a step of ``micro_batches``: 1F1B at least one per stage; the interleaved
+    schedule whole rounds of them; GPipe any number."""
+    if schedule == "1f1b":
+        return micro_batches >= stages
+    if schedule == "interleaved":
+        return micro_batches % interleaved_rounds(stages, micro_batches) == 0
+    return True
+
+
+def too_few_blocks(blocks: int, stages: int, chunks: int) -> Problem | None:
+    """The refusal of a model of ``blocks`` blocks too few for a chunk of one or more in each of stages x chunks."""
+    if blocks >= stages * chunks:
+        return None
+    if chunks == 1:
+        return Problem("distributed.pipeline_stages", f"the model has {blocks} blocks, fewer than {stages} stages",
+                       f"set distributed.pipeline_stages to {blocks} or fewer")
+    fits = blocks // stages
+    return Problem("distributed.pipeline_chunks", f"the model has {blocks} blocks, fewer than {stages} stages x "
+                   f"{chunks} chunks", f"set distributed.pipeline_chunks to {fits} or fewer" if fits >= 2
+                   else "use fewer stages, or schedule 1f1b")
 
 
 def _multiples(stages: int) -> str:
@@ -297,22 +355,46 @@ def stage_blocks(blocks: int, stages: int, stage: int) -> range:
     return range(start, start + size + (stage < extra))
 
 
-def in_flight(schedule: str, stages: int, stage: int, micro_batches: int) -> int:
-    """The micro-batches whose activations ``stage`` holds at once: all of them (GPipe), or the forwards 1F1B runs
-    before its first backward."""
-    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
+def process_chunks(blocks: int, stages: int, stage: int, chunks: int = 1) -> list[range]:
+    """The blocks pipeline process ``stage`` runs, chunk by chunk: the model cut into stages x chunks (``stage_blocks``),
+    of which it holds chunks stage, stage + stages, ... (the order torch's interleaved schedule runs them in); one
+    chunk, its consecutive blocks, under GPipe and 1F1B."""
+    return [stage_blocks(blocks, stages * chunks, stage + chunk * stages) for chunk in range(chunks)]
 
 
-def bubble(stages: int, micro_batches: int) -> float:
-    """The idle share of each stage's step, GPipe and 1F1B alike: (stages - 1) / (micro-batches + stages - 1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
+def in_flight(schedule: str, stages: int, stage: int, micro_batches: int, chunks: int = 1) -> list[int]:
+    """The micro-batches whose activations each chunk of ``stage`` holds at its peak: all of them (GPipe), the
+    forwards 1F1B runs before its first backward, or the interleaved schedule's warm-up forwards and the first
+    forward after them (its steady state then takes one backward for each forward). ScheduleInterleaved1F1B's
+    warm-up (torch's _get_warmup_ops) is (chunks - 1) rounds' micro-batches and 2 more per stage after this one,
+    at most every forward; the chunks take a round's micro-batches each in turn."""
+    if schedule == "gpipe":
+        return [micro_batches]
+    if schedule == "1f1b":
+        return [min(micro_batches, stages - stage)]
+    per_round = micro_batches // interleaved_rounds(stages, micro_batches)
+    forwards = min((chunks - 1) * per_round + 2 * (stages - 1 - stage) + 1, micro_batches * chunks)
+    return [sum(1 for op in range(forwards) if op // per_round % chunks == chunk) for chunk in range(chunks)]
 
 
-def step_time_factor(stages: int, micro_batches: int) -> float:
+def bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
+    """The idle share of each stage's step: (stages - 1) / (micro-batches + stages - 1) for GPipe and 1F1B; with
+    ``chunks`` per process (interleaved), whose forward and backward each take 1/chunks of a stage's, the fill and
+    drain of (stages - 1) chunk slots is over chunks x micro-batches slots of work, (stages - 1) / (chunks x
+    micro-batches + stages - 1) (Narayanan et al. 2021, arXiv 2104.04473, section 2.2.2, which torch's
+    ScheduleInterleaved1F1B follows). Fewer micro-batches than stages run one after another through every chunk:
+    each slot of the chunks x stages the first one needs, and one more for each other, x micro-batches of them busy.
+    tests/test_pipeline_memory.py times torch's own order of the interleaved schedule against it."""
+    slots = chunks * max(micro_batches, stages) + min(micro_batches, stages) - 1
+    return 1 - chunks * micro_batches / slots
+
+
+def step_time_factor(stages: int, micro_batches: int, chunks: int = 1) -> float:
     """A pipeline's step time against a layer split's over as many GPUs (which computes on one at a time): each
-    stage runs 1/stages of the work and idles the bubble, (micro-batches + stages - 1) / (micro-batches x stages).
-    A rule of thumb like fit's others: the transfers overlap, the stages are even."""
-    return (micro_batches + stages - 1) / (micro_batches * stages)
+    stage runs 1/stages of the work and idles the bubble, 1 / (stages x (1 - bubble)) ((micro-batches + stages - 1)
+    / (micro-batches x stages) for GPipe and 1F1B). A rule of thumb like fit's others: the transfers overlap, the
+    stages are even."""
+    return 1 / (stages * (1 - bubble(stages, micro_batches, chunks)))
 
 
 def boundary_bytes(shape: ModelShape, regime: Regime) -> int:
@@ -320,8 +402,8 @@ def boundary_bytes(shape: ModelShape, regime: Regime) -> int:
     return regime.tokens * shape.hidden * DTYPE_BYTES[regime.compute]
 
 
-def stage_weights(shape: ModelShape, regime: Regime, blocks: range, first: bool, last: bool) -> int:
-    """A stage's weights: its blocks, the embeddings on the first, the final norm and output layer on the last (a
+def stage_weights(shape: ModelShape, regime: Regime, blocks: Sequence[int], first: bool, last: bool) -> int:
+    """A stage's weights: its blocks (of every chunk), the embeddings on the first, the final norm and output layer on the last (a
     tied output layer: the embedding's weight, on the last stage too)."""
     head, block_list, tail = model_modules(shape, regime)
     embeddings = sum(size for _, size in head)
@@ -332,17 +414,21 @@ def stage_weights(shape: ModelShape, regime: Regime, blocks: range, first: bool,
 
 
 def stage_devices(shape: ModelShape, regime: Regime, states: ModelStates, acts: Activations, inputs: int,
-                  stages: int, schedule: str) -> list[DeviceEstimate]:
+                  stages: int, schedule: str, chunks: int = 1) -> list[DeviceEstimate]:
     """Each stage's peak (one process, one GPU each), from its phases: the forward's end (every micro-batch in
-    flight; on the last stage its loss at its largest), a backward in the middle of them, and the optimizer step."""
+    flight; on the last stage its loss at its largest), a backward in the middle of them, and the optimizer step.
+    ``chunks``: the chunks of blocks each process holds (the interleaved schedule's; 1 otherwise)."""
     micro_batches, boundary = regime.accumulation, boundary_bytes(shape, regime)
     loss_forward, _ = logits_loss_bytes(shape, regime, acts.logits_dtype)
     recompute = acts.last_block.saved if regime.checkpointing else 0  # a checkpointed block, run again
+    first_chunk, last_chunk = 0, stages * chunks - 1
     devices = []
     for stage in range(stages):
-        blocks = stage_blocks(shape.layers, stages, stage)
+        own = process_chunks(shape.layers, stages, stage, chunks)
+        blocks = [index for chunk in own for index in chunk]
+        indices = [stage + chunk * stages for chunk in range(chunks)]  # each chunk's place in the model
         first, last = stage == 0, stage == stages - 1
-        held = in_flight(schedule, stages, stage, micro_batches)
+        held = in_flight(schedule, stages, stage, micro_batches, chunks)
         share = len(blocks) / shape.layers
 
         def part(value: int) -> int:
@@ -351,15 +437,17 @@ def stage_devices(shape: ModelShape, regime: Regime, states: ModelStates, acts: 
         persistent = {"weights": stage_weights(shape, regime, blocks, first, last),
                       "adapter_weights": part(states.adapters), "optimizer_state": part(states.optimizer_state),
                       "master_weights": part(states.master_weights),
-                      "communication": boundary * micro_batches * ((not first) + (not last))}
-        saved = (acts.blocks_saved(shape.layers, len(blocks)) + (acts.embedding_saved if first else 0)
-                 + (acts.head_saved if last else 0) + (0 if last else boundary))
-        activations = inputs + acts.shared + held * saved
-        kept_loss = held * chunked_loss_kept(shape, regime) if last else 0
+                      "communication": boundary * micro_batches * sum((index != first_chunk) + (index != last_chunk)
+                                                                      for index in indices)}
+        saved = [acts.blocks_saved(shape.layers, len(chunk)) + (acts.embedding_saved if index == first_chunk else 0)
+                 + (acts.head_saved if index == last_chunk else 0) + (0 if index == last_chunk else boundary)
+                 for chunk, index in zip(own, indices)]
+        activations = inputs + acts.shared + sum(count * size for count, size in zip(held, saved))
+        kept_loss = held[-1] * chunked_loss_kept(shape, regime) if last else 0
         gradients = part(states.gradients)
         phases = {
             # 1F1B's backwards begin while later micro-batches are still held: the gradients are alive by then
-            "forward": {**persistent, "gradients": gradients if held < micro_batches else 0,
+            "forward": {**persistent, "gradients": gradients if sum(held) < micro_batches * chunks else 0,
                         "activations": activations,
                         "logits_loss": loss_forward + kept_loss - chunked_loss_kept(shape, regime) if last else 0},
             "backward": {**persistent, "gradients": gradients, "activations": activations, "logits_loss": kept_loss,

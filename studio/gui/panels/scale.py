@@ -113,8 +113,12 @@ class ScalePanel(SettingsColumn):
         self.pipeline_stages = PipelineStages(store)
         self.pipeline_replicas = PipelineReplicas(store)
         self.pipeline_schedule = ChoiceControl(store, "distributed.pipeline_schedule", "Schedule")
+        self.pipeline_chunks = NumberControl(store, "distributed.pipeline_chunks", "Chunks per GPU",
+                                             "The interleaved schedule cuts the model into stages x this many "
+                                             "chunks, each GPU taking every stages-th: a bubble as many times "
+                                             "smaller, more hidden states sent.", 1, 64)
         return group_box("Pipeline (model parallel, every GPU busy)", self.pipeline_stages, self.pipeline_replicas,
-                         self.pipeline_schedule)
+                         self.pipeline_schedule, self.pipeline_chunks)
 
     def _cluster_group(self):
         self.bundle_button = QPushButton("Export cluster bundle…")
@@ -141,6 +145,9 @@ class ScalePanel(SettingsColumn):
         for control in (self.pipeline_replicas, self.pipeline_schedule):
             control.setEnabled(piped)
             control.setToolTip("" if piped else "Only with a pipeline.")
+        interleaved = piped and config.distributed.pipeline_schedule == "interleaved"
+        self.pipeline_chunks.setEnabled(interleaved)
+        self.pipeline_chunks.setToolTip("" if interleaved else "Only with the interleaved schedule.")
         self.pipeline_replicas.say_layout(config)
 
     @staticmethod

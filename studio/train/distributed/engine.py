@@ -37,6 +37,7 @@ import torch
 from studio.core.choices import choice_label
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.placement import ranges_in_words
 from studio.core.run.directory import atomic_folder
 from studio.train.measure.metrics import LoadingMemory
 from studio.train.model.build import count_parameters, trainable_state_dict
@@ -508,9 +509,10 @@ class PipelineEngine(AccelerateEngine):
         first_forward(model)
         self.pipeline = Pipeline(model, self.config, self.stage, self.stages, self.device, group=self.stage_group)
         held = sum(p.numel() for p in model.parameters() if not p.is_meta)
-        log.info("pipeline stage %d of %d (replica %d of %d): blocks %d-%d; this process holds %s of the %s weights",
-                 self.stage, self.stages, self.replica, self.replicas, self.pipeline.blocks.start,
-                 self.pipeline.blocks.stop - 1, f"{held:,}", f"{count_parameters(model)[1]:,}")
+        blocks = ranges_in_words([index for chunk in self.pipeline.blocks for index in chunk], "block")
+        log.info("pipeline stage %d of %d (replica %d of %d): %s; this process holds %s of the %s weights",
+                 self.stage, self.stages, self.replica, self.replicas, blocks, f"{held:,}",
+                 f"{count_parameters(model)[1]:,}")
         self.model, self.optimizer = model, optimizer
         return model, optimizer
 

@@ -13,9 +13,11 @@ inputs or add losses (a mixture of experts' router), or when the stages chained 
 model's own logits (``check_stages``: an embedding scaled in the forward, a sliding-window mask).
 
 torch.distributed.pipelining runs the step: the step's micro-batches (its gradient accumulation) are the
-schedule's microbatches (GPipe or 1F1B); its stages infer the shapes they exchange once, so every micro-batch is
-padded to ``data.max_length`` rows of the same count (``padded_step``). Each process builds the whole model, then
-moves what its stage does not run to the meta device: it holds its stage's weights alone.
+schedule's microbatches (GPipe, 1F1B or interleaved 1F1B); its stages infer the shapes they exchange once, so every
+micro-batch is padded to ``data.max_length`` rows of the same count (``padded_step``). Each process builds the whole
+model, then moves what its stage does not run to the meta device: it holds its stage's weights alone. Under the
+interleaved schedule a process's stage is several chunks of blocks, not consecutive (studio.core.memory.placement
+``process_chunks``), each one of torch's PipelineStages: the schedule runs them in turn.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch.nn.functional import pad
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.placement import stage_blocks
+from studio.core.memory.placement import process_chunks, too_few_blocks
 from studio.core.model.stages import PIPELINE_OFF_HINT, pipeline_family_refusal, pipeline_refusal_message
 from studio.train.data.prepare import IGNORE_INDEX
 from studio.train.objectives.next_token import chunked_cross_entropy
@@ -162,32 +164,39 @@ def padded_step(batches: list[dict[str, torch.Tensor]], rows: int, length: int, 
 
 
 class Pipeline:
-    """This process's stage of the model and the schedule that runs a step's micro-batches through every stage."""
+    """This process's stage of the model (its chunks of blocks) and the schedule that runs a step's micro-batches
+    through every stage."""
 
     def __init__(self, model, config: RunConfig, stage_index: int, stages: int, device: torch.device, group=None):
         """``group``: the processes of this stage's pipeline (its replica's stages; None: every process)."""
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         parts = decoder_parts(model)
-        if len(parts.blocks) < stages:
-            raise StudioError(f"the model has {len(parts.blocks)} blocks, fewer than {stages} stages",
-                              f"set distributed.pipeline_stages to {len(parts.blocks)} or fewer", kind="config")
+        chunks = config.distributed.chunks_per_process
+        if refusal := too_few_blocks(len(parts.blocks), stages, chunks):
+            raise StudioError(refusal.message, refusal.hint, kind="config")
         if parts.head.weight is parts.embeddings.weight and parts.head.weight.requires_grad:
             raise StudioError("a pipeline cannot train a tied output layer: its first and last stage would each "
                               "update their own copy", "train an adapter (the tied weight stays frozen), or set "
                               "distributed.pipeline_stages to 0", kind="config")
         check_stages(model, parts)
         self.first, self.last = stage_index == 0, stage_index == stages - 1
-        self.blocks = stage_blocks(len(parts.blocks), stages, stage_index)
-        self.module = Stage(parts, self.blocks, self.first, self.last)
+        self.blocks = process_chunks(len(parts.blocks), stages, stage_index, chunks)
+        # torch's order of the chunks: chunk c of this process is the model's (c x stages + stage_index)th
+        indices = [stage_index + chunk * stages for chunk in range(chunks)]
+        self.modules = [Stage(parts, blocks, index == 0, index == stages * chunks - 1)
+                        for blocks, index in zip(self.blocks, indices)]
         self.loss = StepLoss(parts.head)
         self.rows, self.length = config.training.micro_batch_size, config.data.max_length
         self.micro_batches = config.training.gradient_accumulation_steps
-        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[config.distributed.pipeline_schedule]
+        pipeline_stages = [PipelineStage(module, index, stages * chunks, device, group=group)
+                           for module, index in zip(self.modules, indices)]
+        schedule = config.distributed.pipeline_schedule
+        runs = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[schedule]
         # scale_grads off: StepLoss already divides by the step's target tokens
-        self.schedule = schedule(PipelineStage(self.module, stage_index, stages, device, group=group),
-                                 n_microbatches=self.micro_batches, loss_fn=self.loss, scale_grads=False)
-        self.owned = {id(parameter) for parameter in self.module.parameters()}
+        self.schedule = runs(pipeline_stages if schedule == "interleaved" else pipeline_stages[0],
+                             n_microbatches=self.micro_batches, loss_fn=self.loss, scale_grads=False)
+        self.owned = {id(parameter) for module in self.modules for parameter in module.parameters()}
         if self.last:
             self.owned |= {id(parameter) for parameter in parts.head.parameters()}
         _release(parts, self.owned)
