@@ -105,7 +105,7 @@ def model_split_checks() -> dict[str, dict]:
     pipeline = {"num_processes": 2, "pipeline_stages": 2}
     return {LAYER_SPLIT_CHECK: {"distributed": {"layer_split": True}, **SPLIT_STEP},
             **{f"pipeline of 2 stages over 2 GPUs, {schedule}": {
-                "distributed": {**pipeline, "pipeline_schedule": schedule}, **SPLIT_STEP} for schedule in ("gpipe", "1f1b")}}
+                "distributed": {**pipeline, "pipeline_schedule": schedule}, **SPLIT_STEP} for schedule in ("gpipe", "1f1b", "interleaved")}}
 
 
 

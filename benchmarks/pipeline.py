@@ -3,9 +3,10 @@
     python benchmarks/pipeline.py                      # the demo model, 8 micro-batches a step, 6 steps
     python benchmarks/pipeline.py --layers 8 --micro-batches 4
 
-Trains the same LoRA run four ways, each a `studio train` in a subprocess: one plain process, the layer split
+Trains the same LoRA run five ways, each a `studio train` in a subprocess: one plain process, the layer split
 (its blocks run one after another in one process; on the CPU through accelerate's hooks), and a pipeline of 2
-stages with GPipe and with 1F1B (both stages compute at once on different micro-batches). Prints the tokens per
+stages with GPipe, with 1F1B and interleaved (2 chunks per process) (both stages compute at once on different
+micro-batches). Prints the tokens per
 second of each (the mean of the step events after the first, which includes the set-up of the schedule) and its
 ratio to the layer split. The pipeline pads every micro-batch to data.max_length (counted as work, not as tokens),
 and torchrun gives each of its processes one thread, where one process uses every core.
@@ -35,6 +36,7 @@ LAYOUTS = {
     "layer split": {"layer_split": True, "max_cpu_memory_gib": 1.0},
     "pipeline gpipe": {"num_processes": 2, "pipeline_stages": 2, "pipeline_schedule": "gpipe"},
     "pipeline 1f1b": {"num_processes": 2, "pipeline_stages": 2, "pipeline_schedule": "1f1b"},
+    "pipeline interleaved": {"num_processes": 2, "pipeline_stages": 2, "pipeline_schedule": "interleaved"},
 }
 
 

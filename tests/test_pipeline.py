@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from helpers import losses, quick_config
 from model_factory import make_tiny_model, tiny_config
 from studio.core.errors import StudioError
-from studio.core.memory.placement import stage_blocks
+from studio.core.memory.placement import bubble, in_flight, process_chunks, stage_blocks
 from studio.core.run.commands import EXIT_OK
 from studio.core.validation import validate
 from studio.train.distributed.pipeline import check_stages, decoder_parts
@@ -175,3 +175,96 @@ def test_a_family_a_pipeline_cannot_cut_is_refused_by_its_config_before_anything
     (problem,) = [p for p in validate(config) if p.where == "distributed.pipeline_stages"]
     assert f"cannot cut {family} models: " in problem.message and reason in problem.message
     assert "pipeline_stages to 0" in problem.hint
+
+
+def torch_interleaved_order(stages: int, chunks: int, micro_batches: int) -> dict:
+    """Every rank's compute actions in the order torch's ScheduleInterleaved1F1B runs them (built in one process
+    over torch's fake process group of ``stages`` ranks: the schedule computes every rank's order alike)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=stages)
+    try:
+        own = [PipelineStage(torch.nn.Linear(2, 2), chunk * stages, stages * chunks, torch.device("cpu"))
+               for chunk in range(chunks)]
+        schedule = ScheduleInterleaved1F1B(own, n_microbatches=micro_batches, loss_fn=lambda out, target: out.sum())
+        return {rank: [action for action in actions if action is not None]
+                for rank, actions in schedule.pipeline_order.items()}
+    finally:
+        dist.destroy_process_group()
+
+
+def idle_share(order: dict, stages: int, chunks: int, micro_batches: int, backward: float) -> float:
+    """Each rank's idle share of the step when it runs its actions in torch's order, each as soon as the action
+    it waits for (the chunk before's forward, the chunk after's backward) is done: forwards 1, backwards
+    ``backward`` long, the transfers free."""
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    last, done, clock = stages * chunks - 1, {}, dict.fromkeys(order, 0.0)
+    queues = {rank: list(actions) for rank, actions in order.items()}
+    while any(queues.values()):
+        moved = False
+        for rank, queue in queues.items():
+            while queue:
+                chunk, micro_batch = queue[0].stage_index, queue[0].microbatch_index
+                forward = queue[0].computation_type == _ComputationType.FORWARD
+                needs = _waits_for(chunk, forward, last)
+                if needs is not None and (*needs, micro_batch) not in done:
+                    break
+                start = max(clock[rank], done[(*needs, micro_batch)] if needs else 0.0)
+                clock[rank] = done[chunk, forward, micro_batch] = start + (1.0 if forward else backward)
+                queue.pop(0)
+                moved = True
+        assert moved, "torch's order deadlocks"
+    return 1 - chunks * micro_batches * (1 + backward) / max(clock.values())
+
+
+def _waits_for(chunk: int, forward: bool, last: int) -> tuple[int, bool] | None:
+    """What a chunk's forward (True) or backward of a micro-batch waits for: the chunk before's forward, the chunk
+    after's backward; the last chunk's backward its own forward."""
+    if forward:
+        return (chunk - 1, True) if chunk > 0 else None
+    return (chunk + 1, False) if chunk < last else (chunk, True)
+
+
+@pytest.mark.parametrize("stages, chunks, micro_batches", [(2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 3, 3), (4, 2, 3),
+                                                           (4, 2, 6), (4, 2, 8), (4, 3, 12)])
+def test_the_interleaved_bubble_and_in_flight_counts_are_those_of_torch_s_own_order(stages, chunks, micro_batches):
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    order = torch_interleaved_order(stages, chunks, micro_batches)
+    for backward in (1.0, 2.0):  # whatever a backward costs against a forward
+        assert bubble(stages, micro_batches, chunks) == pytest.approx(
+            idle_share(order, stages, chunks, micro_batches, backward))
+    for rank, actions in order.items():  # each chunk's forwards held when the rank holds the most
+        held, peak = dict.fromkeys(range(rank, stages * chunks, stages), 0), {}
+        for action in actions:
+            held[action.stage_index] += 1 if action.computation_type == _ComputationType.FORWARD else -1
+            if sum(held.values()) > sum(peak.values()):
+                peak = dict(held)
+        assert list(peak.values()) == in_flight("interleaved", stages, rank, micro_batches, chunks), rank
+
+
+def test_interleaved_stages_hold_every_stages_th_chunk_of_blocks():
+    assert process_chunks(4, 2, 0, 2) == [range(0, 1), range(2, 3)]  # chunks 0 and 2 of 4
+    assert process_chunks(6, 2, 1, 2) == [range(2, 4), range(5, 6)]  # 6 blocks in 4 chunks: 2, 2, 1, 1
+    assert process_chunks(4, 2, 1) == [stage_blocks(4, 2, 1)]  # GPipe and 1F1B: one chunk, the stage's blocks
+
+
+@pytest.mark.parametrize("distributed, training, where, message, hint", [
+    ({"pipeline_chunks": 1}, {}, "pipeline_chunks", "runs 2 or more chunks of blocks per process, not 1",
+     "set 2 or more, or use schedule 1f1b"),
+    ({"pipeline_chunks": 3}, {}, "pipeline_chunks", "the model has 4 blocks, fewer than 2 stages x 3 chunks",
+     "set distributed.pipeline_chunks to 2 or fewer"),
+    ({}, {"gradient_accumulation_steps": 5}, "pipeline_stages", "5 do not make 2 rounds",
+     "set training.gradient_accumulation_steps to 4 or 6, or use 1f1b"),
+])
+def test_interleaved_pipelines_torch_cannot_run_are_refused_naming_the_field(small_data, distributed, training, where,
+                                                                             message, hint):
+    config = config_for(small_data, 2, "interleaved").replace(distributed=distributed, training=training)
+    (problem,) = [p for p in validate(config) if p.where.startswith("distributed.")]
+    assert (problem.where, problem.hint) == (f"distributed.{where}", hint) and message in problem.message
+    assert not [p for p in validate(config_for(small_data, 2, "interleaved"))
+                if p.where.startswith("distributed.")]  # 2 stages x 2 chunks of the 4 blocks, 2 micro-batches

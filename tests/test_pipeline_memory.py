@@ -49,14 +49,31 @@ def test_a_tied_output_layer_is_kept_by_the_first_and_the_last_stage():
 
 
 def test_gpipe_holds_every_micro_batch_and_1f1b_a_stage_s_share_of_them():
-    assert [in_flight("gpipe", 4, stage, 8) for stage in range(4)] == [8] * 4
-    assert [in_flight("1f1b", 4, stage, 8) for stage in range(4)] == [4, 3, 2, 1]
+    assert [in_flight("gpipe", 4, stage, 8) for stage in range(4)] == [[8]] * 4  # one chunk each
+    assert [in_flight("1f1b", 4, stage, 8) for stage in range(4)] == [[4], [3], [2], [1]]
     gpipe, one_f_one_b = (stage_estimate(piped(schedule=schedule)).devices for schedule in ("gpipe", "1f1b"))
     inputs = 3 * 8 * 2048 * 8
     for stage, held in enumerate([4, 3, 2, 1]):
         ratio = (one_f_one_b[stage].parts["activations"] - inputs) / (gpipe[stage].parts["activations"] - inputs)
         assert ratio == pytest.approx(held / 8, rel=0.01)
     assert max(d.total_bytes for d in one_f_one_b) < max(d.total_bytes for d in gpipe)
+
+
+def test_interleaved_stages_hold_their_chunks_weights_and_the_chunk_forwards_in_flight():
+    assert in_flight("interleaved", 4, 0, 8, 2) == [7, 4]  # a round of 4 per chunk in turn: 4 + 2 x 3 warm-up, 1 more
+    assert [sum(in_flight("interleaved", 4, stage, 8, 2)) for stage in range(4)] == [11, 9, 7, 5]
+    gpipe, interleaved = (stage_estimate(piped(schedule=schedule)).devices for schedule in ("gpipe", "interleaved"))
+    inputs = 3 * 8 * 2048 * 8
+    for stage, held in enumerate([11, 9, 7, 5]):  # chunk forwards of 4 blocks, against 8 micro-batches of 8
+        assert interleaved[stage].parts["weights"] == gpipe[stage].parts["weights"]  # 8 blocks either way
+        ratio = (interleaved[stage].parts["activations"] - inputs) / (gpipe[stage].parts["activations"] - inputs)
+        assert ratio == pytest.approx(held / 16, rel=0.01)
+    # a receive buffer per micro-batch for each chunk's input and its output's gradient (none before the first
+    # chunk, none after the last)
+    assert [d.parts["communication"] // gpipe[0].parts["communication"] for d in interleaved] == [3, 4, 4, 3]
+    result = stage_estimate(piped(schedule="interleaved"))
+    assert result.comparison[0].idle == pytest.approx(bubble(4, 8, 2)) == pytest.approx(3 / 19)  # 3 / (2 x 8 + 3)
+    assert result.comparison[0].link_bytes == 7 * 2 * 8 * 2048 * 4096 * 2  # 7 chunk boundaries, forward and back
 
 
 def test_checkpointing_inside_the_stages_keeps_only_each_block_s_input():

@@ -460,8 +460,8 @@ class DistributedConfig:
     )
     pipeline_chunks: int = _field(
         2, "Interleaved pipeline schedule: the chunks of blocks each process holds, not consecutive (process p of P "
-        "runs chunks p, p + P, ...; the model is cut into pipeline_stages x pipeline_chunks chunks), dividing the "
-        "bubble by as many. Only used by pipeline_schedule interleaved."
+        "runs chunks p, p + P, ...; the model is cut into pipeline_stages x pipeline_chunks chunks), the bubble "
+        "about as many times smaller. Only used by pipeline_schedule interleaved."
     )
 
     @property
