@@ -97,7 +97,8 @@ def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.heavy
-@pytest.mark.parametrize("stages, schedule, checkpointing", [(2, "1f1b", True), (4, "gpipe", False)])
+@pytest.mark.parametrize("stages, schedule, checkpointing", [(2, "1f1b", True), (4, "gpipe", False),
+                                                             (2, "interleaved", True)])
 def test_other_schedules_and_stages_train_like_one_process(small_data, tmp_path, reference, stages, schedule,
                                                            checkpointing):
     config = config_for(small_data, stages, schedule).replace(training={"gradient_checkpointing": checkpointing})
