@@ -130,7 +130,8 @@ def test_the_interleaved_schedule_takes_chunks_per_gpu_and_shrinks_the_bubble(wi
     window.data_panel.sample_every.spin.setValue(0)
     window.techniques_panel.packing.combo.setCurrentIndex(2)  # padded
     panel.pipeline_stages.spin.setValue(2)
-    assert not panel.pipeline_chunks.isEnabled() and panel.pipeline_chunks.toolTip() == "Only with the interleaved schedule."
+    assert not panel.pipeline_chunks.isEnabled()  # GPipe: one chunk per GPU
+    assert panel.pipeline_chunks.toolTip() == "Only with the interleaved schedule."
     assert panel.pipeline_schedule.combo.itemText(2) == "Interleaved 1F1B"
     panel.pipeline_schedule.combo.setCurrentIndex(2)
     distributed = window.store.config.distributed

@@ -216,7 +216,8 @@ def _describe_pipeline(before: Candidate, after: Candidate) -> str:
               if before.config.data.packing != after.config.data.packing else "")
     return (f"a pipeline of {d.pipeline_stages} stages ({d.pipeline_schedule}) instead of "
             + ("the layer split" if before.scale_out.layer_split else before.config.distributed.pipeline_schedule)
-            + f"{padded}: every GPU computes, idle {bubble(d.pipeline_stages, m, d.chunks_per_process):.0%} of the step")
+            + f"{padded}: every GPU computes, idle {bubble(d.pipeline_stages, m, d.chunks_per_process):.0%} of the "
+              "step")
 
 
 def _pipeline_slowdown(c: Candidate) -> float:

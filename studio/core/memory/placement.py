@@ -355,11 +355,16 @@ def stage_blocks(blocks: int, stages: int, stage: int) -> range:
     return range(start, start + size + (stage < extra))
 
 
+def chunk_indices(stages: int, stage: int, chunks: int = 1) -> list[int]:
+    """The places in the model of pipeline process ``stage``'s chunks: stage, stage + stages, ... (the order torch's
+    interleaved schedule runs them in); under GPipe and 1F1B its one chunk, the stage."""
+    return [stage + chunk * stages for chunk in range(chunks)]
+
+
 def process_chunks(blocks: int, stages: int, stage: int, chunks: int = 1) -> list[range]:
-    """The blocks pipeline process ``stage`` runs, chunk by chunk: the model cut into stages x chunks (``stage_blocks``),
-    of which it holds chunks stage, stage + stages, ... (the order torch's interleaved schedule runs them in); one
-    chunk, its consecutive blocks, under GPipe and 1F1B."""
-    return [stage_blocks(blocks, stages * chunks, stage + chunk * stages) for chunk in range(chunks)]
+    """The blocks pipeline process ``stage`` runs, chunk by chunk: those of its ``chunk_indices`` of the model cut
+    into stages x chunks (``stage_blocks``); under GPipe and 1F1B one chunk, its consecutive blocks."""
+    return [stage_blocks(blocks, stages * chunks, index) for index in chunk_indices(stages, stage, chunks)]
 
 
 def in_flight(schedule: str, stages: int, stage: int, micro_batches: int, chunks: int = 1) -> list[int]:
@@ -382,9 +387,9 @@ def bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
     ``chunks`` per process (interleaved), whose forward and backward each take 1/chunks of a stage's, the fill and
     drain of (stages - 1) chunk slots is over chunks x micro-batches slots of work, (stages - 1) / (chunks x
     micro-batches + stages - 1) (Narayanan et al. 2021, arXiv 2104.04473, section 2.2.2, which torch's
-    ScheduleInterleaved1F1B follows). Fewer micro-batches than stages run one after another through every chunk:
-    each slot of the chunks x stages the first one needs, and one more for each other, x micro-batches of them busy.
-    tests/test_pipeline_memory.py times torch's own order of the interleaved schedule against it."""
+    ScheduleInterleaved1F1B follows). Fewer micro-batches than stages cannot fill the loop of chunks: the step is
+    then the chunks x stages slots of the first micro-batch's way through them and one more for each other, of which
+    chunks x micro-batches are busy. tests/test_pipeline.py runs torch's own interleaved order against both."""
     slots = chunks * max(micro_batches, stages) + min(micro_batches, stages) - 1
     return 1 - chunks * micro_batches / slots
 
@@ -403,8 +408,8 @@ def boundary_bytes(shape: ModelShape, regime: Regime) -> int:
 
 
 def stage_weights(shape: ModelShape, regime: Regime, blocks: Sequence[int], first: bool, last: bool) -> int:
-    """A stage's weights: its blocks (of every chunk), the embeddings on the first, the final norm and output layer on the last (a
-    tied output layer: the embedding's weight, on the last stage too)."""
+    """A stage's weights: its blocks (of every chunk), the embeddings on the first, the final norm and output layer
+    on the last (a tied output layer: the embedding's weight, on the last stage too)."""
     head, block_list, tail = model_modules(shape, regime)
     embeddings = sum(size for _, size in head)
     weights = sum(block_list[index][1] for index in blocks) + (embeddings if first else 0)
@@ -426,7 +431,7 @@ def stage_devices(shape: ModelShape, regime: Regime, states: ModelStates, acts: 
     for stage in range(stages):
         own = process_chunks(shape.layers, stages, stage, chunks)
         blocks = [index for chunk in own for index in chunk]
-        indices = [stage + chunk * stages for chunk in range(chunks)]  # each chunk's place in the model
+        indices = chunk_indices(stages, stage, chunks)
         first, last = stage == 0, stage == stages - 1
         held = in_flight(schedule, stages, stage, micro_batches, chunks)
         share = len(blocks) / shape.layers

@@ -31,7 +31,7 @@ from torch.nn.functional import pad
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
-from studio.core.memory.placement import process_chunks, too_few_blocks
+from studio.core.memory.placement import chunk_indices, process_chunks, too_few_blocks
 from studio.core.model.stages import PIPELINE_OFF_HINT, pipeline_family_refusal, pipeline_refusal_message
 from studio.train.data.prepare import IGNORE_INDEX
 from studio.train.objectives.next_token import chunked_cross_entropy
@@ -182,8 +182,7 @@ class Pipeline:
         check_stages(model, parts)
         self.first, self.last = stage_index == 0, stage_index == stages - 1
         self.blocks = process_chunks(len(parts.blocks), stages, stage_index, chunks)
-        # torch's order of the chunks: chunk c of this process is the model's (c x stages + stage_index)th
-        indices = [stage_index + chunk * stages for chunk in range(chunks)]
+        indices = chunk_indices(stages, stage_index, chunks)  # each chunk's place in the model, torch's stage index
         self.modules = [Stage(parts, blocks, index == 0, index == stages * chunks - 1)
                         for blocks, index in zip(self.blocks, indices)]
         self.loss = StepLoss(parts.head)
