@@ -11,9 +11,10 @@ from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.estimate import ScaleOut, estimate
 from studio.core.memory.fit import FIT_STEPS, fit
+from studio.core.memory.placement import pipeline_replicas
 from studio.core.sizes import format_bytes
 from studio.core.validation import validate
-from test_estimate import LLAMA_31_8B
+from test_estimate import LLAMA_31_8B, QWEN3_30B_A3B
 
 GIB = 1024**3
 
@@ -194,3 +195,70 @@ def test_fit_never_picks_what_the_machine_s_cpu_ram_cannot_hold_and_says_so():
     assert bound.estimate.host_bytes <= 16 * GIB and bound.relative_step_time >= free.relative_step_time
     assert "The CPU RAM bound the choice" in bound.explanation and "16.00 GiB available" in bound.explanation
     assert bound.to_json()["ram_bound"] and bound.to_json()["host_bytes"] == 16 * GIB
+
+
+def rows_per_step(config: RunConfig) -> int:
+    """The rows of one optimizer step over every process: each data-parallel process, or each pipeline replica,
+    takes micro-batch x accumulation of them."""
+    d = config.distributed
+    return effective_batch(config) * (pipeline_replicas(config) if d.pipeline_stages else d.num_processes)
+
+
+def data_parallel(processes: int, sharding: str = "none", **training) -> RunConfig:
+    return lora_run(**{"micro_batch_size": 1, "gradient_accumulation_steps": 8, "gradient_checkpointing": True,
+                       **training}).replace(distributed={"num_processes": processes, "sharding": sharding})
+
+
+def fit_on(model: dict, config: RunConfig, gib: int):
+    processes = config.distributed.num_processes
+    return fit(model, config, gib * GIB, scale_out=ScaleOut.from_config(config, (gib * GIB,) * processes))
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_data_parallelism_whose_weights_fill_a_gpu_becomes_a_pipeline_of_its_processes(processes):
+    """Llama-3.1-8B LoRA: its 15 GiB of 16-bit weights do not fit a 12 GiB GPU under DDP; a pipeline over the same
+    processes holds 1/S of them per GPU, each replica S times the accumulation (the same rows a step), and costs
+    only its bubble, less than a 4-bit base's dequantizing: fit takes it and says so."""
+    config = data_parallel(processes)
+    assert estimate(LLAMA_31_8B, config).parts["weights"] > 12 * GIB
+    result = fit_on(LLAMA_31_8B, config, 12)
+    d = result.config.distributed
+    stages, replicas = d.pipeline_stages, pipeline_replicas(result.config)
+    assert result.fits and result.config.method == "lora" and stages >= 2 and d.sharding == "none"
+    assert d.num_processes == stages * replicas == processes and rows_per_step(result.config) == rows_per_step(config)
+    assert result.scale_out == ScaleOut(num_gpus=processes, pipeline_stages=stages)
+    assert result.estimate.peak_bytes == estimate(LLAMA_31_8B, result.config, "cuda",
+                                                  ScaleOut.from_config(result.config)).peak_bytes <= 0.9 * 12 * GIB
+    change = result.changes[0]
+    assert change.saver == "pipeline" and change.mostly == "weights" and change.saves_bytes > 0
+    assert (f"a pipeline of {stages} stages x {replicas} replica" in change.description
+            and f"instead of data parallelism (DDP) over {processes} GPUs" in change.description
+            and "the same effective batch" in change.description and "idle" in change.description)
+    assert str(change) in result.explanation
+    assert validate(result.config.replace(model={"name_or_path": "org/model"}, data={"train_files": ("t.jsonl",)}),
+                    check_files=False) == []
+
+
+def test_zero3_gives_way_to_a_pipeline_only_where_it_does_not_fit():
+    """fit prices ZeRO-3's gathering of the weights at nothing and a pipeline's bubble at its idle share: a ZeRO-3
+    run that fits is kept; one that does not (its full logits at 12 GiB) becomes a pipeline, whose words say what
+    it saves (no weights gathered at every micro-batch) and what it costs (idle share)."""
+    config = data_parallel(2, "zero3")
+    kept = fit_on(LLAMA_31_8B, config, 16)
+    assert kept.changes == () and kept.config == config
+    result = fit_on(LLAMA_31_8B, config, 12)
+    assert result.fits and result.config.distributed.pipeline_stages == 2
+    assert result.config.distributed.sharding == "none" and rows_per_step(result.config) == rows_per_step(config)
+    description = result.changes[0].description
+    assert "instead of ZeRO-3 over 2 GPUs" in description and "no weights gathered over the links" in description
+    assert "idle" in description and result.relative_step_time > 1.0
+
+
+@pytest.mark.parametrize("model, config, gib", [(LLAMA_31_8B, data_parallel(2).replace(method="full"), 12),
+                                                (QWEN3_30B_A3B, data_parallel(4), 32),
+                                                (LLAMA_31_8B, data_parallel(2).replace(objective="dpo"), 12)])
+def test_fit_never_offers_a_pipeline_the_config_or_the_model_cannot_run(model, config, gib):
+    """Full fine-tuning, a mixture of experts (its routing is not cut into stages; 4 stages would need 27.4 GiB a
+    GPU, its DDP 57 GiB of weights), DPO (its loss needs the whole model's outputs)."""
+    result = fit_on(model, config, gib)
+    assert result.config.distributed.pipeline_stages == 0 and "pipeline" not in result.explanation

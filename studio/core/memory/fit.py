@@ -11,8 +11,9 @@ estimate's allocator margin is a rule of thumb until a GPU measures it). When
 nothing fits it returns the closest candidate and says what stands in the way.
 
 Fit's steps, in the order it tries and explains them (``FIT_STEPS``): a layer split over several GPUs to a
-pipeline of as many stages (GPipe or 1F1B, where the config and the model allow one: studio.core.memory.placement),
-faster as every GPU computes; another micro-batch size with the accumulation that keeps the effective batch
+pipeline of as many stages, faster as every GPU computes, or N data-parallel processes to S stages x N/S replicas,
+each GPU holding 1/S of the blocks (GPipe or 1F1B, where the config and the model allow one:
+studio.core.memory.placement); another micro-batch size with the accumulation that keeps the effective batch
 (micro-batch x accumulation); then, ranked among them, the switches
 of the table of memory savers (``studio.core.memory.savers``: checkpointing, its block inputs in CPU RAM, the
 input embedding and the output layer in CPU RAM, the tiled MLP), the 8-bit AdamW optimizer, a 4-bit base model
@@ -26,7 +27,9 @@ says when they are what would help.
 Expected step time is relative and rule-of-thumb, from the savers' module: each micro-step costs a fixed
 overhead worth ``STEP_COSTS["micro_step_tokens"]`` tokens, and each step in force multiplies the time by its
 slowdown (a switch's from its row; a 4-bit base, the 8-bit optimizer and offload from ``STEP_COSTS``; a
-pipeline's from its bubble, ``studio.core.memory.placement.step_time_factor``).
+pipeline's from its bubble, ``studio.core.memory.placement.step_time_factor``: against data parallelism, whose
+processes each run the accumulation the pipeline's replicas run S times, 1 / (1 - bubble)). ZeRO-3's gathering of
+the weights is not priced.
 
 Pure Python, like the estimate: the GUI calls it directly. A model no family
 describes is searched the same way from its trace (``studio.core.memory.derived``:
@@ -42,7 +45,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from studio.core.config import RunConfig, to_dict
+from studio.core.config import DistributedConfig, RunConfig, to_dict
 from studio.core.errors import StudioError
 from studio.core.memory.derived import TraceNeededError
 from studio.core.memory.estimate import ScaleOut, TIGHT_FRACTION, Estimate, estimate
@@ -194,30 +197,61 @@ def _image_resolution(model_config: dict | ModelShape) -> FitStep | None:
                    lambda o, c: o.config.vision.max_pixels == c.config.vision.max_pixels, lambda c: 1.0)
 
 
+def _stage_counts(c: Candidate) -> list[int]:
+    """The pipelines fit tries for a candidate, by their stages: a pipeline's own, a layer split's GPUs, or each
+    divisor above 1 of the data-parallel processes (S stages x N/S replicas keep the N processes)."""
+    d = c.config.distributed
+    if d.pipeline_stages or c.scale_out.layer_split:
+        stages = d.pipeline_stages or len(c.scale_out.split_devices)
+        return [stages] if stages >= 2 else []
+    return [s for s in range(2, d.num_processes + 1) if d.num_processes % s == 0]
+
+
 def _pipeline(c: Candidate) -> list[Candidate]:
-    """A layer split over several GPUs to a pipeline of as many stages (GPipe, and 1F1B where the step has a
-    micro-batch per stage), where a pipeline can run this config; a pipeline to its other schedule."""
-    stages = c.scale_out.pipeline_stages or (len(c.scale_out.split_devices) if c.scale_out.layer_split else 0)
-    if stages < 2:
-        return [c]
+    """A layer split over several GPUs to a pipeline of as many stages, or N data-parallel processes (DDP, ZeRO,
+    FSDP) to S stages x N/S replicas, each replica running S times the accumulation (the same effective batch: R
+    replicas of a pipeline train like one process with R times the accumulation); GPipe, and 1F1B where the step
+    has a micro-batch per stage, where a pipeline can run this config; a pipeline to its other schedule."""
     options = [c]
+    d, accumulation, split = c.config.distributed, c.config.training.gradient_accumulation_steps, c.scale_out.layer_split
+    data_parallel = not split and not d.pipeline_stages
     padded = {"packing": "none"} if c.config.data.packing == "padding_free" else {}  # the stages exchange one shape
-    for schedule in ("gpipe", "1f1b"):
-        piped = c.config.replace(distributed={"layer_split": False, "pipeline_stages": stages, "num_processes": stages,
-                                              "pipeline_schedule": schedule}, data=padded)
+    for stages, schedule in itertools.product(_stage_counts(c), ("gpipe", "1f1b")):
+        processes, gpus = (stages, stages) if split else (d.num_processes, c.scale_out.num_gpus)
+        piped = c.config.replace(
+            distributed={"layer_split": False, "pipeline_stages": stages, "num_processes": processes,
+                         "pipeline_schedule": schedule, "sharding": "none", "offload_optimizer": "none",
+                         "offload_params": "none"},
+            training={"gradient_accumulation_steps": accumulation * stages if data_parallel else accumulation},
+            data=padded)
         if piped != c.config and not pipeline_refusals(piped):
-            options.append(Candidate(piped, ScaleOut(num_gpus=stages, pipeline_stages=stages)))
+            options.append(Candidate(piped, ScaleOut(num_gpus=gpus, pipeline_stages=stages)))
     return options
 
 
 def _describe_pipeline(before: Candidate, after: Candidate) -> str:
     d, m = after.config.distributed, after.config.training.gradient_accumulation_steps
+    b = before.config.distributed
     padded = (", data.packing none: its micro-batches are padded to data.max_length"
               if before.config.data.packing != after.config.data.packing else "")
-    return (f"a pipeline of {d.pipeline_stages} stages ({d.pipeline_schedule}) instead of "
-            + ("the layer split" if before.scale_out.layer_split else before.config.distributed.pipeline_schedule)
-            + f"{padded}: every GPU computes, idle {bubble(d.pipeline_stages, m, d.chunks_per_process):.0%} of the "
-              "step")
+    idle = f"idle {bubble(d.pipeline_stages, m, d.chunks_per_process):.0%} of the step"
+    if b.pipeline_stages:
+        return f"a pipeline of {d.pipeline_stages} stages ({d.pipeline_schedule}) instead of {b.pipeline_schedule}: {idle}"
+    if before.scale_out.layer_split:
+        return f"a pipeline of {d.pipeline_stages} stages ({d.pipeline_schedule}) instead of the layer split{padded}: " \
+               f"every GPU computes, {idle}"
+    replicas = d.num_processes // d.pipeline_stages
+    accumulation = (f", training.gradient_accumulation_steps {before.config.training.gradient_accumulation_steps} -> "
+                    f"{m} (a replica's share of the same effective batch)")
+    return (f"a pipeline of {d.pipeline_stages} stages x {replicas} replica{'s' if replicas > 1 else ''} "
+            f"({d.pipeline_schedule}) instead of {_data_parallel_words(b)} over {b.num_processes} GPUs{accumulation}"
+            f"{padded}: each GPU holds 1/{d.pipeline_stages} of the blocks"
+            + (", no weights gathered over the links at every micro-batch" if b.shards_weights else "")
+            + f", {idle}")
+
+
+def _data_parallel_words(d: DistributedConfig) -> str:
+    return {"none": "data parallelism (DDP)", "fsdp": "FSDP"}.get(d.sharding, f"ZeRO-{d.deepspeed_stage}")
 
 
 def _pipeline_slowdown(c: Candidate) -> float:
@@ -363,7 +397,7 @@ def fit(model_config: dict | ModelShape, config: RunConfig, gpu_bytes: int, devi
     original = Candidate(config, scale_out)
     estimated(original)  # a model without a trace for these settings: TraceNeededError, as the estimate says
     steps = [step for step in FIT_STEPS if (allow_offload or step.name != "offload") and _offered(step, shape)
-             and (step.name != "pipeline" or _cuttable(model_config, shape, scale_out))]
+             and (step.name != "pipeline" or _cuttable(model_config, shape, config, scale_out))]
     steps += [step for step in (_image_resolution(model_config),) if step is not None]
     scored, untraced = _scored(_candidates(original, steps), estimated)
     held = [(c, e) for c, e in scored if host_bytes is None or e.host_bytes <= host_bytes]
@@ -424,11 +458,11 @@ def _offered(step: FitStep, shape: ModelShape | None) -> bool:
     return spec.model_refusal is None or spec.model_refusal(shape) is None
 
 
-def _cuttable(model_config: dict | ModelShape, shape: ModelShape | None, scale_out: ScaleOut) -> bool:
-    """Whether a pipeline over the GPUs of ``scale_out`` can cut this model: a family studio.core.model.info
+def _cuttable(model_config: dict | ModelShape, shape: ModelShape | None, config: RunConfig, scale_out: ScaleOut) -> bool:
+    """Whether the pipelines fit tries for this spread can cut this model: a family studio.core.model.info
     describes, none its config.json rules out (studio.core.model.stages: a mixture of experts, a sliding window),
-    a block per stage at least."""
-    stages = scale_out.pipeline_stages or len(scale_out.split_devices)
+    a block per stage at least of the most stages tried."""
+    stages = max(_stage_counts(Candidate(config, scale_out)), default=0)
     if isinstance(model_config, dict) and pipeline_family_refusal(model_config.get("text_config") or model_config):
         return False
     return shape is not None and not shape.experts and shape.layers >= stages
