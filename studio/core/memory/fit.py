@@ -217,7 +217,8 @@ def _pipeline(c: Candidate) -> list[Candidate]:
     data_parallel = not split and not d.pipeline_stages
     padded = {"packing": "none"} if c.config.data.packing == "padding_free" else {}  # the stages exchange one shape
     for stages, schedule in itertools.product(_stage_counts(c), ("gpipe", "1f1b")):
-        processes, gpus = (stages, stages) if split else (d.num_processes, c.scale_out.num_gpus)
+        # every machine's processes (a scale-out of the processes' GPUs), or this machine's where none was given
+        processes, gpus = (stages, stages) if split else (d.num_processes, max(c.scale_out.num_gpus, d.num_processes))
         piped = c.config.replace(
             distributed={"layer_split": False, "pipeline_stages": stages, "num_processes": processes,
                          "pipeline_schedule": schedule, "sharding": "none", "offload_optimizer": "none",
