@@ -7,13 +7,16 @@ trl.experimental: their get_batch_loss_metrics on a batch in their layout made o
 TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from helpers import with_demo_tokenizer
 from model_factory import make_tiny_model
 from studio.core.presets import demo_config
+from studio.train.data.images import ImageRows, row_image_inputs
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.prepare import prepare_data
 from studio.train.model.build import build_model, load_base_model, load_tokenizer
@@ -44,10 +47,10 @@ def model_folder(tmp_path_factory):
     return with_demo_tokenizer(make_tiny_model("llama", tmp_path_factory.mktemp("tiny"), vocab_size=1200))
 
 
-def _config(folder, data_file, objective, method, **preference):
+def _config(folder, data_file, objective, method, max_length=24, **preference):
     return demo_config().replace(
         model={"name_or_path": str(folder)}, method=method, objective=objective, preference=preference,
-        data={"train_files": (str(data_file),), "eval_files": (), "max_length": 24},
+        data={"train_files": (str(data_file),), "eval_files": (), "max_length": max_length},
         # a micro-batch holds every row: KTO pairs its mismatched completions within it, as TRL within its batch
         training={"precision": "fp32", "gradient_checkpointing": False, "micro_batch_size": 8},
         lora={"dropout": 0.0})
@@ -75,7 +78,7 @@ def _ours(config, seed=1, packed=False):
     """Our loss, gradients and metrics on the whole data as one micro-batch: padded as TRL pads, or packed (the
     model attending per sequence, as the worker switches it)."""
     tokenizer = load_tokenizer(config)
-    rows = prepare_data(config, tokenizer).train
+    rows = prepare_data(config, tokenizer, image_rows=ImageRows.for_run(config, tokenizer)).train
     model = _policy(config, seed)
     if packed:
         attend_packed(model)
@@ -235,3 +238,64 @@ def test_a_packed_batch_gives_the_padded_loss_gradients_and_metrics(model_folder
     _close(packed_grads, padded_grads)
     assert packed_metrics.keys() == padded_metrics.keys()
     _same_metrics(packed_metrics, padded_metrics)
+
+
+TINY_VL = Path(__file__).resolve().parent.parent / "resources" / "models" / "studio-tiny-vl"  # Qwen2-VL
+
+
+def _image_pairs(folder):
+    """TRL's vision preference rows: the prompt's image parts, their files in the images column (two generated
+    images of different sizes, so of different token counts), and plain-text answers."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(0)
+    for name, (height, width) in (("noise.png", (16, 16)), ("wide.png", (16, 32))):
+        Image.fromarray(generator.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(folder / name)
+
+    def pair(image, question, chosen, rejected):
+        return {"images": [image],
+                "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+                "chosen": [{"role": "assistant", "content": [{"type": "text", "text": chosen}]}],
+                "rejected": [{"role": "assistant", "content": [{"type": "text", "text": rejected}]}]}
+    return [pair("noise.png", "What is in the picture?", "Noise.", "A red square, I think."),
+            pair("wide.png", "Describe it", "A wide, noisy picture.", "Blue.")]
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_with_image_prompts_equals_trl(tmp_path, loss_type):
+    """DPO on rows with images equals TRL's DPOTrainer on its vision path (processing_class the model's processor,
+    its DataCollatorForVisionPreference): the same tokens and image inputs, each pair's images in both of its
+    sequences, and the loss, the LoRA gradients and the rewards TRL logs."""
+    from datasets import Dataset
+    from PIL import Image
+    from trl import DPOConfig, DPOTrainer
+
+    rows = _image_pairs(tmp_path)
+    config = _config(TINY_VL, _write(rows, tmp_path / "pairs.jsonl"), "dpo", "lora", max_length=64, beta=0.5,
+                     dpo_loss=loss_type)
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model, tokenizer = _policy(config), load_tokenizer(config)
+    processor = ImageRows.for_run(config, tokenizer).processor
+    processor.chat_template = tokenizer.chat_template  # TRL renders the rows through the processor
+    args = DPOConfig(output_dir=str(tmp_path / "trl"), beta=0.5, loss_type=[loss_type], max_length=64, report_to=[],
+                     bf16=False, gradient_checkpointing=False, per_device_train_batch_size=len(rows), use_cpu=True)
+    with_images = [{**row, "images": [Image.open(tmp_path / name) for name in row["images"]]} for row in rows]
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(with_images),
+                         processing_class=processor)
+    if "ref" in getattr(trainer.model, "peft_config", {}):  # as for text: the reference is the adapter off
+        trainer.model.delete_adapter("ref")
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
+    sequences = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    assert sequences == [r["input_ids"] for r in tokenized] + [r["rejected_input_ids"] for r in tokenized]
+    ours = [row_image_inputs(r) for r in tokenized]
+    for name in ("pixel_values", "image_grid_thw"):  # TRL repeats the images for the rejected sequences
+        torch.testing.assert_close(batch[name], torch.from_numpy(np.concatenate([r[name] for r in ours * 2])))
+    trainer.model.train()
+    trl_loss = trainer.compute_loss(trainer.model, batch)
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    _same_metrics(metrics, {name: values[-1] for name, values in trainer._metrics["train"].items()})
