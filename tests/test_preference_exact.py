@@ -4,7 +4,11 @@ trained parameter's gradient (1e-5) and the metrics TRL logs; and the pairs are 
 DPO is compared with TRL's DPOTrainer as a whole (its tokenizing, collator, reference and compute_loss). ORPO and
 SimPO are compared with TRL's ORPOTrainer and CPOTrainer (loss_type simpo, cpo_alpha our sft_weight) in
 trl.experimental: their get_batch_loss_metrics on a batch in their layout made of our tokens (their own tokenizing is
-TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
+TRL's older one, with its prompt truncation, which the DPO trainer replaced).
+
+Pairs whose prompt holds images (the tiny Qwen2-VL): DPO is compared with DPOTrainer's vision path as a whole (its
+collator given the model's processor, the images repeated for the rejected sequences); SimPO, which TRL's CPOTrainer
+does not train on images, with its SimPO loss on DPOTrainer's vision forward."""
 
 import json
 from pathlib import Path
@@ -262,40 +266,86 @@ def _image_pairs(folder):
             pair("wide.png", "Describe it", "A wide, noisy picture.", "Blue.")]
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_dpo_with_image_prompts_equals_trl(tmp_path, loss_type):
-    """DPO on rows with images equals TRL's DPOTrainer on its vision path (processing_class the model's processor,
-    its DataCollatorForVisionPreference): the same tokens and image inputs, each pair's images in both of its
-    sequences, and the loss, the LoRA gradients and the rewards TRL logs."""
+def _trl_vision(config, rows, folder, model, **settings):
+    """TRL's DPOTrainer on its vision path (processing_class the model's processor, its
+    DataCollatorForVisionPreference) over the image pairs, and its batch of them, checked to be our tokens and image
+    inputs (``tokenized``), each pair's images in both of its sequences."""
     from datasets import Dataset
     from PIL import Image
     from trl import DPOConfig, DPOTrainer
 
+    tokenizer = load_tokenizer(config)
+    processor = ImageRows.for_run(config, tokenizer).processor
+    processor.chat_template = tokenizer.chat_template  # TRL renders the rows through the processor
+    args = DPOConfig(output_dir=str(folder / "trl"), max_length=config.data.max_length, report_to=[], bf16=False,
+                     gradient_checkpointing=False, per_device_train_batch_size=len(rows), use_cpu=True, **settings)
+    with_images = [{**row, "images": [Image.open(folder / name) for name in row["images"]]} for row in rows]
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(with_images),
+                         processing_class=processor)
+    if "ref" in getattr(trainer.model, "peft_config", {}):  # as for text: the reference is the adapter off
+        trainer.model.delete_adapter("ref")
+    trainer.model.train()
+    return trainer, trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
+
+
+def _same_image_batch(tokenized, batch):
+    """TRL's batch holds our pairs' tokens (chosen sequences, then rejected) and their images, repeated for the
+    rejected sequences."""
+    sequences = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    assert sequences == [r["input_ids"] for r in tokenized] + [r["rejected_input_ids"] for r in tokenized]
+    ours = [row_image_inputs(r) for r in tokenized]
+    for name in ("pixel_values", "image_grid_thw"):
+        torch.testing.assert_close(batch[name], torch.from_numpy(np.concatenate([r[name] for r in ours * 2])))
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_with_image_prompts_equals_trl(tmp_path, loss_type):
+    """DPO on rows with images equals TRL's DPOTrainer on its vision path: the same tokens and image inputs, and the
+    loss, the LoRA gradients and the rewards TRL logs."""
     rows = _image_pairs(tmp_path)
     config = _config(TINY_VL, _write(rows, tmp_path / "pairs.jsonl"), "dpo", "lora", max_length=64, beta=0.5,
                      dpo_loss=loss_type)
     tokenized, loss, grads, metrics = _ours(config)
 
-    model, tokenizer = _policy(config), load_tokenizer(config)
-    processor = ImageRows.for_run(config, tokenizer).processor
-    processor.chat_template = tokenizer.chat_template  # TRL renders the rows through the processor
-    args = DPOConfig(output_dir=str(tmp_path / "trl"), beta=0.5, loss_type=[loss_type], max_length=64, report_to=[],
-                     bf16=False, gradient_checkpointing=False, per_device_train_batch_size=len(rows), use_cpu=True)
-    with_images = [{**row, "images": [Image.open(tmp_path / name) for name in row["images"]]} for row in rows]
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(with_images),
-                         processing_class=processor)
-    if "ref" in getattr(trainer.model, "peft_config", {}):  # as for text: the reference is the adapter off
-        trainer.model.delete_adapter("ref")
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
-    sequences = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
-    assert sequences == [r["input_ids"] for r in tokenized] + [r["rejected_input_ids"] for r in tokenized]
-    ours = [row_image_inputs(r) for r in tokenized]
-    for name in ("pixel_values", "image_grid_thw"):  # TRL repeats the images for the rejected sequences
-        torch.testing.assert_close(batch[name], torch.from_numpy(np.concatenate([r[name] for r in ours * 2])))
-    trainer.model.train()
+    model = _policy(config)
+    trainer, batch = _trl_vision(config, rows, tmp_path, model, beta=0.5, loss_type=[loss_type])
+    _same_image_batch(tokenized, batch)
     trl_loss = trainer.compute_loss(trainer.model, batch)
     trl_loss.backward()
 
     torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
     _close(grads, _grads(model))
     _same_metrics(metrics, {name: values[-1] for name, values in trainer._metrics["train"].items()})
+
+
+def test_simpo_with_image_prompts_equals_trls_loss_on_its_vision_forward(tmp_path):
+    """SimPO on rows with images: TRL's CPOTrainer has no vision path (it never hands the model pixel_values), so our
+    loss, gradients and rewards are compared with its SimPO loss (``cpo_loss``, loss_type simpo) on the per-token
+    log-probabilities of DPOTrainer's vision forward (its collator, its model call), averaged as CPO averages them."""
+    from types import SimpleNamespace
+
+    from trl.experimental.cpo import CPOTrainer
+
+    simpo = {"beta": 0.5, "simpo_gamma": 0.4, "label_smoothing": 0.1}
+    rows = _image_pairs(tmp_path)
+    config = _config(TINY_VL, _write(rows, tmp_path / "pairs.jsonl"), "simpo", "lora", max_length=64, **simpo)
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model = _policy(config)
+    trainer, batch = _trl_vision(config, rows, tmp_path, model)
+    _same_image_batch(tokenized, batch)
+    completion = batch.pop("completion_mask")
+    labels = batch["input_ids"].masked_fill(completion == 0, -100)
+    token_logps = trainer.model(**batch, use_cache=False, labels=labels, fused_lm_head=True).log_probs
+    mask = completion[:, 1:]
+    chosen, rejected = ((token_logps * mask).sum(1) / mask.sum(1)).chunk(2)
+    cpo = SimpleNamespace(alpha=0.0, loss_type="simpo", accelerator=SimpleNamespace(device="cpu"), **simpo)
+    losses, chosen_rewards, rejected_rewards = CPOTrainer.cpo_loss(cpo, chosen, rejected)
+    losses.mean().backward()
+
+    torch.testing.assert_close(loss, losses.mean().detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    logged = {"rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
+              "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen, "logps/rejected": rejected,
+              "rewards/accuracies": (chosen_rewards > rejected_rewards).float()}  # as CPOTrainer logs them: means
+    _same_metrics(metrics, {name: values.mean().item() for name, values in logged.items()})
