@@ -79,14 +79,22 @@ def test_orpo_refuses_image_pairs_before_any_work(tmp_path):
     assert not any(event["type"] in ("step", "estimate") for event in events)
 
 
-def test_a_short_dpo_run_on_image_pairs_raises_the_margin(tmp_path):
+@pytest.fixture(scope="module")
+def dpo_run(tmp_path_factory):
     from studio.train import worker
 
-    config = vision_config(colour_pairs(tmp_path), objective="dpo", preference={"beta": 0.5},
+    folder = tmp_path_factory.mktemp("vision-dpo")
+    pairs = colour_pairs(folder)
+    config = vision_config(pairs, objective="dpo", preference={"beta": 0.5},
                            training={"micro_batch_size": 8, "max_steps": 8, "learning_rate": 5e-3,
                                      "warmup_ratio": 0.0, "lr_scheduler": "constant"})
-    code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
+    code, run_dir = worker.run(config, folder / "run", watch_stdin=False)
     assert code == 0
+    return run_dir, pairs
+
+
+def test_a_short_dpo_run_on_image_pairs_raises_the_margin(dpo_run):
+    run_dir, _ = dpo_run
     events = read_events(run_dir.events)
     steps = [event for event in events if event["type"] == "step"]
     margins = [step["rewards/margins"] for step in steps]  # each step's: all 8 pairs, before its update
@@ -94,3 +102,12 @@ def test_a_short_dpo_run_on_image_pairs_raises_the_margin(tmp_path):
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.1
     estimate = next(event for event in events if event["type"] == "estimate")
     assert estimate["run_data"]["image_patches"] == 2 * 8 * 16  # each pair's 4x4 patches, in both its sequences
+
+
+def test_studio_eval_ranks_the_image_pairs_with_their_images(dpo_run):
+    from studio.train.evaluation.compare import evaluate_run
+
+    run_dir, pairs = dpo_run
+    rows = evaluate_run(run_dir.path, [str(pairs)], max_new_tokens=4)["rows"]
+    assert len(rows) == 8 and all(row["prompt"] == "[image] What colour is this square?" for row in rows)
+    assert sum(row["tuned"]["margin"] for row in rows) > sum(row["base"]["margin"] for row in rows) + 8 * 0.3 / 0.5
