@@ -6,7 +6,7 @@ SimPO are compared with TRL's ORPOTrainer and CPOTrainer (loss_type simpo, cpo_a
 trl.experimental: their get_batch_loss_metrics on a batch in their layout made of our tokens (their own tokenizing is
 TRL's older one, with its prompt truncation, which the DPO trainer replaced).
 
-Pairs whose prompt holds images (the tiny Qwen2-VL): DPO is compared with DPOTrainer's vision path as a whole (its
+Pairs whose prompt holds images (the tiny Qwen2-VL, and a tiny Gemma 3: its token_type_ids): DPO is compared with DPOTrainer's vision path as a whole (its
 collator given the model's processor, the images repeated for the rejected sequences); SimPO, which TRL's CPOTrainer
 does not train on images, with its SimPO loss on DPOTrainer's vision forward."""
 
@@ -20,7 +20,7 @@ import torch
 from helpers import with_demo_tokenizer
 from model_factory import make_tiny_model
 from studio.core.presets import demo_config
-from studio.train.data.images import ImageRows, row_image_inputs
+from studio.train.data.images import TOKEN_INPUTS, ImageRows, row_image_inputs
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.prepare import prepare_data
 from studio.train.model.build import build_model, load_base_model, load_tokenizer
@@ -294,17 +294,27 @@ def _same_image_batch(tokenized, batch):
     sequences = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
     assert sequences == [r["input_ids"] for r in tokenized] + [r["rejected_input_ids"] for r in tokenized]
     ours = [row_image_inputs(r) for r in tokenized]
-    for name in ("pixel_values", "image_grid_thw"):
+    for name in set(ours[0]) - set(TOKEN_INPUTS):  # pixel_values, and image_grid_thw for Qwen2-VL
         torch.testing.assert_close(batch[name], torch.from_numpy(np.concatenate([r[name] for r in ours * 2])))
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_dpo_with_image_prompts_equals_trl(tmp_path, loss_type):
+def _vision_model(family, folder):
+    """The tiny Qwen2-VL of the resources, or a tiny random model of another family (its processor's per-token
+    image inputs TRL's collator handles: Gemma 3's token_type_ids)."""
+    if family == "qwen2_vl":
+        return TINY_VL
+    from test_vision_families import saved_family
+
+    return saved_family(family, folder / family)
+
+
+@pytest.mark.parametrize("family, loss_type", [("qwen2_vl", "sigmoid"), ("qwen2_vl", "ipo"), ("gemma3", "sigmoid")])
+def test_dpo_with_image_prompts_equals_trl(tmp_path, family, loss_type):
     """DPO on rows with images equals TRL's DPOTrainer on its vision path: the same tokens and image inputs, and the
     loss, the LoRA gradients and the rewards TRL logs."""
     rows = _image_pairs(tmp_path)
-    config = _config(TINY_VL, _write(rows, tmp_path / "pairs.jsonl"), "dpo", "lora", max_length=64, beta=0.5,
-                     dpo_loss=loss_type)
+    config = _config(_vision_model(family, tmp_path), _write(rows, tmp_path / "pairs.jsonl"), "dpo", "lora",
+                     max_length=96, beta=0.5, dpo_loss=loss_type)
     tokenized, loss, grads, metrics = _ours(config)
 
     model = _policy(config)
