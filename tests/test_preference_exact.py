@@ -6,9 +6,10 @@ SimPO are compared with TRL's ORPOTrainer and CPOTrainer (loss_type simpo, cpo_a
 trl.experimental: their get_batch_loss_metrics on a batch in their layout made of our tokens (their own tokenizing is
 TRL's older one, with its prompt truncation, which the DPO trainer replaced).
 
-Pairs whose prompt holds images (the tiny Qwen2-VL, and a tiny Gemma 3: its token_type_ids): DPO is compared with DPOTrainer's vision path as a whole (its
-collator given the model's processor, the images repeated for the rejected sequences); SimPO, which TRL's CPOTrainer
-does not train on images, with its SimPO loss on DPOTrainer's vision forward."""
+Pairs whose prompt holds images (the tiny Qwen2-VL, and a tiny Gemma 3: its token_type_ids): DPO is compared with
+DPOTrainer's vision path as a whole (its collator given the model's processor, the images repeated for the rejected
+sequences); SimPO, which TRL's CPOTrainer does not train on images, with its SimPO loss on DPOTrainer's vision
+forward."""
 
 import json
 from pathlib import Path

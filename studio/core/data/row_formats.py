@@ -130,9 +130,9 @@ class Example:
     tools: tuple[dict[str, Any], ...] = ()
     """Conversational rows: the functions the model may call, each ``{"type": "function", "function": {...}}``."""
     images: tuple[str, ...] = ()
-    """Chat rows (and a preference pair's prompt): the image files, the n-th that of the n-th ``{"type": "image"}``
-    part of the messages (whose content is then a tuple of parts; a turn without images keeps plain text). As written in the row until
-    ``studio.core.data.dataset`` resolves them against the data file's folder."""
+    """Chat rows (and a preference pair's prompt): the image files, the n-th that of the n-th ``{"type": "image"}`` part
+    of the messages (whose content is then a tuple of parts; a turn without images keeps plain text). As written in
+    the row until ``studio.core.data.dataset`` resolves them against the data file's folder."""
 
     @property
     def conversational(self) -> bool:
