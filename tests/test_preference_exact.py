@@ -4,16 +4,24 @@ trained parameter's gradient (1e-5) and the metrics TRL logs; and the pairs are 
 DPO is compared with TRL's DPOTrainer as a whole (its tokenizing, collator, reference and compute_loss). ORPO and
 SimPO are compared with TRL's ORPOTrainer and CPOTrainer (loss_type simpo, cpo_alpha our sft_weight) in
 trl.experimental: their get_batch_loss_metrics on a batch in their layout made of our tokens (their own tokenizing is
-TRL's older one, with its prompt truncation, which the DPO trainer replaced)."""
+TRL's older one, with its prompt truncation, which the DPO trainer replaced).
+
+Pairs whose prompt holds images (the tiny Qwen2-VL, and a tiny Gemma 3: its token_type_ids): DPO is compared with
+DPOTrainer's vision path as a whole (its collator given the model's processor, the images repeated for the rejected
+sequences); SimPO, which TRL's CPOTrainer does not train on images, with its SimPO loss on DPOTrainer's vision
+forward."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from helpers import with_demo_tokenizer
 from model_factory import make_tiny_model
 from studio.core.presets import demo_config
+from studio.train.data.images import TOKEN_INPUTS, ImageRows, row_image_inputs
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.prepare import prepare_data
 from studio.train.model.build import build_model, load_base_model, load_tokenizer
@@ -44,10 +52,10 @@ def model_folder(tmp_path_factory):
     return with_demo_tokenizer(make_tiny_model("llama", tmp_path_factory.mktemp("tiny"), vocab_size=1200))
 
 
-def _config(folder, data_file, objective, method, **preference):
+def _config(folder, data_file, objective, method, max_length=24, **preference):
     return demo_config().replace(
         model={"name_or_path": str(folder)}, method=method, objective=objective, preference=preference,
-        data={"train_files": (str(data_file),), "eval_files": (), "max_length": 24},
+        data={"train_files": (str(data_file),), "eval_files": (), "max_length": max_length},
         # a micro-batch holds every row: KTO pairs its mismatched completions within it, as TRL within its batch
         training={"precision": "fp32", "gradient_checkpointing": False, "micro_batch_size": 8},
         lora={"dropout": 0.0})
@@ -75,7 +83,7 @@ def _ours(config, seed=1, packed=False):
     """Our loss, gradients and metrics on the whole data as one micro-batch: padded as TRL pads, or packed (the
     model attending per sequence, as the worker switches it)."""
     tokenizer = load_tokenizer(config)
-    rows = prepare_data(config, tokenizer).train
+    rows = prepare_data(config, tokenizer, image_rows=ImageRows.for_run(config, tokenizer)).train
     model = _policy(config, seed)
     if packed:
         attend_packed(model)
@@ -235,3 +243,120 @@ def test_a_packed_batch_gives_the_padded_loss_gradients_and_metrics(model_folder
     _close(packed_grads, padded_grads)
     assert packed_metrics.keys() == padded_metrics.keys()
     _same_metrics(packed_metrics, padded_metrics)
+
+
+TINY_VL = Path(__file__).resolve().parent.parent / "resources" / "models" / "studio-tiny-vl"  # Qwen2-VL
+
+
+def _image_pairs(folder):
+    """TRL's vision preference rows: the prompt's image parts, their files in the images column (two generated
+    images of different sizes, so of different token counts), and plain-text answers."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(0)
+    for name, (height, width) in (("noise.png", (16, 16)), ("wide.png", (16, 32))):
+        Image.fromarray(generator.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(folder / name)
+
+    def pair(image, question, chosen, rejected):
+        return {"images": [image],
+                "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+                "chosen": [{"role": "assistant", "content": [{"type": "text", "text": chosen}]}],
+                "rejected": [{"role": "assistant", "content": [{"type": "text", "text": rejected}]}]}
+    return [pair("noise.png", "What is in the picture?", "Noise.", "A red square, I think."),
+            pair("wide.png", "Describe it", "A wide, noisy picture.", "Blue.")]
+
+
+def _trl_vision(config, rows, folder, model, **settings):
+    """TRL's DPOTrainer on its vision path (processing_class the model's processor, its
+    DataCollatorForVisionPreference) over the image pairs, and its batch of them, checked to be our tokens and image
+    inputs (``tokenized``), each pair's images in both of its sequences."""
+    from datasets import Dataset
+    from PIL import Image
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = load_tokenizer(config)
+    processor = ImageRows.for_run(config, tokenizer).processor
+    processor.chat_template = tokenizer.chat_template  # TRL renders the rows through the processor
+    args = DPOConfig(output_dir=str(folder / "trl"), max_length=config.data.max_length, report_to=[], bf16=False,
+                     gradient_checkpointing=False, per_device_train_batch_size=len(rows), use_cpu=True, **settings)
+    with_images = [{**row, "images": [Image.open(folder / name) for name in row["images"]]} for row in rows]
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(with_images),
+                         processing_class=processor)
+    if "ref" in getattr(trainer.model, "peft_config", {}):  # as for text: the reference is the adapter off
+        trainer.model.delete_adapter("ref")
+    trainer.model.train()
+    return trainer, trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
+
+
+def _same_image_batch(tokenized, batch):
+    """TRL's batch holds our pairs' tokens (chosen sequences, then rejected) and their images, repeated for the
+    rejected sequences."""
+    sequences = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    assert sequences == [r["input_ids"] for r in tokenized] + [r["rejected_input_ids"] for r in tokenized]
+    ours = [row_image_inputs(r) for r in tokenized]
+    for name in set(ours[0]) - set(TOKEN_INPUTS):  # pixel_values, and image_grid_thw for Qwen2-VL
+        torch.testing.assert_close(batch[name], torch.from_numpy(np.concatenate([r[name] for r in ours * 2])))
+
+
+def _vision_model(family, folder):
+    """The tiny Qwen2-VL of the resources, or a tiny random model of another family (its processor's per-token
+    image inputs TRL's collator handles: Gemma 3's token_type_ids)."""
+    if family == "qwen2_vl":
+        return TINY_VL
+    from test_vision_families import saved_family
+
+    return saved_family(family, folder / family)
+
+
+@pytest.mark.parametrize("family, loss_type", [("qwen2_vl", "sigmoid"), ("qwen2_vl", "ipo"), ("gemma3", "sigmoid")])
+def test_dpo_with_image_prompts_equals_trl(tmp_path, family, loss_type):
+    """DPO on rows with images equals TRL's DPOTrainer on its vision path: the same tokens and image inputs, and the
+    loss, the LoRA gradients and the rewards TRL logs."""
+    rows = _image_pairs(tmp_path)
+    config = _config(_vision_model(family, tmp_path), _write(rows, tmp_path / "pairs.jsonl"), "dpo", "lora",
+                     max_length=96, beta=0.5, dpo_loss=loss_type)
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model = _policy(config)
+    trainer, batch = _trl_vision(config, rows, tmp_path, model, beta=0.5, loss_type=[loss_type])
+    _same_image_batch(tokenized, batch)
+    trl_loss = trainer.compute_loss(trainer.model, batch)
+    trl_loss.backward()
+
+    torch.testing.assert_close(loss, trl_loss.detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    _same_metrics(metrics, {name: values[-1] for name, values in trainer._metrics["train"].items()})
+
+
+def test_simpo_with_image_prompts_equals_trls_loss_on_its_vision_forward(tmp_path):
+    """SimPO on rows with images: TRL's CPOTrainer has no vision path (it never hands the model pixel_values), so our
+    loss, gradients and rewards are compared with its SimPO loss (``cpo_loss``, loss_type simpo) on the per-token
+    log-probabilities of DPOTrainer's vision forward (its collator, its model call), averaged as CPO averages them."""
+    from types import SimpleNamespace
+
+    from trl.experimental.cpo import CPOTrainer
+
+    simpo = {"beta": 0.5, "simpo_gamma": 0.4, "label_smoothing": 0.1}
+    rows = _image_pairs(tmp_path)
+    config = _config(TINY_VL, _write(rows, tmp_path / "pairs.jsonl"), "simpo", "lora", max_length=64, **simpo)
+    tokenized, loss, grads, metrics = _ours(config)
+
+    model = _policy(config)
+    trainer, batch = _trl_vision(config, rows, tmp_path, model)
+    _same_image_batch(tokenized, batch)
+    completion = batch.pop("completion_mask")
+    labels = batch["input_ids"].masked_fill(completion == 0, -100)
+    token_logps = trainer.model(**batch, use_cache=False, labels=labels, fused_lm_head=True).log_probs
+    mask = completion[:, 1:]
+    chosen, rejected = ((token_logps * mask).sum(1) / mask.sum(1)).chunk(2)
+    cpo = SimpleNamespace(alpha=0.0, loss_type="simpo", accelerator=SimpleNamespace(device="cpu"), **simpo)
+    losses, chosen_rewards, rejected_rewards = CPOTrainer.cpo_loss(cpo, chosen, rejected)
+    losses.mean().backward()
+
+    torch.testing.assert_close(loss, losses.mean().detach(), atol=1e-5, rtol=1e-5)
+    _close(grads, _grads(model))
+    logged = {"rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
+              "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen, "logps/rejected": rejected,
+              "rewards/accuracies": (chosen_rewards > rejected_rewards).float()}  # as CPOTrainer logs them: means
+    _same_metrics(metrics, {name: values.mean().item() for name, values in logged.items()})

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.data.dataset import DatasetReport, inspect_files, objective_refusal
+from studio.core.data.dataset import DatasetReport, image_objective_refusal, inspect_files, objective_refusal
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config, load_model_config
@@ -51,14 +51,18 @@ def check_inputs(config: RunConfig, events: EventWriter) -> DataReports:
 
 def inspect_data(config: RunConfig) -> DataReports:
     """The (train, eval) reports of the run's data files, read as its objective reads them: every problem named
-    by file and line, and pairs refused for an objective that learns from responses."""
+    by file and line, pairs refused for an objective that learns from responses, and images for one that does not
+    train on them."""
     data = config.data
     reports = (inspect_files(data.train_files, config.row_format, keep=0),
                inspect_files(data.eval_files, config.row_format, keep=0) if data.eval_files else None)
     for files, report in zip((data.train_files, data.eval_files), reports):
         if report is None:
             continue
-        refusal = objective_refusal(report.format, config.objective, config.learns_preferences, Path(files[0]).name)
+        where = Path(files[0]).name
+        refusal = objective_refusal(report.format, config.objective, config.learns_preferences, where)
+        if refusal is None and report.image_rows:
+            refusal = image_objective_refusal(config.objective, where)
         if refusal is not None:
             raise refusal
     return reports

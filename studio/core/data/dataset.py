@@ -69,6 +69,17 @@ def objective_refusal(fmt: str, objective: str, learns_preferences: bool, where:
     return None
 
 
+def image_objective_refusal(objective: str, where: str) -> DataError | None:
+    """Why rows with images (in ``where``: their file) cannot train ``objective``, or None. ORPO's cross-entropy
+    learns each chosen answer's prompt too, which an image's tokens never are (KTO's and GRPO's rows are refused
+    images by their row formats)."""
+    if objective == "orpo":
+        return DataError(where, "the rows hold images: objective orpo does not train on images yet (its "
+                         "cross-entropy learns the prompt too, and an image's tokens are never learned)",
+                         "set objective to dpo or simpo, or remove the images")
+    return None
+
+
 MAX_PROBLEMS = 20
 """inspect_files stops reading after this many problems: enough to see a pattern."""
 

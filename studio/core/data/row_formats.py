@@ -17,7 +17,8 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
   loss. Images, in TRL's vision format: a turn's ``content`` is a list of parts, ``{"type": "text", "text": ...}``
   and ``{"type": "image"}``, the images the row's ``images`` column (a list of paths, in the parts' order), or a
   part names its own (``{"type": "image", "path": "x.png"}``, or ``"image"``). Paths are relative to the data file
-  (``studio.core.data.dataset`` finds them); only local files: a URL is refused. Only chat rows hold images.
+  (``studio.core.data.dataset`` finds them); only local files: a URL is refused. Chat rows hold images in their
+  user turns, conversational preference rows in their prompt's (``IMAGE_FORMATS``).
 - instruction: alpaca ``instruction``, optional ``input``, ``output`` (and an
   optional ``system``); becomes a user and an assistant message.
 - prompt_completion: ``prompt`` (may be empty) and ``completion``.
@@ -25,6 +26,7 @@ Row formats (``DataConfig.format``), detected from the fields of the first row:
 - preference: TRL's preference rows, ``prompt``, ``chosen`` and ``rejected``: plain text, or each a list of
   messages (conversational). Without ``prompt`` the prompt is implicit: what chosen and rejected share from their
   start (their common turns, or characters), as TRL's ``extract_prompt`` takes it. For the pairwise objectives.
+  A conversational pair's prompt may hold images (TRL's vision preference rows), as a chat row's user turns do.
 - unpaired_preference: TRL's unpaired preference rows (KTO's), ``prompt``, ``completion`` and ``label`` (true: the
   completion is desirable, false: undesirable): plain text, or prompt and completion each a list of messages.
 - prompt_only: TRL's prompt-only rows (GRPO's, which writes the completions): ``prompt``, plain text or a list of
@@ -45,6 +47,8 @@ from typing import Any
 from studio.core.errors import Problem, StudioError
 
 FORMATS = ("instruction", "chat", "prompt_completion", "text", "preference", "unpaired_preference", "prompt_only")
+IMAGE_FORMATS = ("chat", "preference")
+"""The row formats whose rows may hold images: a chat row's user turns, a preference pair's prompt."""
 ANSWERED_FORMATS = ("instruction", "chat", "prompt_completion")
 """The supervised row formats a prompt-only reader (GRPO's) takes too: the prompt, its answer the reference."""
 REFERENCE_COLUMNS = ("answer", "solution", "reference")
@@ -126,9 +130,9 @@ class Example:
     tools: tuple[dict[str, Any], ...] = ()
     """Conversational rows: the functions the model may call, each ``{"type": "function", "function": {...}}``."""
     images: tuple[str, ...] = ()
-    """Chat rows: the image files, the n-th that of the n-th ``{"type": "image"}`` part of the messages (whose
-    content is then a tuple of parts; a turn without images keeps plain text). As written in the row until
-    ``studio.core.data.dataset`` resolves them against the data file's folder."""
+    """Chat rows (and a preference pair's prompt): the image files, the n-th that of the n-th ``{"type": "image"}`` part
+    of the messages (whose content is then a tuple of parts; a turn without images keeps plain text). As written in
+    the row until ``studio.core.data.dataset`` resolves them against the data file's folder."""
 
     @property
     def conversational(self) -> bool:
@@ -144,7 +148,8 @@ class Example:
         """A preference pair as the response row of its chosen answer (chat, or prompt_completion for plain text):
         what is rendered, prompted and shown of a pair where one response is wanted."""
         if self.conversational:
-            return Example("chat", messages=self.messages + self.chosen, location=self.location, tools=self.tools)
+            return Example("chat", messages=self.messages + self.chosen, location=self.location, tools=self.tools,
+                           images=self.images)
         return Example("prompt_completion", prompt=self.prompt, completion=self.chosen, location=self.location)
 
 
@@ -239,10 +244,12 @@ def to_messages(record: dict, fmt: str, location: str = "") -> Example:
     if fmt not in _BUILDERS:
         raise unknown_format_error(record, location)
     example = _BUILDERS[fmt](record, location)
-    if example.kind != "chat" and has_images(example.messages + _turns(example.chosen, example.rejected,
-                                                                         example.completion)):
+    if example.kind not in IMAGE_FORMATS and has_images(example.messages + _turns(example.completion)):
         raise DataError(location, f"{example.kind} rows with images are not trained yet",
-                        "images train in chat rows (supervised fine-tuning) for now")
+                        "images train in chat rows (supervised fine-tuning) and preference pairs (dpo, simpo) for now")
+    if example.kind == "preference" and not example.conversational and record.get("images"):
+        raise DataError(location, "field 'images' needs a conversational pair: plain-text prompts have no place for "
+                        "images", 'write the prompt as messages whose content holds {"type": "image"} parts')
     return example
 
 
@@ -605,8 +612,10 @@ def _conversational_preference(record: dict, location: str) -> Example:
         if not response:
             raise DataError(location, f"field '{key}' holds no turn beyond the prompt", "give it an assistant turn")
         _check_turn_order(prompt + response, f"prompt+{key}", location)
+        _with_images(response, {}, key, location)  # an image in an answer is refused as in a chat row's
+    prompt, images = _with_images(prompt, record, "prompt", location)
     return Example("preference", messages=prompt, chosen=chosen, rejected=rejected, location=location,
-                   tools=_tools(record, location))
+                   tools=_tools(record, location), images=images)
 
 
 def _unpaired_preference(record: dict, location: str) -> Example:

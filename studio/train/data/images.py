@@ -49,7 +49,13 @@ IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image
 """What a micro-batch may hand the model beside the ids: the processors' image inputs (one entry per image along
 their first axis; mllama's one row each), their per-token ones and mllama's cross-attention mask."""
 IMAGE_COLUMN = "image_inputs"
-IMAGE_COLUMN_TYPES = {IMAGE_COLUMN: pa.binary()}
+REJECTED_IMAGE_COLUMN = "rejected_image_inputs"
+"""A preference pair's rejected sequence's image inputs along its own ids (its per-token ones); its images' inputs
+are the chosen sequence's (``IMAGE_COLUMN``), the pair's prompt holding them, and are stored once."""
+SEQUENCE_INPUTS = "sequence_image_inputs"
+"""A micro-batch feature's own per-token image inputs, replacing those of its ``IMAGE_COLUMN`` (a rejected
+sequence's, from ``REJECTED_IMAGE_COLUMN``)."""
+IMAGE_COLUMN_TYPES = {IMAGE_COLUMN: pa.binary(), REJECTED_IMAGE_COLUMN: pa.binary()}
 NO_IMAGES: dict[str, bytes] = {IMAGE_COLUMN: b""}
 
 
@@ -140,25 +146,38 @@ class ImageRows:
     def expand(self, segments: Sequence[Segment], example: Example) -> tuple[list, ImageInputs]:
         """The segments with each image's placeholder replaced by its tokens as the processor writes them
         (``(ids, False)``: pre-tokenized, never learned), in order; and the row's image inputs."""
-        placeholder, pending, expanded, made = self.family.placeholder, iter(range(len(example.images))), [], []
+        (expanded,), inputs = self.expand_renderings([segments], example)
+        return expanded, inputs
+
+    def expand_renderings(self, renderings: Sequence[Sequence[Segment]],
+                          example: Example) -> tuple[list[list], ImageInputs]:
+        """``expand`` of several renderings of one row, each holding all its images (a preference pair's prompt,
+        prompt+chosen and prompt+rejected): the images opened and processed once."""
+        processed = [self._expanded_image(self._open(example, index)) for index in range(len(example.images))]
+        tokens, made = [tokens for tokens, _ in processed], [source for _, source in processed]
+        expanded = [self._placed(segments, tokens, example) for segments in renderings]
+        return expanded, self._tiled_inputs(made) if self.family.cross_attention else self._inputs(made,
+                                                                                                  example.location)
+
+    def _placed(self, segments: Sequence[Segment], images: list[list[int]], example: Example) -> list:
+        """The segments with the n-th image placeholder replaced by ``images[n]`` (its tokens); refused unless the
+        template writes one placeholder per image."""
+        placeholder, pending, expanded = self.family.placeholder, iter(images), []
         for text, trainable in segments:
             pieces = text.split(placeholder)
             expanded.append((pieces[0], trainable))
             for piece in pieces[1:]:
-                index = next(pending, None)
-                if index is None:
+                tokens = next(pending, None)
+                if tokens is None:
                     raise DataError(example.location, f"the chat template writes more image placeholders "
                                     f"({placeholder}) than the row has images ({len(example.images)})",
                                     "give each image placeholder its image")
-                tokens, source = self._expanded_image(self._open(example, index))
-                made.append(source)
                 expanded += [(tokens, False), (piece, trainable)]
         if next(pending, None) is not None:
             raise DataError(example.location, f"the chat template renders fewer image placeholders ({placeholder}) "
                             f"than the row has images ({len(example.images)})",
                             "use the model's own chat template: it renders image parts")
-        return expanded, self._tiled_inputs(made) if self.family.cross_attention else self._inputs(made,
-                                                                                                  example.location)
+        return expanded
 
     def _expanded_image(self, image: Any) -> tuple[list[int], Any]:
         """An image's tokens in the ids and what its inputs come from: mllama's one image token and the image itself
@@ -195,7 +214,13 @@ class ImageRows:
     def masked(self, encoded: dict[str, Any], inputs: ImageInputs, max_length: int, location: str) -> dict[str, Any]:
         """The encoded row with its image inputs (its per-token ones along its ids, mllama's cross-attention mask
         too); refused when max_length cuts into its images (or its text holds the images' tokens too)."""
-        ids, image_ids = encoded["input_ids"], set(inputs.added)
+        row = {**inputs.arrays, **self.token_inputs(encoded["input_ids"], inputs, max_length, location)}
+        return {**encoded, IMAGE_COLUMN: npz_bytes(row)}
+
+    def token_inputs(self, ids: Sequence[int], inputs: ImageInputs, max_length: int,
+                     location: str) -> dict[str, np.ndarray]:
+        """The image inputs along a sequence's ``ids`` (``masked`` says which, and when they are refused)."""
+        image_ids = set(inputs.added)
         found = sum(token in image_ids for token in ids)
         if found > len(inputs.added):
             written = self.processor.tokenizer.convert_ids_to_tokens(sorted(image_ids))
@@ -205,14 +230,12 @@ class ImageRows:
         if found < len(inputs.added):
             raise DataError(location, f"data.max_length {max_length:,} cuts into the row's images: the images alone "
                             f"are {inputs.length:,} tokens", "raise data.max_length, or use smaller images")
-        row = {**inputs.arrays, **{name: np.asarray([mark_of.get(token, 0) for token in ids], np.int64)
-                                   for name, mark_of in inputs.marks.items()}}
+        row = {name: np.asarray([mark_of.get(token, 0) for token in ids], np.int64)
+               for name, mark_of in inputs.marks.items()}
         if self.family.cross_attention:
             row["cross_attention_mask"] = cross_attention_mask(ids, self.processor.image_token_id,
                                                                inputs.arrays["aspect_ratio_mask"])
-        buffer = io.BytesIO()
-        np.savez(buffer, **row)
-        return {**encoded, IMAGE_COLUMN: buffer.getvalue()}
+        return row
 
     def _open(self, example: Example, index: int):
         from PIL import Image, UnidentifiedImageError
@@ -224,6 +247,13 @@ class ImageRows:
         except (OSError, UnidentifiedImageError, ValueError) as exc:
             raise DataError(example.location, f"image {index} ({path}) cannot be read as an image: {exc}",
                             "give a PNG, JPEG or another image file PIL reads") from None
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """Arrays as the bytes of one .npz file: a split row's image column."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def cross_attention_mask(ids: Sequence[int], image_token: int, aspect_ratio_mask: np.ndarray) -> np.ndarray:
@@ -246,8 +276,14 @@ def stacked(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def row_image_inputs(feature: dict[str, Any]) -> dict[str, np.ndarray]:
-    """A split row's image inputs (none for a row without images)."""
-    data = feature.get(IMAGE_COLUMN)
+    """A split row's image inputs (none for a row without images); a feature's ``SEQUENCE_INPUTS`` replace its
+    per-token ones."""
+    if not feature.get(IMAGE_COLUMN):
+        return {}
+    return {**_arrays(feature[IMAGE_COLUMN]), **_arrays(feature.get(SEQUENCE_INPUTS))}
+
+
+def _arrays(data: bytes | None) -> dict[str, np.ndarray]:
     if not data:
         return {}
     with np.load(io.BytesIO(data)) as arrays:

@@ -51,7 +51,8 @@ from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.vision import SUPPORTED_VISION
-from studio.train.data.images import IMAGE_COLUMN, IMAGE_COLUMN_TYPES, NO_IMAGES, ImageRows, image_batch
+from studio.train.data.images import (IMAGE_COLUMN, IMAGE_COLUMN_TYPES, NO_IMAGES, REJECTED_IMAGE_COLUMN, ImageInputs,
+                                      ImageRows, image_batch, npz_bytes)
 
 if TYPE_CHECKING:  # imported where a split is made or loaded: importing this module needs no datasets
     import datasets
@@ -62,6 +63,8 @@ PREFERENCE_COLUMNS = {  # the columns of each preference row format (beside inpu
     "preference": ("rejected_input_ids", "rejected_labels"),
     "unpaired_preference": ("completion_ids", "label"),
 }
+IMAGE_COLUMNS = {"preference": (IMAGE_COLUMN, REJECTED_IMAGE_COLUMN)}
+"""The image columns of a row format whose rows hold several sequences (the others: ``IMAGE_COLUMN``)."""
 PROMPT_COLUMNS = ("input_ids", "row", "location")
 """A prompt-only row's columns: its prompt's ids, the row as read (JSON) and where it is."""
 _BATCH_ROWS = 1000
@@ -215,14 +218,19 @@ def encode_image_prompt(example: Example, tokenizer: Any, template: str,
 
 
 def encode_preference(example: Example, tokenizer: Any, template: str, max_length: int,
-                      add_bos: bool | None = None) -> dict[str, Any]:
+                      add_bos: bool | None = None, image_rows: ImageRows | None = None) -> dict[str, Any]:
     """A preference row's sequences (the module docstring says how, as TRL), each cut to ``max_length``: a pair's
     two, or an unpaired row's one with its ``completion_ids`` and ``label``; ``response_start`` is the prompt's
-    length (the row is dropped when it is max_length or more)."""
-    prompt, *sequences = _preference_texts(example, tokenizer, template)
+    length (the row is dropped when it is max_length or more). A pair whose prompt holds images carries them
+    through ``image_rows`` as a chat row does, its placeholders expanded alike in all three texts: the images'
+    inputs and the chosen sequence's per-token ones in ``IMAGE_COLUMN``, the rejected one's in
+    ``REJECTED_IMAGE_COLUMN``; refused when max_length cuts into the images."""
     if add_bos is None:
         add_bos = adds_bos(tokenizer)
-    prompt_ids, *sequence_ids = (_whole_ids(text, tokenizer, add_bos) for text in (prompt, *sequences))
+    (prompt_ids, *sequence_ids), inputs = _preference_ids(example, tokenizer, template, add_bos, image_rows)
+    if inputs is not None:
+        along = [image_rows.token_inputs(ids[:max_length], inputs, max_length, example.location)
+                 for ids in sequence_ids]
     start = min(_common_prefix(prompt_ids, ids) for ids in sequence_ids)
     if start >= max_length:  # nothing of the responses would be left: TRL drops the row
         return {"input_ids": [], "labels": [], "truncated": True, "response_start": start}
@@ -233,7 +241,32 @@ def encode_preference(example: Example, tokenizer: Any, template: str, max_lengt
     if example.kind == "unpaired_preference":  # as much of the completion as another row's prompt may take (KTO's KL)
         encoded["completion_ids"] = sequence_ids[0][start:start + max_length]
         encoded["label"] = example.label
+    if inputs is not None:
+        encoded[IMAGE_COLUMN] = npz_bytes({**inputs.arrays, **along[0]})
+        encoded[REJECTED_IMAGE_COLUMN] = npz_bytes(along[1])
     return encoded
+
+
+def _preference_ids(example: Example, tokenizer: Any, template: str, add_bos: bool,
+                    image_rows: ImageRows | None) -> tuple[list[list[int]], ImageInputs | None]:
+    """The ids of a preference row's prompt, then of its sequences, each tokenized whole; a pair with images: each
+    of its texts with the image placeholders expanded to the images' tokens (the images processed once), and the
+    images' inputs (None without images)."""
+    texts = _preference_texts(example, tokenizer, template)
+    if not example.images:
+        return [_whole_ids(text, tokenizer, add_bos) for text in texts], None
+    renderings, inputs = _vision(example, image_rows).expand_renderings([[(text, False)] for text in texts], example)
+    return [encode(rendering, tokenizer, sys.maxsize, add_bos=add_bos)["input_ids"] for rendering in renderings], \
+        inputs
+
+
+def _vision(example: Example, image_rows: ImageRows | None) -> ImageRows:
+    """What expands a row's images; refused for a text model's run (``image_rows`` None)."""
+    if image_rows is None:
+        raise DataError(example.location, f"the row holds {len(example.images)} image(s), but the model is a text "
+                        f"model", f"choose a vision-language model ({', '.join(SUPPORTED_VISION)}) or remove the "
+                        "images")
+    return image_rows
 
 
 def _preference_texts(example: Example, tokenizer: Any, template: str) -> list[str]:
@@ -312,7 +345,7 @@ class _SplitBuilder:
                                       "dropped": 0, "unlearned": 0, "format": fmt, "template": template}
         self.prompts_only = fmt == "prompt_only"
         self.columns = PROMPT_COLUMNS if self.prompts_only else (*_COLUMNS, *PREFERENCE_COLUMNS.get(fmt, ()),
-                                                                 *((IMAGE_COLUMN,) if images else ()))
+                                                                 *(image_columns(fmt) if images else ()))
         self._schema = pa.schema([(name, _COLUMN_TYPES.get(name, pa.list_(pa.int32()))) for name in self.columns])
         self._batches: list[pa.RecordBatch] = []
         self._rows: dict[str, list[list[int]]] = {name: [] for name in self.columns}
@@ -357,6 +390,11 @@ class _SplitBuilder:
             mismatched = rotated_in_groups(table.column("completion_ids").to_pylist(), self.kl_group)
             table = table.append_column("kl_completion_ids", pa.array(mismatched, type=pa.list_(pa.int32())))
         return datasets.Dataset(InMemoryTable(table))
+
+
+def image_columns(fmt: str) -> tuple[str, ...]:
+    """The image columns of a run on images whose rows are ``fmt``."""
+    return IMAGE_COLUMNS.get(fmt, (IMAGE_COLUMN,))
 
 
 def rotated_in_groups(values: list, group: int) -> list:
@@ -525,20 +563,18 @@ class RowEncoder:
         if example.kind == "prompt_only":
             return encode_prompt_only(example, self.tokenizer, self.template, self.max_prompt, self.add_bos)
         if example.kind in PREFERENCE_COLUMNS:
-            return encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos)
-        segments = render_segments(example, self.tokenizer, self.template, self.learning)
-        if example.images:
-            return self._encode_images(example, segments)
-        encoded = encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
-        return {**encoded, **NO_IMAGES} if self.image_rows else encoded
+            encoded = encode_preference(example, self.tokenizer, self.template, self.max_length, self.add_bos,
+                                        self.image_rows)
+        else:
+            segments = render_segments(example, self.tokenizer, self.template, self.learning)
+            if example.images:
+                return self._encode_images(example, segments)
+            encoded = encode(segments, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
+        return {**dict.fromkeys(image_columns(example.kind), b""), **encoded} if self.image_rows else encoded
 
     def _encode_images(self, example: Example, segments: list[Segment]) -> dict[str, Any]:
         """A chat row with images: its image placeholders expanded to the images' tokens, never learned."""
-        if self.image_rows is None:
-            raise DataError(example.location, f"the row holds {len(example.images)} image(s), but the model is a "
-                            "text model", f"choose a vision-language model ({', '.join(SUPPORTED_VISION)}) or remove "
-                            "the images")
-        expanded, inputs = self.image_rows.expand(segments, example)
+        expanded, inputs = _vision(example, self.image_rows).expand(segments, example)
         encoded = encode(expanded, self.tokenizer, self.max_length, self.train_on_prompt, self.add_bos)
         return self.image_rows.masked(encoded, inputs, self.max_length, example.location)
 

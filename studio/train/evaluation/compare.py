@@ -169,7 +169,9 @@ class _PairScorer(_AnswerScorer):
 
     def __init__(self, tokenizer, config: RunConfig, examples: list[Example], max_new_tokens: int):
         self.objective = Preference(config, None, tokenizer.pad_token_id)
-        pairs = [encode_preference(e, tokenizer, config.data.template, config.data.max_length) for e in examples]
+        image_rows = ImageRows.for_run(config, tokenizer)  # a pair's prompt may hold images, as in training
+        pairs = [encode_preference(e, tokenizer, config.data.template, config.data.max_length, image_rows=image_rows)
+                 for e in examples]
         kept = [i for i, pair in enumerate(pairs) if pair["input_ids"]]
         super().__init__(tokenizer, config, [examples[i] for i in kept], max_new_tokens, [pairs[i] for i in kept])
 

@@ -25,6 +25,7 @@ import torch
 from torch.nn.functional import logsigmoid, relu
 
 from studio.core.config import PreferenceConfig, RunConfig
+from studio.train.data.images import IMAGE_COLUMN, REJECTED_IMAGE_COLUMN, SEQUENCE_INPUTS
 from studio.train.data.packing import pack
 from studio.train.data.prepare import IGNORE_INDEX, collate
 from studio.train.objectives.next_token import lean_output_layer, run_output_layer, token_logps
@@ -58,11 +59,14 @@ class Preference:
     # ------------------------------------------------------------------ the interface the loop calls
     def batch(self, rows: list[dict[str, Any]], packed: bool) -> dict[str, torch.Tensor]:
         """The chosen sequences then the rejected ones, packed or padded; ``completion`` marks the response
-        targets (ORPO's cross-entropy also learns the chosen prompts, so its labels cover them)."""
+        targets (ORPO's cross-entropy also learns the chosen prompts, so its labels cover them). A pair's images
+        go with both its sequences (padded: rows with images are not packed), as TRL's vision collator repeats
+        them."""
         whole_chosen = self.objective == "orpo"
-        chosen = [{"input_ids": r["input_ids"], "labels": r["input_ids"] if whole_chosen else r["labels"]}
-                  for r in rows]
-        rejected = [{"input_ids": r["rejected_input_ids"], "labels": r["rejected_labels"]} for r in rows]
+        chosen = [{"input_ids": r["input_ids"], "labels": r["input_ids"] if whole_chosen else r["labels"],
+                   **_images_of(r)} for r in rows]
+        rejected = [{"input_ids": r["rejected_input_ids"], "labels": r["rejected_labels"],
+                     **_images_of(r, REJECTED_IMAGE_COLUMN)} for r in rows]
         responses = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows] + rejected
         lay_out = pack if packed else lambda features: collate(features, self.pad_token_id)
         batch = lay_out(chosen + rejected)
@@ -126,6 +130,14 @@ class Preference:
                   "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen, "logps/rejected": rejected}
         for name, value in values.items():
             self._sums[name] += float(value.detach().sum())
+
+
+def _images_of(row: dict[str, Any], own: str | None = None) -> dict[str, bytes]:
+    """A pair's image inputs for one of its sequences (none without images): the pair's, with the per-token ones of
+    the ``own`` column (the rejected sequence's) in place of the chosen's."""
+    if not row.get(IMAGE_COLUMN):
+        return {}
+    return {IMAGE_COLUMN: row[IMAGE_COLUMN], **({SEQUENCE_INPUTS: row[own]} if own else {})}
 
 
 class MetricTally(defaultdict):
