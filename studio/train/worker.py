@@ -51,7 +51,7 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
-from studio.train.data.images import IMAGE_COLUMN, ImageRows, row_image_patches
+from studio.train.data.images import IMAGE_COLUMN, ImageRows, row_image_patches, tower_patch_size
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -124,7 +124,8 @@ class BatchPlan:
         batches = [self.rows_of(i) for i in range(count)]
         images = None
         if IMAGE_COLUMN in train_rows.column_names:
-            patches = [row_image_patches({IMAGE_COLUMN: data}) for data in train_rows[IMAGE_COLUMN]]
+            patch = tower_patch_size(config)
+            patches = [row_image_patches({IMAGE_COLUMN: data}, patch) for data in train_rows[IMAGE_COLUMN]]
             images = most_image_patches(patches, batches)
         return largest_micro_batch_tokens(lengths, batches, padded), images
 
