@@ -290,9 +290,16 @@ def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | N
              "the vision tower and projector are frozen: no gradients, no optimizer state, nothing kept for backward; "
              f"training both would add {_training_the_tower(model_config, config, vision)}")
     patches = f"{sum(vision.images):,} patches" if vision.images else "no images"
-    return (f"vision-language model: {len(vision.images)} image(s) a micro-batch, {patches}, "
-            f"{vision.tokens:,} image tokens in the language model's sequence (counted in its length); {saved}; "
-            f"the images' pixel values and grids {format_bytes(vision.inputs)}",)
+    notes = (f"vision-language model: {len(vision.images)} image(s) a micro-batch, {patches}, "
+             f"{vision.tokens:,} image tokens in the language model's sequence (counted in its length); {saved}; "
+             f"the images' pixel values and grids {format_bytes(vision.inputs)}",)
+    rule = image_rule(model_config)
+    if rule.fixed_resolution and config.vision.max_pixels:
+        size = rule.largest({})
+        notes += (f"vision.max_pixels {config.vision.max_pixels:,} changes nothing here: the processor resizes every "
+                  f"image to the vision tower's size ({size.patches:,} patches, {size.tokens:,} tokens an image); "
+                  "set it to 0",)
+    return notes
 
 
 def _training_the_tower(model_config: dict, config: RunConfig, frozen: VisionMemory) -> str:
