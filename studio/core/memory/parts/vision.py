@@ -1,20 +1,24 @@
 """The images of a vision-language model's step: their patches and tokens at the processor's resolution, and what
 the vision tower holds for them.
 
-Each family studio trains on images has an ``ImageRule`` in ``IMAGE_RULES`` (by model_type): how its processor
-resizes an image and how many patches and language-model tokens it becomes, read from the model's
-``preprocessor_config.json``, and what its tower's blocks keep for backward per patch. A family joins with its
-rule (Qwen2-VL's is the only one so far, shared by Qwen2.5-VL).
+Each family studio estimates on images has an ``ImageRule`` in ``IMAGE_RULES`` (by model_type), made for the
+model's config.json mapping: how its processor sizes an image and how many patches and language-model tokens it
+becomes, and what its tower's blocks and its projector keep for backward. Qwen2-VL's (shared by Qwen2.5-VL) resizes
+each image within pixel limits read from ``preprocessor_config.json``; Gemma 3's (SigLIP) and LLaVA's (CLIP) resize
+every image to the tower's one size (``FixedResolutionImages``, their blocks counted by ``VitEncoder``).
 
 What the estimate counts for a micro-batch's images (``vision_memory``):
 
-* inputs: the pixel values (fp32, one row per patch), the grids and the image-token marks of every row;
-* saved: what the trained parts keep for backward, per patch (measured on the CPU: Qwen2-VL's block keeps its
-  norms' inputs and statistics, its linears' inputs, q and k after the rotary embedding, the qkv output that v
-  views, the attention's output and log-sum-exp, and the MLP's activation; the projector its norm's input and
-  its MLP's). A frozen tower runs without a graph and keeps nothing;
-* transient: a frozen tower's largest moment in its forward pass (the residual stream, one block's MLP);
-* sequence: what the language model holds more for image rows than for the text step the estimate traced.
+* inputs: the pixel values (fp32, one row per patch), Qwen2-VL's grids and the image-token marks of every row;
+* saved: what the trained parts keep for backward (measured on the CPU with autograd's saved-tensor hooks: a
+  block keeps its norms' inputs and statistics, its linears' inputs, q, k and v, the attention's output and
+  log-sum-exp, and its MLP's activation; a projector its norm's and its linears' inputs). A frozen tower (no
+  adapter in it: LoRA adapts the language model alone) runs without a graph and keeps nothing, nor does a frozen
+  projector: only their output, the language model's input, stays;
+* transient: a frozen tower's largest moment in its forward pass (the residual stream, one block's MLP; LLaVA's
+  tower beside every hidden state it returns);
+* sequence: what the language model holds more for (padded) image rows than for the text step it is estimated
+  from.
 
 The image tokens themselves are language-model tokens: the rows' lengths (and ``data.max_length``) count them.
 
