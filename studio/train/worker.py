@@ -116,13 +116,14 @@ class BatchPlan:
         return cls(len(train_rows), t.micro_batch_size, t.seed, lengths)
 
     def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int,
-                            padded: bool) -> tuple[int, tuple[int, ...] | None]:
+                            padded: bool) -> tuple[int, tuple[int, ...]]:
         """The most tokens any micro-batch of the whole run holds, and the patches of the images of the micro-batch
-        with the most (None without an image column) (studio.core.memory.run_data)."""
+        with the most (none without an image column: the estimate then counts no images, where its worst case has
+        one in every row) (studio.core.memory.run_data)."""
         lengths = sequence_lengths(train_rows)
         count = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
         batches = [self.rows_of(i) for i in range(count)]
-        images = None
+        images = ()
         if IMAGE_COLUMN in train_rows.column_names:
             patch = tower_patch_size(config)
             patches = [row_image_patches({IMAGE_COLUMN: data}, patch) for data in train_rows[IMAGE_COLUMN]]
