@@ -410,7 +410,7 @@ def run_case(case: Case, cache: Path, device, simulate: bool, nvml_baseline: int
     model_config = json.loads((folder / "config.json").read_text())
     on_cuda = device.type == "cuda"
     analytic = derived_estimate(traced(case, config, folder), config, device.type) if case.derived \
-        else estimate(model_config, config, device_type=device.type)
+        else estimate(model_config, config, device_type=device.type, images=())  # text rows: no images
     simulated = simulated_peak(config) if simulate else None
     measured = measure_step(config, device)
     # this process's context and the allocator's cache, still reserved after the step

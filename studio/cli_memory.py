@@ -99,7 +99,7 @@ def _load(args):
     return config, model_config, scale_out_for(args, config)
 
 
-def run_data_tokens(config) -> tuple[int, int, tuple[int, ...] | None]:
+def run_data_tokens(config) -> tuple[int, int, tuple[int, ...]]:
     """(the largest micro-batch in tokens, the longest row, the patches of the images of the micro-batch with the
     most) of the run's own data in its order: the data is read and tokenized as the worker does
     (studio.core.memory.run_data)."""

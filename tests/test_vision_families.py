@@ -46,7 +46,7 @@ def qwen3_vl(assets):
     return transformers.Qwen3VLForConditionalGeneration(config), tokenizer, processor, {}
 
 
-def gemma3(assets):
+def gemma3(assets, vision=VISION, tokens=4):
     import transformers
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -55,10 +55,11 @@ def gemma3(assets):
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
     config = transformers.Gemma3Config(
         text_config={**TEXT, "vocab_size": len(tokenizer), "sliding_window": 16},
-        vision_config={**VISION, "model_type": "siglip_vision_model"}, mm_tokens_per_image=4,
+        vision_config={**vision, "model_type": "siglip_vision_model"}, mm_tokens_per_image=tokens,
         image_token_index=ids["image_token"], boi_token_index=ids["boi_token"], eoi_token_index=ids["eoi_token"])
-    processor = Gemma3ImageProcessorPil(size={"height": 16, "width": 16})
-    return transformers.Gemma3ForConditionalGeneration(config), tokenizer, processor, {"image_seq_length": 4}
+    side = vision["image_size"]
+    processor = Gemma3ImageProcessorPil(size={"height": side, "width": side})
+    return transformers.Gemma3ForConditionalGeneration(config), tokenizer, processor, {"image_seq_length": tokens}
 
 
 def idefics3(assets):
@@ -75,17 +76,18 @@ def idefics3(assets):
     return transformers.Idefics3ForConditionalGeneration(config), tokenizer, processor, {"image_seq_len": 4}
 
 
-def llava(assets):
+def llava(assets, vision=VISION):
     import transformers
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     tokenizer = assets.build_tokenizer(["<image>"], "<image>")
     config = transformers.LlavaConfig(
         text_config={**TEXT, "model_type": "llama", "vocab_size": len(tokenizer)},
-        vision_config={**VISION, "model_type": "clip_vision_model", "projection_dim": 32},
+        vision_config={**vision, "model_type": "clip_vision_model", "projection_dim": 32},
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_layer=-1,
         vision_feature_select_strategy="default")
-    processor = CLIPImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    side = vision["image_size"]
+    processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     return transformers.LlavaForConditionalGeneration(config), tokenizer, processor, {
         "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
 
@@ -140,13 +142,14 @@ FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_
             "mllama": (mllama, ".vision_model.", ".multi_modal_projector.")}
 
 
-def saved_family(name: str, folder: Path) -> Path:
+def saved_family(name: str, folder: Path, **sizes) -> Path:
     """``folder`` with a random tiny model of the family ``name``: the demo tokenizer with the family's image tokens,
-    its image processor and processor settings."""
+    its image processor and processor settings; ``sizes``: the builder's own (Gemma 3's and LLaVA's vision config,
+    Gemma 3's tokens per image)."""
     import torch
 
     torch.manual_seed(0)
-    model, tokenizer, image_processor, settings = FAMILIES[name][0](vision_assets())
+    model, tokenizer, image_processor, settings = FAMILIES[name][0](vision_assets(), **sizes)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     image_processor.save_pretrained(folder)

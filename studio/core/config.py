@@ -267,7 +267,7 @@ class GrpoConfig:
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """Vision-language models (Qwen2-VL, Qwen2.5-VL): which parts beside the language model train."""
+    """Vision-language models: which parts beside the language model train, and the images' resolution."""
 
     train_vision_tower: bool = _field(
         False, "Train the vision tower (the image encoder) too. Off: its weights stay as loaded, frozen; LoRA adapts "
@@ -280,7 +280,8 @@ class VisionConfig:
         0, "The most pixels an image keeps: the image processor resizes larger ones down (keeping the aspect), "
         "and an image's tokens fall with its area (Qwen2-VL: one token per 28x28 pixels). 0: the processor's own "
         "limit (its preprocessor_config.json). Lowering it saves the vision tower's and the language model's "
-        "memory for each image.")
+        "memory for each image. Gemma 3 and LLaVA resize every image to their vision tower's one size: it changes "
+        "nothing there.")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
-from studio.train.data.images import IMAGE_COLUMN, REJECTED_IMAGE_COLUMN, ImageRows, row_image_patches
+from studio.train.data.images import (IMAGE_COLUMN, REJECTED_IMAGE_COLUMN, ImageRows, row_image_patches,
+                                     tower_patch_size)
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -116,15 +117,17 @@ class BatchPlan:
         return cls(len(train_rows), t.micro_batch_size, t.seed, lengths)
 
     def largest_micro_batch(self, config: RunConfig, train_rows, world_size: int,
-                            padded: bool) -> tuple[int, tuple[int, ...] | None]:
+                            padded: bool) -> tuple[int, tuple[int, ...]]:
         """The most tokens any micro-batch of the whole run holds, and the patches of the images of the micro-batch
-        with the most (None without an image column) (studio.core.memory.run_data)."""
+        with the most (none without an image column: the estimate then counts no images, where its worst case has
+        one in every row) (studio.core.memory.run_data)."""
         lengths = sequence_lengths(train_rows)
         count = config.training.gradient_accumulation_steps * world_size * self.total_steps(config, world_size)
         batches = [self.rows_of(i) for i in range(count)]
-        images = None
+        images = ()
         if IMAGE_COLUMN in train_rows.column_names:
-            patches = [row_image_patches({IMAGE_COLUMN: data}) for data in train_rows[IMAGE_COLUMN]]
+            patch = tower_patch_size(config)
+            patches = [row_image_patches({IMAGE_COLUMN: data}, patch) for data in train_rows[IMAGE_COLUMN]]
             if REJECTED_IMAGE_COLUMN in train_rows.column_names:  # a pair's images go with both its sequences
                 patches = [images * 2 for images in patches]
             images = most_image_patches(patches, batches)

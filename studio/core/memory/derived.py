@@ -46,7 +46,7 @@ from pathlib import Path
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.parts.states import OPTIMIZERS, ModelStates, TensorGroup
-from studio.core.memory.parts.vision import VisionMemory
+from studio.core.memory.parts.vision import VisionMemory, with_images
 from studio.core.memory.recount import adapter_bytes, adapter_tensors, lora_block_bytes, lora_settings, recounts_lora
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl_for
 from studio.core.memory.results import Estimate
@@ -415,7 +415,7 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
     phases["optimizer"] = {**persistent, "gradients": states.gradients, "activations": inputs,
                            "temporaries": states.optimizer_temporaries}
     if vision is not None:
-        phases = _with_images(phases, vision, {**persistent, "gradients": states.gradients})
+        phases = with_images(phases, vision, {**persistent, "gradients": states.gradients})
     block_parameters = round(step.once_and_per_block(lambda d: d["parameters"])[1])
     devices, host = sharded_devices(phases, device_type, block_parameters, states, scale_out)
     if device_type == "cuda":
@@ -431,21 +431,6 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=parameters,
                     trainable_parameters=states.trainable_parameters,
                     tokens_per_micro_batch=t.micro_batch_size * config.data.max_length, notes=(note,), kind=DERIVED)
-
-
-def _with_images(phases: dict, vision: VisionMemory, states: dict) -> dict:
-    """The phases with the images' inputs throughout and the trained parts' saved tensors from the tower's forward
-    to its backward; two moments of the tower join them: a frozen tower's forward (before the language model's),
-    and a trained one's backward (the last: every other gradient is there)."""
-    phases = {name: {**parts, "activations": parts["activations"] + vision.inputs
-                     + (vision.saved + vision.sequence if name != "optimizer" else 0)}
-              for name, parts in phases.items()}
-    tower_forward = {**phases["forward"], "activations": phases["optimizer"]["activations"] + vision.transient,
-                     "logits_loss": 0, "gradients": phases["forward"]["gradients"]}
-    tower_backward = {**states, "activations": phases["optimizer"]["activations"] + vision.saved}
-    phases["forward"] = max(phases["forward"], tower_forward, key=lambda parts: sum(parts.values()))
-    phases["backward"] = max(phases["backward"], tower_backward, key=lambda parts: sum(parts.values()))
-    return phases
 
 
 def cached_trace(model_config: dict, config: RunConfig) -> Trace | None:

@@ -58,7 +58,7 @@ from studio.core.memory.parts.states import (OPTIMIZERS, ModelStates, TensorGrou
                                              host_weight_notes, host_weight_ram, model_states, weight_bytes)
 from studio.core.memory.parts.tape import Activations, activations
 from studio.core.memory.parts.tiled import feedforward_for
-from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, worst_case_images
+from studio.core.memory.parts.vision import VisionMemory, image_rule, vision_memory, with_images, worst_case_images
 from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, pipeline_replicas, replica_traffic,
                                           sharded_traffic, split_devices, stage_devices)
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
@@ -181,11 +181,16 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     if config.distributed.pipeline_stages:  # the last stage's loss is the chunked one (StepLoss)
         loss_impl = "chunked"
     regime = regime_for(config, shape, device_type, loss_impl)
-    states = model_states(shape, regime)
+    vision = _images_of(model_config, config, images)
+    states = _with_trained_vision(model_states(shape, regime), vision, model_config, config, regime)
     if scale_out.uses_zero and regime.full:  # DeepSpeed trains 16-bit weights: autocast has no copies to make
         regime = replace(regime, base_dtype=regime.compute)
     acts = offloaded_activations(activations(shape, regime, feedforward_for(shape, regime)), shape, regime)
     phases = _phases(shape, regime, states, acts)
+    if vision is not None:
+        phases = with_images(phases, vision, {"weights": states.weights, "adapter_weights": states.adapters,
+                                              "optimizer_state": states.optimizer_state,
+                                              "master_weights": states.master_weights, "gradients": states.gradients})
     stages = config.distributed.pipeline_stages
     if stages:
         placement, host = None, None
@@ -208,7 +213,8 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     host = with_host_activations(host, acts, shape, regime)
     if host is not None:
         devices.append(host)
-    notes = _notes(shape, regime, config) + (overheads.notes if device_type == "cuda" else ())
+    notes = _notes(shape, regime, config, vision is not None) + (vision_notes(model_config, config, vision) if vision else ())
+    notes += overheads.notes if device_type == "cuda" else ()
     if placement is not None and placement.offloaded_layers and not regime.checkpointing:
         notes += ("the offloaded blocks stay on the first device from their forward to their backward: "
                   "turn on gradient checkpointing to fetch one at a time",)
@@ -219,6 +225,31 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     return Estimate(devices=tuple(devices), peak_phase=peak_phase, parameters=shape.parameter_count,
                     trainable_parameters=states.trainable_parameters, tokens_per_micro_batch=regime.tokens,
                     notes=notes, placement=placement, loading=loading, comparison=comparison)
+
+
+def _images_of(model_config: dict | ModelShape, config: RunConfig,
+               images: tuple[int, ...] | None) -> VisionMemory | None:
+    """What the images of a described vision-language family (Gemma 3) hold: ``images``, or the worst case."""
+    if not isinstance(model_config, dict) or image_rule(model_config) is None:
+        return None
+    return vision_memory(model_config, config, worst_case_images(model_config, config) if images is None else images)
+
+
+def _with_trained_vision(states: ModelStates, vision: VisionMemory | None, model_config: dict | ModelShape,
+                         config: RunConfig, regime: Regime) -> ModelStates:
+    """The model states with a trained tower's or projector's gradients and optimizer state (they load as the
+    language model's weights outside the blocks, and train whole)."""
+    v = config.vision
+    if vision is None or not (v.train_vision_tower or v.train_projector):
+        return states
+    group = TensorGroup((image_rule(model_config).parameters(v.train_vision_tower, v.train_projector),),
+                        regime.outer_dtype, 1)
+    optimizer = OPTIMIZERS[regime.optimizer]
+    fp32 = optimizer.state(TensorGroup(group.shape, "fp32", 1))
+    return replace(states, gradients=states.gradients + group.nbytes,
+                   optimizer_state=states.optimizer_state + optimizer.state(group),
+                   trainable_parameters=states.trainable_parameters + group.elements,
+                   fp32_optimizer_state=states.fp32_optimizer_state + fp32)
 
 
 def _described(model_config: dict) -> bool:
@@ -259,25 +290,31 @@ def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | N
              "the vision tower and projector are frozen: no gradients, no optimizer state, nothing kept for backward; "
              f"training both would add {_training_the_tower(model_config, config, vision)}")
     patches = f"{sum(vision.images):,} patches" if vision.images else "no images"
-    return (f"vision-language model: {len(vision.images)} image(s) a micro-batch, {patches}, "
-            f"{vision.tokens:,} image tokens in the language model's sequence (counted in its length); {saved}; "
-            f"the images' pixel values and grids {format_bytes(vision.inputs)}",)
+    notes = (f"vision-language model: {len(vision.images)} image(s) a micro-batch, {patches}, "
+             f"{vision.tokens:,} image tokens in the language model's sequence (counted in its length); {saved}; "
+             f"the images' pixel values and grids {format_bytes(vision.inputs)}",)
+    rule = image_rule(model_config)
+    if rule.fixed_resolution and config.vision.max_pixels:
+        size = rule.largest({})
+        notes += (f"vision.max_pixels {config.vision.max_pixels:,} changes nothing here: the processor resizes every "
+                  f"image to the vision tower's size ({size.patches:,} patches, {size.tokens:,} tokens an image); "
+                  "set it to 0",)
+    return notes
 
 
 def _training_the_tower(model_config: dict, config: RunConfig, frozen: VisionMemory) -> str:
     """What training the tower and the projector would add to a frozen tower's step: their fp32 gradients and
     optimizer state, and what they keep for backward on the same images."""
-    vision_config = model_config["vision_config"]
     trained = vision_memory(model_config, config.replace(vision={"train_vision_tower": True, "train_projector": True}),
                             frozen.images)
-    group = TensorGroup((image_rule(model_config).parameters(vision_config, True, True),), "fp32", 1)
+    group = TensorGroup((image_rule(model_config).parameters(True, True),), "fp32", 1)
     states = group.nbytes + OPTIMIZERS[config.training.optimizer].state(group)
     kept = trained.saved + trained.sequence - frozen.sequence
     return (f"the gradients and optimizer state of {group.elements:,} parameters ({format_bytes(states)}) and "
             f"{format_bytes(kept)} kept for backward on these images")
 
 
-def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, ...]:
+def _notes(shape: ModelShape, regime: Regime, config: RunConfig, images: bool = False) -> tuple[str, ...]:
     notes = []
     known = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "gelu_fast", "quick_gelu"}
     if shape.activation not in known:
@@ -294,7 +331,7 @@ def _notes(shape: ModelShape, regime: Regime, config: RunConfig) -> tuple[str, .
     if any(not layer.is_module for layer in regime.adapted):
         notes.append("LoRA adapts the router and every expert: peft folds the factors into a new copy of each "
                      "weight at every forward, kept for backward (counted), and trains without dropout")
-    if shape.attached:
+    if shape.attached and not images:  # a tower with an image rule: vision_notes says what it counts
         notes.append(f"{sum(p.elements for p in shape.attached):,} parameters of a vision tower load with the model "
                      "(counted as weights); text training never runs, trains or adapts them")
     if shape.transformed_logits:

@@ -170,9 +170,10 @@ IMAGE_AREA_STEPS = (4, 16, 64)  # fit's lower pixel limits: a quarter of the are
 def _image_resolution(model_config: dict | ModelShape) -> FitStep | None:
     """For a vision-language model: the processor's pixel limit (vision.max_pixels) lowered, each image fewer
     patches and tokens, or back to the processor's own where there is room. Fit lowers it last: it changes what
-    the model sees (``_speed`` ranks a higher resolution first)."""
+    the model sees (``_speed`` ranks a higher resolution first). None for a family whose processor gives every image
+    one size (Gemma 3, LLaVA: the limit changes nothing)."""
     rule = image_rule(model_config) if isinstance(model_config, dict) else None
-    if rule is None:
+    if rule is None or rule.fixed_resolution:
         return None
 
     def limits(config: RunConfig) -> tuple[dict, int, int]:

@@ -290,15 +290,30 @@ def _arrays(data: bytes | None) -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in arrays.files}
 
 
-def row_image_patches(feature: dict[str, Any]) -> tuple[int, ...]:
-    """Each image's patches in a split row, from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's);
-    none for a row without images or a family without grids. Reads the grids alone, not the pixel values."""
+def row_image_patches(feature: dict[str, Any], patch_size: int = 0) -> tuple[int, ...]:
+    """Each image's patches in a split row: from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's), or
+    for a family without grids (Gemma 3, LLaVA: one fixed-size image along the pixel values' first axis) from the
+    pixel values' height and width in patches of ``patch_size`` (0: none counted); none for a row without images.
+    Reads the grids and the pixel values' header alone, never the pixel values."""
     data = feature.get(IMAGE_COLUMN)
     if not data:
         return ()
     with np.load(io.BytesIO(data)) as arrays:
-        grids = arrays["image_grid_thw"] if "image_grid_thw" in arrays.files else ()
-        return tuple(int(np.prod(grid)) for grid in grids)
+        if "image_grid_thw" in arrays.files:
+            return tuple(int(np.prod(grid)) for grid in arrays["image_grid_thw"])
+        if not patch_size or "pixel_values" not in arrays.files:
+            return ()
+        with arrays.zip.open("pixel_values.npy") as array:
+            version = np.lib.format.read_magic(array)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            images, *_, height, width = header(array)[0]
+        return ((height // patch_size) * (width // patch_size),) * images
+
+
+def tower_patch_size(config: RunConfig) -> int:
+    """The run's vision tower's patch side in pixels (0 for a text model)."""
+    vision = load_model_config(config.model.name_or_path, config.model.revision).get("vision_config")
+    return int(vision.get("patch_size", 0)) if isinstance(vision, dict) else 0
 
 
 def image_batch(features: list[dict[str, Any]], width: int, left: bool = False) -> dict[str, torch.Tensor]:

@@ -1,20 +1,24 @@
 """The images of a vision-language model's step: their patches and tokens at the processor's resolution, and what
 the vision tower holds for them.
 
-Each family studio trains on images has an ``ImageRule`` in ``IMAGE_RULES`` (by model_type): how its processor
-resizes an image and how many patches and language-model tokens it becomes, read from the model's
-``preprocessor_config.json``, and what its tower's blocks keep for backward per patch. A family joins with its
-rule (Qwen2-VL's is the only one so far, shared by Qwen2.5-VL).
+Each family studio estimates on images has an ``ImageRule`` in ``IMAGE_RULES`` (by model_type), made for the
+model's config.json mapping: how its processor sizes an image and how many patches and language-model tokens it
+becomes, and what its tower's blocks and its projector keep for backward. Qwen2-VL's (shared by Qwen2.5-VL) resizes
+each image within pixel limits read from ``preprocessor_config.json``; Gemma 3's (SigLIP) and LLaVA's (CLIP) resize
+every image to the tower's one size (``FixedResolutionImages``, their blocks counted by ``VitEncoder``).
 
 What the estimate counts for a micro-batch's images (``vision_memory``):
 
-* inputs: the pixel values (fp32, one row per patch), the grids and the image-token marks of every row;
-* saved: what the trained parts keep for backward, per patch (measured on the CPU: Qwen2-VL's block keeps its
-  norms' inputs and statistics, its linears' inputs, q and k after the rotary embedding, the qkv output that v
-  views, the attention's output and log-sum-exp, and the MLP's activation; the projector its norm's input and
-  its MLP's). A frozen tower runs without a graph and keeps nothing;
-* transient: a frozen tower's largest moment in its forward pass (the residual stream, one block's MLP);
-* sequence: what the language model holds more for image rows than for the text step the estimate traced.
+* inputs: the pixel values (fp32, one row per patch), Qwen2-VL's grids and the image-token marks of every row;
+* saved: what the trained parts keep for backward (measured on the CPU with autograd's saved-tensor hooks: a
+  block keeps its norms' inputs and statistics, its linears' inputs, q, k and v, the attention's output and
+  log-sum-exp, and its MLP's activation; a projector its norm's and its linears' inputs). A frozen tower (no
+  adapter in it: LoRA adapts the language model alone) runs without a graph and keeps nothing, nor does a frozen
+  projector: only their output, the language model's input, stays;
+* transient: a frozen tower's largest moment in its forward pass (the residual stream, one block's MLP; LLaVA's
+  tower beside every hidden state it returns);
+* sequence: what the language model holds more for (padded) image rows than for the text step it is estimated
+  from.
 
 The image tokens themselves are language-model tokens: the rows' lengths (and ``data.max_length``) count them.
 
@@ -45,9 +49,96 @@ class ImageSize:
     tokens: int
 
 
+@dataclass(frozen=True, eq=False)
+class ImageRule:
+    """What the estimate asks of a family's images, answered from the model's config.json mapping
+    (``model_config``) and its preprocessor_config.json (``preprocessor``)."""
+
+    model_config: dict
+
+    fixed_resolution = False
+    """Whether the processor resizes every image to the tower's one size (vision.max_pixels changes nothing)."""
+    token_marks = True
+    """Whether the processor marks the image tokens of each row (an int64 per token beside the ids)."""
+    position_axes = 0
+    """The language model's positions per token beside the text step's (Qwen2-VL's 3-D rotary ones)."""
+    mask_kinds = 1
+    """The attention masks the language model builds for a padded batch (Gemma 3: a full and a sliding one)."""
+
+    def size(self, preprocessor: dict, height: int, width: int, max_pixels: int = 0) -> ImageSize:
+        raise NotImplementedError
+
+    def largest(self, preprocessor: dict, max_pixels: int = 0) -> ImageSize:
+        raise NotImplementedError
+
+    def pixel_elements(self) -> int:
+        """Pixel values per patch (fp32 in the micro-batch)."""
+        raise NotImplementedError
+
+    def tokens(self, images: tuple[int, ...]) -> int:
+        """The language-model tokens of ``images`` (each one's patches)."""
+        raise NotImplementedError
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """Bytes the trained parts keep for backward on ``images`` (``compute``: the compute dtype's bytes)."""
+        raise NotImplementedError
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        """A frozen tower's largest moment in its forward pass on ``images``."""
+        raise NotImplementedError
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The parameters of the tower and of the projector, as asked."""
+        raise NotImplementedError
+
+    def grid_bytes(self, images: int) -> int:
+        """The processor's per-image inputs beside the pixel values (Qwen2-VL's grids)."""
+        return 0
+
+
 @dataclass(frozen=True)
-class Qwen2VLImages:
+class VitEncoder:
+    """A ViT tower's blocks as SigLIP's and CLIP's run them (pre-norm LayerNorms, SDPA, fc1, activation, fc2): what
+    one block keeps for backward per position, measured on the CPU."""
+
+    width: int
+    mlp: int
+    heads: int
+    activation: str
+
+    @classmethod
+    def of(cls, vision_config: dict, defaults: dict) -> "VitEncoder":
+        v = {**defaults, **vision_config}
+        return cls(v["hidden_size"], v["intermediate_size"], v["num_attention_heads"], v["hidden_act"])
+
+    @property
+    def activation_saves(self) -> int:
+        """MLP-wide tensors its activation keeps beside fc1's output: quick_gelu (x * sigmoid(1.702 x)) its sigmoid
+        and the product; a GELU its output (fc2's input) alone."""
+        return 2 if self.activation == "quick_gelu" else 1
+
+    def saved_per_position(self, compute: int) -> int:
+        """norm1's input and output (q, k and v's input), q, k, v, the attention's output (out_proj's input, the
+        same storage), norm2's input and output (fc1's input); fc1's output and what the activation keeps; the
+        attention's fp32 log-sum-exp per head and the norms' fp32 mean and reciprocal deviation."""
+        elements = 8 * self.width + (1 + self.activation_saves) * self.mlp
+        return elements * compute + (self.heads + 4) * STAT_BYTES
+
+    def transient_per_position(self, compute: int) -> int:
+        """A frozen block's largest moment: the residual stream, the norm's output, fc1's output and what the
+        activation makes of it."""
+        return (2 * self.width + (1 + self.activation_saves) * self.mlp) * compute
+
+    def block_parameters(self) -> int:
+        """Two LayerNorms, q, k, v and out_proj, fc1 and fc2, with their biases."""
+        w, m = self.width, self.mlp
+        return 4 * w * w + 2 * w * m + 9 * w + m
+
+
+class Qwen2VLImages(ImageRule):
     """Qwen2-VL's processor (smart_resize) and vision tower; Qwen2.5-VL resizes alike and is counted alike."""
+
+    position_axes = 3
 
     def pixel_limits(self, preprocessor: dict) -> tuple[int, int]:
         """(min_pixels, max_pixels) of the processor's resize."""
@@ -84,14 +175,22 @@ class Qwen2VLImages:
         tokens = max(1, high // (patch * merge) ** 2)
         return ImageSize(tokens * merge ** 2, tokens)
 
-    def pixel_elements(self, vision_config: dict) -> int:
-        """Pixel values per patch: channels x temporal patch x patch²."""
+    def pixel_elements(self) -> int:
+        """Channels x temporal patch x patch²."""
+        vision_config = self.model_config["vision_config"]
         return (vision_config.get("in_channels", 3) * vision_config.get("temporal_patch_size", 2)
                 * vision_config.get("patch_size", 14) ** 2)
 
-    def saved_per_patch(self, vision_config: dict, tower: bool, projector: bool, compute: int) -> int:
-        """Bytes the trained parts keep for backward per patch (``compute``: the compute dtype's bytes). A
-        trained tower's gradient reaches the projector's input, which then keeps what a trained projector does."""
+    def tokens(self, images: tuple[int, ...]) -> int:
+        return sum(images) // self.model_config["vision_config"].get("spatial_merge_size", 2) ** 2
+
+    def grid_bytes(self, images: int) -> int:
+        return 8 * 3 * images  # each image's (t, h, w) grid, int64
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """Per patch. A trained tower's gradient reaches the projector's input, which then keeps what a trained
+        projector does."""
+        vision_config = self.model_config["vision_config"]
         embed = vision_config.get("embed_dim") or vision_config["hidden_size"]
         heads = vision_config.get("num_heads", 16)
         mlp = int(embed * vision_config.get("mlp_ratio", 4))
@@ -105,34 +204,169 @@ class Qwen2VLImages:
         if tower or projector:
             elements += 4 * embed  # ln_q's input, the merged MLP's two inputs and its GELU's
             stats += 2
-        return elements * compute + stats * STAT_BYTES
+        return sum(images) * (elements * compute + stats * STAT_BYTES)
 
-    def parameters(self, vision_config: dict, tower: bool, projector: bool) -> int:
-        """The parameters of the tower (the patch embedding and the blocks) and of the projector, as asked."""
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The patch embedding (no bias) and the blocks; the projector: ln_q and the merged MLP into the language
+        model's width."""
+        vision_config = self.model_config["vision_config"]
         embed = vision_config.get("embed_dim") or vision_config["hidden_size"]
         mlp = int(embed * vision_config.get("mlp_ratio", 4))
         merged = embed * vision_config.get("spatial_merge_size", 2) ** 2
         count = 0
-        if tower:  # the patch embedding (no bias); each block's two LayerNorms, qkv, proj, fc1 and fc2
-            count += self.pixel_elements(vision_config) * embed
+        if tower:  # each block's two LayerNorms, qkv, proj, fc1 and fc2
+            count += self.pixel_elements() * embed
             count += vision_config.get("depth", 32) * (4 * embed * embed + 2 * embed * mlp + 9 * embed + mlp)
-        if projector:  # ln_q, and the merged MLP into the language model's width
+        if projector:
             count += 2 * embed + merged * merged + merged + (merged + 1) * vision_config["hidden_size"]
         return count
 
-    def transient_per_patch(self, vision_config: dict, compute: int) -> int:
-        """A frozen block's largest moment per patch: the residual stream, the norm's output, the MLP's hidden
-        and activation."""
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        """Per patch: the residual stream, the norm's output, the MLP's hidden and activation."""
+        vision_config = self.model_config["vision_config"]
         embed = vision_config.get("embed_dim") or vision_config["hidden_size"]
-        return (2 * embed + 2 * int(embed * vision_config.get("mlp_ratio", 4))) * compute
+        return sum(images) * (2 * embed + 2 * int(embed * vision_config.get("mlp_ratio", 4))) * compute
 
 
-IMAGE_RULES = {"qwen2_vl": Qwen2VLImages(), "qwen2_5_vl": Qwen2VLImages()}
+class FixedResolutionImages(ImageRule):
+    """A family whose processor resizes every image to the tower's ``image_size`` square (SigLIP's, CLIP's): each
+    image the same patches, whatever its size; vision.max_pixels changes nothing."""
+
+    fixed_resolution = True
+    defaults: dict = {}  # the vision config's defaults (transformers')
+
+    def encoder(self) -> VitEncoder:
+        return VitEncoder.of(self.model_config.get("vision_config") or {}, self.defaults)
+
+    def _vision(self) -> dict:
+        return {**self.defaults, **(self.model_config.get("vision_config") or {})}
+
+    def patches_per_image(self) -> int:
+        v = self._vision()
+        return (v["image_size"] // v["patch_size"]) ** 2
+
+    def tokens_per_image(self) -> int:
+        raise NotImplementedError
+
+    def size(self, preprocessor: dict, height: int, width: int, max_pixels: int = 0) -> ImageSize:
+        return self.largest(preprocessor)
+
+    def largest(self, preprocessor: dict, max_pixels: int = 0) -> ImageSize:
+        return ImageSize(self.patches_per_image(), self.tokens_per_image())
+
+    def tokens(self, images: tuple[int, ...]) -> int:
+        return len(images) * self.tokens_per_image()
+
+    def pixel_elements(self) -> int:
+        v = self._vision()
+        return v.get("num_channels", 3) * v["patch_size"] ** 2
+
+    def _tower_parameters(self, positions: int) -> int:
+        """The patch embedding, the position embedding and the blocks."""
+        v, encoder = self._vision(), self.encoder()
+        return (self.pixel_elements() * encoder.width + positions * encoder.width
+                + v["num_hidden_layers"] * encoder.block_parameters())
 
 
-def image_rule(model_config: dict) -> Qwen2VLImages | None:
+class Gemma3Images(FixedResolutionImages):
+    """Gemma 3: a SigLIP tower at its one resolution, its last hidden state (after post_layernorm) average-pooled
+    to mm_tokens_per_image tokens, RMS-normed and projected by one matrix into the language model's width."""
+
+    defaults = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh"}
+    mask_kinds = 2  # its layers alternate sliding-window and full attention
+
+    def tokens_per_image(self) -> int:
+        return self.model_config.get("mm_tokens_per_image", 256)
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """The tower: every block, post_layernorm's input and the pooling's (contiguous) input, per patch. The
+        projector per token, as its fp32 RMSNorm keeps them: its input and reciprocal deviation where the gradient
+        goes on to the tower, the normed product (the weight's) and its scaled copy (the projection's)."""
+        encoder, v = self.encoder(), self._vision()
+        patches, tokens = sum(images), self.tokens(images)
+        saved = 0
+        if tower:
+            block = v["num_hidden_layers"] * encoder.saved_per_position(compute)
+            saved += patches * (block + 2 * encoder.width * compute + 2 * STAT_BYTES)
+        norm = (encoder.width + 1) * 4 if tower else 0
+        saved += tokens * (norm + (2 * encoder.width * 4 if projector else 0))
+        return saved
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        return sum(images) * self.encoder().transient_per_position(compute)
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The tower with its post_layernorm; the projector: its RMSNorm and its projection matrix."""
+        width = self.encoder().width
+        text = (self.model_config.get("text_config") or {}).get("hidden_size", 2304)
+        count = self._tower_parameters(self.patches_per_image()) + 2 * width if tower else 0
+        return count + ((width + width * text) if projector else 0)
+
+
+class LlavaImages(FixedResolutionImages):
+    """LLaVA: a CLIP tower at its one resolution (its patches and a CLS position), the hidden state of
+    vision_feature_layer (the CLS dropped by the "default" select strategy) into a two-linear GELU MLP. The blocks
+    after that layer run without being kept: nothing reads their output."""
+
+    token_marks = False
+    defaults = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+                "image_size": 336, "patch_size": 14, "hidden_act": "quick_gelu"}
+
+    def _layers(self) -> tuple[int, ...]:
+        layer = self.model_config.get("vision_feature_layer", -2)
+        return tuple(layer) if isinstance(layer, list) else (layer,)
+
+    def kept_blocks(self) -> int:
+        """The blocks up to the deepest selected layer's (hidden state 0 is the embeddings')."""
+        depth = self._vision()["num_hidden_layers"]
+        return max(layer if layer >= 0 else depth + 1 + layer for layer in self._layers())
+
+    def tokens_per_image(self) -> int:
+        full = self.model_config.get("vision_feature_select_strategy", "default") == "full"
+        return self.patches_per_image() + full
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """The tower per position (its patches and the CLS): pre_layrnorm's input and statistics, the kept blocks.
+        The projector per token: linear_1's input (the selected features, a copy) and its GELU's and linear_2's
+        where it trains; the GELU's input alone where only the tower's gradient passes through it."""
+        encoder = self.encoder()
+        text = (self.model_config.get("text_config") or {}).get("hidden_size", 4096)
+        features = encoder.width * len(self._layers())
+        positions, tokens = sum(images) + len(images), self.tokens(images)
+        saved = 0
+        if tower:
+            block = self.kept_blocks() * encoder.saved_per_position(compute)
+            saved += positions * (block + encoder.width * compute + 2 * STAT_BYTES)
+        if projector:
+            return saved + tokens * (features + 2 * text) * compute
+        return saved + (tokens * text * compute if tower else 0)
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        """A block's moment beside every hidden state so far (the tower returns them all: LLaVA selects one)."""
+        encoder = self.encoder()
+        depth = self._vision()["num_hidden_layers"]
+        positions = sum(images) + len(images)
+        return positions * (encoder.transient_per_position(compute) + depth * encoder.width * compute)
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The tower (its class embedding, pre_layrnorm and post_layernorm beside the blocks); the projector's two
+        linears with their biases."""
+        width = self.encoder().width
+        text = (self.model_config.get("text_config") or {}).get("hidden_size", 4096)
+        features = width * len(self._layers())
+        count = self._tower_parameters(self.patches_per_image() + 1) + 5 * width if tower else 0
+        return count + ((features * text + text + text * text + text) if projector else 0)
+
+
+IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen2VLImages,
+                                           "gemma3": Gemma3Images, "llava": LlavaImages}
+
+
+def image_rule(model_config: dict) -> ImageRule | None:
     """The image rule of a config.json mapping's family; None for a text model or a family without one."""
-    return IMAGE_RULES.get(str(model_config.get("model_type", ""))) if "vision_config" in model_config else None
+    rule = IMAGE_RULES.get(str(model_config.get("model_type", ""))) if "vision_config" in model_config else None
+    return None if rule is None else rule(model_config)
 
 
 def load_preprocessor_config(name_or_path: str, revision: str = "") -> dict:
@@ -183,31 +417,49 @@ def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...]
     rule = image_rule(model_config)
     if rule is None:
         return None
-    vision_config = model_config["vision_config"]
-    merge = vision_config.get("spatial_merge_size", 2)
     patches = sum(images)
     rows = config.training.micro_batch_size * config.sequences_per_row
-    # fp32 pixel values, the (t, h, w) grids, the image-token marks (int64 each)
-    inputs = 4 * patches * rule.pixel_elements(vision_config) + 8 * 3 * len(images)
-    inputs += 8 * rows * config.data.max_length if images else 0
+    # fp32 pixel values, the processor's per-image inputs, the image-token marks (int64 each)
+    inputs = 4 * patches * rule.pixel_elements() + rule.grid_bytes(len(images))
+    inputs += 8 * rows * config.data.max_length if images and rule.token_marks else 0
     precision = config.training.precision  # autocast's dtype, or the weights' without it
     width = DTYPE_BYTES[precision if precision != "fp32" else weight_dtype_name(config)]
     v = config.vision
-    saved = patches * rule.saved_per_patch(vision_config, v.train_vision_tower, v.train_projector, width)
-    transient = 0 if v.train_vision_tower else patches * rule.transient_per_patch(vision_config, width)
-    return VisionMemory(images=tuple(images), tokens=patches // merge ** 2,
-                        inputs=inputs * config.training.gradient_accumulation_steps, saved=saved, transient=transient,
-                        sequence=_sequence_bytes(model_config, config, rows, width) if images else 0)
+    images = tuple(images)
+    transient = 0 if v.train_vision_tower else rule.transient(images, width)
+    return VisionMemory(images=images, tokens=rule.tokens(images),
+                        inputs=inputs * config.training.gradient_accumulation_steps,
+                        saved=rule.saved(images, v.train_vision_tower, v.train_projector, width), transient=transient,
+                        sequence=_sequence_bytes(rule, config, rows, width) if images else 0)
 
 
-def _sequence_bytes(model_config: dict, config: RunConfig, rows: int, width: int) -> int:
+def _sequence_bytes(rule: ImageRule, config: RunConfig, rows: int, width: int) -> int:
     """What the language model holds more for a micro-batch of image rows than the traced text step: the embeddings
-    with the image features scattered in (a copy), the 3-D rotary positions (int64), the padded batch's attention
-    mask (image rows are not packed); where the tower or projector trains, the first block's input needs a gradient
-    and its norm keeps an fp32 copy of it."""
+    with the image features scattered in (a copy), the multimodal rotary positions (int64, Qwen2-VL's), the padded
+    batch's bool attention masks (image rows are not packed), and in every layer SDPA's copy of its mask in the
+    compute dtype, kept for backward (measured on the CPU); where the tower or projector trains, the first block's
+    input needs a gradient and its norm keeps an fp32 copy of it."""
     length = config.data.max_length
-    hidden = (model_config.get("text_config") or model_config).get("hidden_size", 0)
-    sequence = rows * length * (hidden * width + 3 * 8) + rows * length * length
+    text = rule.model_config.get("text_config") or rule.model_config
+    hidden, layers = text.get("hidden_size", 0), text.get("num_hidden_layers", 0)
+    sequence = rows * length * (hidden * width + 8 * rule.position_axes)
+    sequence += rows * length * length * (rule.mask_kinds + layers * width)
     if config.vision.train_vision_tower or config.vision.train_projector:
         sequence += 4 * rows * length * hidden
     return sequence
+
+
+def with_images(phases: dict, vision: VisionMemory, states: dict) -> dict:
+    """The phases of a text step with the images' inputs throughout and the trained parts' saved tensors from the
+    tower's forward to its backward; two moments of the tower join them: a frozen tower's forward (before the
+    language model's), and a trained one's backward (the last: every other gradient is there). ``states``: the
+    persistent parts and every gradient."""
+    phases = {name: {**parts, "activations": parts["activations"] + vision.inputs
+                     + (vision.saved + vision.sequence if name != "optimizer" else 0)}
+              for name, parts in phases.items()}
+    tower_forward = {**phases["forward"], "activations": phases["optimizer"]["activations"] + vision.transient,
+                     "logits_loss": 0, "gradients": phases["forward"]["gradients"]}
+    tower_backward = {**states, "activations": phases["optimizer"]["activations"] + vision.saved}
+    phases["forward"] = max(phases["forward"], tower_forward, key=lambda parts: sum(parts.values()))
+    phases["backward"] = max(phases["backward"], tower_backward, key=lambda parts: sum(parts.values()))
+    return phases
