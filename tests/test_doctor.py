@@ -51,6 +51,7 @@ def cpu_run(tmp_path_factory):
     return folder, completed, json.loads((folder / "report.json").read_text())
 
 
+@pytest.mark.heavy  # test_gui_self_test runs the self-test; test_train trains each technique
 @pytest.mark.slow
 def test_without_a_gpu_each_technique_trains_on_the_cpu_and_a_second_run_agrees(cpu_run):
     folder, completed, report = cpu_run
@@ -70,6 +71,7 @@ def test_without_a_gpu_each_technique_trains_on_the_cpu_and_a_second_run_agrees(
     assert not (folder / "data" / calibration_path().name).exists()
 
 
+@pytest.mark.heavy  # its module fixture is the heavy self-test run; the tolerance rules are tested without it below
 @pytest.mark.slow
 def test_the_tolerances_have_room_for_a_gpus_rounding(cpu_run):
     """A 16-bit run differs from the fp32 run by its own rounding; the GPU rounds as much again. The tolerance of

@@ -30,7 +30,7 @@ def _prompts_of(length: int, path):
     return path
 
 
-@pytest.mark.parametrize("group,completion", [(8, 24), (16, 40)])
+@pytest.mark.parametrize("group,completion", [(8, 24), pytest.param(16, 40, marks=pytest.mark.heavy)])
 def test_the_generation_phase_is_estimated_as_measured(tmp_path, monkeypatch, group, completion):
     """Every completion runs to the completion length (the estimate's worst case: an end token is not sampled)."""
     original = HfGenerate.__init__

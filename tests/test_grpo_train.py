@@ -48,6 +48,7 @@ def test_the_reward_rises_and_the_held_out_prompts_learn_the_format(tmp_path):
         assert completion["reward"] == float(bool(re.fullmatch(DEMO_FORMAT, completion["text"].strip())))
 
 
+@pytest.mark.heavy  # minutes of GRPO; test_faults covers exact resume
 def test_a_stopped_grpo_run_resumes_exactly_mid_generation_batch(tmp_path, monkeypatch):
     """Two iterations per generation batch with a KL term, stopped after step 3 (the second generation batch half
     trained on): the resumed run trains on the kept completions, samples the next ones alike, and ends with the same

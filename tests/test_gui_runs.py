@@ -139,6 +139,7 @@ def read_line(process: subprocess.Popen, timeout: float) -> str:
     return line[0]
 
 
+@pytest.mark.heavy  # test_leave_running_reattach covers reattaching to a running worker
 def test_a_killed_window_leaves_the_run_going_and_the_next_one_shows_its_whole_history(qtbot, app_dirs):
     first = subprocess.Popen([sys.executable, "-c", KILLED_WINDOW], stdout=subprocess.PIPE, text=True)
     try:

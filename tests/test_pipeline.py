@@ -69,7 +69,8 @@ def assert_each_rank_measures_its_stage_s_estimate(config, run_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["gpipe", "interleaved"])  # interleaved: 2 chunks of 1 block per process
+# interleaved: 2 chunks of 1 block per process; GPipe's run is test_pipeline_replicas' in the default run
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.heavy), "interleaved"])
 def test_two_stages_train_resume_and_export_like_one_process(small_data, tmp_path, reference, schedule):
     expected_losses, expected_tensors, expected_eval = reference
     config = config_for(small_data, 2, schedule)

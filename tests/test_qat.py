@@ -41,6 +41,7 @@ def test_full_fine_tune_with_qat_exports_integer_weights(tmp_path):
     assert type(reloaded.model.layers[0].mlp.down_proj.weight).__name__ == "IntxUnpackedToInt8Tensor"
 
 
+@pytest.mark.heavy  # test_full_fine_tune_with_qat_exports_integer_weights covers QAT's training and export
 def test_qat_beats_quantizing_a_normally_trained_adapter(tmp_path):
     """Both runs train LoRA for the same 30 steps; both are then deployed int4-weights/int8-activations.
 

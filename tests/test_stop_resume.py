@@ -46,6 +46,7 @@ def resumable_config(small_data):
                                                                       "lr_scheduler": "cosine", "warmup_ratio": 0.1})
 
 
+@pytest.mark.heavy  # test_faults resumes killed runs to the same losses; test_stdin_stop stops by file
 @pytest.mark.slow
 def test_stop_file_saves_and_resume_matches_an_uninterrupted_run(tmp_path, resumable_config):
     code, reference = run(resumable_config, tmp_path / "reference", watch_stdin=False)
