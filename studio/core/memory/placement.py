@@ -439,24 +439,29 @@ def stage_devices(shape: ModelShape, regime: Regime, states: ModelStates, acts: 
         def part(value: int) -> int:
             return int(value * share)
 
+        # what each chunk receives of a micro-batch, and sends: its input's hidden states and their gradient
+        exchanged = boundary * micro_batches * sum((index != first_chunk) + (index != last_chunk) for index in indices)
         persistent = {"weights": stage_weights(shape, regime, blocks, first, last),
                       "adapter_weights": part(states.adapters), "optimizer_state": part(states.optimizer_state),
-                      "master_weights": part(states.master_weights),
-                      "communication": boundary * micro_batches * sum((index != first_chunk) + (index != last_chunk)
-                                                                      for index in indices)}
+                      "master_weights": part(states.master_weights), "communication": exchanged}
         saved = [acts.blocks_saved(shape.layers, len(chunk)) + (acts.embedding_saved if index == first_chunk else 0)
                  + (acts.head_saved if index == last_chunk else 0) + (0 if index == last_chunk else boundary)
                  for chunk, index in zip(own, indices)]
         activations = inputs + acts.shared + sum(count * size for count, size in zip(held, saved))
         kept_loss = held[-1] * chunked_loss_kept(shape, regime) if last else 0
+        # torch's runtime for several chunks a process (_PipelineScheduleRuntime) waits for its sends at the step's
+        # end alone, so what it sent stays alive: all of it counted beside the backward's activations (a bound: the
+        # sends pile up as the activations drain), less the outputs in flight already counted
+        sent = exchanged - boundary * sum(count for count, index in zip(held, indices) if index != last_chunk) \
+            if chunks > 1 else 0
         gradients = part(states.gradients)
         phases = {
             # 1F1B's backwards begin while later micro-batches are still held: the gradients are alive by then
             "forward": {**persistent, "gradients": gradients if sum(held) < micro_batches * chunks else 0,
                         "activations": activations,
                         "logits_loss": loss_forward + kept_loss - chunked_loss_kept(shape, regime) if last else 0},
-            "backward": {**persistent, "gradients": gradients, "activations": activations, "logits_loss": kept_loss,
-                         "temporaries": acts.last_block.in_flight + recompute},
+            "backward": {**persistent, "gradients": gradients, "activations": activations + sent,
+                         "logits_loss": kept_loss, "temporaries": acts.last_block.in_flight + recompute},
             "optimizer": {**persistent, "gradients": gradients, "activations": inputs,
                           "temporaries": part(states.optimizer_temporaries)},
         }
