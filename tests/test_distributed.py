@@ -181,6 +181,7 @@ def test_fsdp_in_one_process_is_refused_with_a_reason(small_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # test_bundle checks the bundle's files and layout; the two-process runs here cover stop, resume, export
 @pytest.mark.skipif(sys.platform == "win32", reason="runs the bundle's .sh scripts")
 def test_cluster_bundle_runs_as_two_machines_stops_resumes_and_exports(small_data, tmp_path, long_reference):
     """The bundle's node scripts as two "machines" on this one: two node ranks on localhost, one process
