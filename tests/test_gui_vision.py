@@ -67,3 +67,24 @@ def test_try_it_offers_an_image_for_a_vision_language_run_alone_and_shows_the_on
     assert not panel.thumbnail.isHidden() and panel.thumbnail.pixmap().width() == 48
     panel.set_run(runs["text"])  # a text model cannot read the image: neither the choice nor the image stays
     assert panel.image_button.isHidden() and panel.image is None and panel.thumbnail.isHidden()
+
+
+def test_rows_with_images_the_run_cannot_train_are_refused_in_the_data_tab_before_start(qtbot, app_dirs, tmp_path):
+    """What the worker would refuse at Start, said where the data is chosen: images for a text model, and image
+    pairs for ORPO (its cross-entropy would learn the prompt's image tokens); DPO trains the same pairs."""
+    from studio.core.presets import DEMO_MODEL
+    from test_vision_dpo import colour_pairs
+
+    window = open_window(qtbot)
+    window.store.update(model={"name_or_path": str(DEMO_MODEL)}, data={"train_files": [str(COLOURS)]})
+    wait_for_preview(qtbot, window)
+    assert "the model is a text model" in window.data_panel.banner.text.text()
+    assert not window.start_action.isEnabled()
+    window.store.update(model={"name_or_path": str(TINY_VL)}, objective="orpo",
+                        data={"train_files": [str(colour_pairs(tmp_path))]})
+    wait_for_preview(qtbot, window)
+    assert "objective orpo does not train on images" in window.data_panel.banner.text.text()
+    assert not window.start_action.isEnabled()
+    window.store.update(objective="dpo")
+    wait_for_preview(qtbot, window)
+    assert window.data_panel.problems == [] and window.data_panel.preview.image_rows == 8

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGro
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import (SUFFIXES, beyond_max_length_problems, beyond_max_length_warning,
-                                     objective_refusal)
+                                     image_objective_refusal, objective_refusal)
 from studio.core.data.row_formats import DataError
 from studio.core.data.templates import Learning
 from studio.core.errors import Problem, ProblemsError, StudioError
@@ -32,7 +32,7 @@ GRPO_LEARNS = ("GRPO learns the completions the model samples, not the rows' own
                "its answer the reference the rewards compare with.")
 _PREVIEW_KEYS = ("train_files", "eval_files", "format", "template", "train_on_prompt", "last_turn_only",
                  "learn_reasoning")
-_PREVIEW_SETTINGS = ("row_format", "learns_preferences")  # the objective's: pairs, or rows of a response
+_PREVIEW_SETTINGS = ("objective", "row_format", "learns_preferences")  # what the objective reads and refuses
 
 
 class DataPanel(VerticalScroll):
@@ -44,6 +44,7 @@ class DataPanel(VerticalScroll):
         super().__init__(parent=parent)
         self.store = store
         self.tokenizer = TokenizerInfo()
+        self.images_refusal: StudioError | None = None  # the model's, for rows with images (set_model)
         self.preview: Preview | None = None
         self.problems: list[Problem] = []  # what stops the data training: Start waits for them to be fixed
         self._preview_inputs: tuple | None = None
@@ -156,6 +157,7 @@ class DataPanel(VerticalScroll):
     def set_model(self, summary: ModelSummary | None) -> None:
         """The tokenizer the preview renders and counts with."""
         self.tokenizer = tokenizer_of(summary)
+        self.images_refusal = summary.images_refusal if summary is not None else None
         self._preview_inputs = None
         self.template.refresh(self.store.config)
         self._on_config(self.store.config)
@@ -208,8 +210,11 @@ class DataPanel(VerticalScroll):
 
     def _show_preview(self, preview: Preview) -> None:
         config = self.store.config
-        refusal = objective_refusal(preview.format, config.objective, config.learns_preferences,
-                                    Path(config.data.train_files[0]).name)
+        self.format.combo.setItemText(0, f"auto (detected: {preview.format})")
+        where = Path(config.data.train_files[0]).name
+        refusal = objective_refusal(preview.format, config.objective, config.learns_preferences, where)
+        if refusal is None and preview.image_rows:
+            refusal = image_objective_refusal(config.objective, where) or self.images_refusal
         if refusal is not None:  # what the worker would refuse at Start
             self._show_error(refusal)
             return
@@ -223,7 +228,6 @@ class DataPanel(VerticalScroll):
         held_out = ", ".join(html.escape(Path(name).name) for name in self.store.config.data.eval_files)
         held_out = f" · held out for eval: <b>{held_out}</b>" if held_out else ""
         self.summary.setText(f"<b>{rows}</b> · format <b>{preview.format}</b>{template}{held_out}")
-        self.format.combo.setItemText(0, f"auto (detected: {preview.format})")
         self.examples.setHtml(examples_html(preview))
         self._draw_histogram(preview)
         tokens = tuple(int(n) for n in preview.lengths) if preview.unit == "tokens" else None

@@ -125,6 +125,7 @@ class Preview:
     locations: tuple[str, ...] = ()  # of each sampled row
     response_starts: np.ndarray = field(default_factory=lambda: _numpy().zeros(0))  # per sampled row: tokens before its
     # response (zeros when unit is "characters")
+    image_rows: int = 0  # rows holding images, of all the files' rows
 
     def truncated(self, max_length: int) -> int:
         return int((self.lengths > max_length).sum()) if self.unit == "tokens" else 0
@@ -173,7 +174,7 @@ def build_preview(files: Sequence[str], fmt: str, template: str, tokenizer: Toke
     np = _numpy()
     return Preview(report.format, report.rows, report.complete, resolved, tuple(rendered),
                    np.asarray(lengths, dtype=float), "tokens" if encoder else "characters", len(lengths),
-                   tokenizer.image_placeholder, tuple(locations), np.asarray(starts, dtype=float))
+                   tokenizer.image_placeholder, tuple(locations), np.asarray(starts, dtype=float), report.image_rows)
 
 
 def rows_beyond(files: Sequence[str], fmt: str, template: str, tokenizer: TokenizerInfo, max_length: int,

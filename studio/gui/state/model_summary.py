@@ -15,7 +15,7 @@ from pathlib import Path
 from studio.core.errors import StudioError
 from studio.core.model.check import has_tokenizer
 from studio.core.model.info import UnknownArchitectureError, hub_cache_dir, load_model_config, model_shape
-from studio.core.model.vision import vision_family
+from studio.core.model.vision import image_training_refusal, vision_family
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -38,6 +38,7 @@ class ModelSummary:
     special_tokens: dict[str, str]  # bos_token, eos_token... as the tokenizer config names them
     note: str = ""  # e.g. why the parameter count is unknown
     image_placeholder: str = ""  # what its chat template writes for an image; "" unless it trains on images
+    images_refusal: StudioError | None = None  # why it cannot train on rows with images (a text model, say)
 
 
 class ModelNotFound(StudioError):
@@ -88,6 +89,7 @@ def summarize_model(name_or_path: str, revision: str = "") -> ModelSummary:
                         if k.endswith("_token") and _token_text(v)},
         note=note,
         image_placeholder=family.placeholder if (family := vision_family(config)) is not None else "",
+        images_refusal=image_training_refusal(config),
     )
 
 
