@@ -7,6 +7,7 @@ import json
 import pytest
 
 from studio.core.data.dataset import inspect_files
+from studio.core.data.row_formats import DataError
 from studio.core.errors import ProblemsError
 from studio.core.run.events import read_events
 from test_vision import COLOURS, QUESTION, vision_config, write_rows
@@ -111,3 +112,16 @@ def test_studio_eval_ranks_the_image_pairs_with_their_images(dpo_run):
     rows = evaluate_run(run_dir.path, [str(pairs)], max_new_tokens=4)["rows"]
     assert len(rows) == 8 and all(row["prompt"] == "[image] What colour is this square?" for row in rows)
     assert sum(row["tuned"]["margin"] for row in rows) > sum(row["base"]["margin"] for row in rows) + 8 * 0.3 / 0.5
+
+
+def test_a_pipeline_refuses_image_rows_before_any_work(tmp_path):
+    """Its first stage starts from the token embeddings: the images would be dropped, the image tokens learned as
+    text."""
+    from studio.train.preflight import inspect_data
+    from test_vision import COLOURS
+
+    config = vision_config(COLOURS).replace(distributed={"pipeline_stages": 2, "num_processes": 2})
+    with pytest.raises(DataError, match=r"colours_chat.jsonl: the rows hold images: a pipeline does not carry them "
+                                        r"yet") as refused:
+        inspect_data(config)
+    assert "set distributed.pipeline_stages to 0" in refused.value.hint

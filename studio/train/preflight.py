@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from studio.core.config import RunConfig
-from studio.core.data.dataset import DatasetReport, image_objective_refusal, inspect_files, objective_refusal
+from studio.core.data.dataset import DatasetReport, image_rows_refusal, inspect_files, objective_refusal
 from studio.core.errors import Problem, ProblemsError, StudioError
 from studio.core.model.check import is_local_model, raise_for_model, remote_code_warning, weight_format
 from studio.core.model.info import SUPPORTED_MODEL_TYPES, cached_config, load_model_config
@@ -62,7 +62,7 @@ def inspect_data(config: RunConfig) -> DataReports:
         where = Path(files[0]).name
         refusal = objective_refusal(report.format, config.objective, config.learns_preferences, where)
         if refusal is None and report.image_rows:
-            refusal = image_objective_refusal(config.objective, where)
+            refusal = image_rows_refusal(config.objective, config.distributed.pipeline_stages, where)
         if refusal is not None:
             raise refusal
     return reports

@@ -69,14 +69,20 @@ def objective_refusal(fmt: str, objective: str, learns_preferences: bool, where:
     return None
 
 
-def image_objective_refusal(objective: str, where: str) -> DataError | None:
-    """Why rows with images (in ``where``: their file) cannot train ``objective``, or None. ORPO's cross-entropy
-    learns each chosen answer's prompt too, which an image's tokens never are (KTO's and GRPO's rows are refused
-    images by their row formats)."""
+def image_rows_refusal(objective: str, pipeline_stages: int, where: str) -> DataError | None:
+    """Why rows with images (in ``where``: their file) cannot train ``objective``, or a pipeline of
+    ``pipeline_stages``, or None. ORPO's cross-entropy learns each chosen answer's prompt too, which an image's
+    tokens never are (KTO's and GRPO's rows are refused images by their row formats); a pipeline's first stage
+    starts from the token embeddings: the vision tower is in no stage."""
     if objective == "orpo":
         return DataError(where, "the rows hold images: objective orpo does not train on images yet (its "
                          "cross-entropy learns the prompt too, and an image's tokens are never learned)",
                          "set objective to dpo or simpo, or remove the images")
+    if pipeline_stages:
+        return DataError(where, "the rows hold images: a pipeline does not carry them yet (its first stage starts "
+                         "from the token embeddings; the vision tower is in no stage)",
+                         "set distributed.pipeline_stages to 0 (ZeRO-3 or FSDP shard such a model too), or remove "
+                         "the images")
     return None
 
 

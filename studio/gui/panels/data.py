@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGridLayout, QGro
 
 from studio.core.config import RunConfig
 from studio.core.data.dataset import (SUFFIXES, beyond_max_length_problems, beyond_max_length_warning,
-                                     image_objective_refusal, objective_refusal)
+                                     image_rows_refusal, objective_refusal)
 from studio.core.data.row_formats import DataError
 from studio.core.data.templates import Learning
 from studio.core.errors import Problem, ProblemsError, StudioError
@@ -178,7 +178,8 @@ class DataPanel(VerticalScroll):
         self._show_what_is_learned(config)
         inputs = tuple(getattr(data, key) for key in _PREVIEW_KEYS) + tuple(getattr(config, key) for key in
                                                                            _PREVIEW_SETTINGS) + (
-            config.vision.max_pixels, self.tokenizer)  # the tokens an image becomes
+            config.vision.max_pixels, self.tokenizer,  # the tokens an image becomes
+            config.distributed.pipeline_stages)  # a pipeline refuses images
         if inputs != self._preview_inputs:
             self._preview_inputs = inputs
             self._start_preview(config)
@@ -214,7 +215,8 @@ class DataPanel(VerticalScroll):
         where = Path(config.data.train_files[0]).name
         refusal = objective_refusal(preview.format, config.objective, config.learns_preferences, where)
         if refusal is None and preview.image_rows:
-            refusal = image_objective_refusal(config.objective, where) or self.images_refusal
+            refusal = (image_rows_refusal(config.objective, config.distributed.pipeline_stages, where)
+                       or self.images_refusal)
         if refusal is not None:  # what the worker would refuse at Start
             self._show_error(refusal)
             return
