@@ -19,6 +19,8 @@ NOISY_LOGGERS = (
 # Single messages of loggers that otherwise matter: (logger, message start).
 NOISY_MESSAGES = (
     ("DeepSpeed", "Setting accelerator to CPU"),  # imported by peft/accelerate on a machine without a GPU
+    # bitsandbytes' optional CPU kernel looked up on the Hub, which the studio keeps offline (kernels >= 0.19)
+    ("kernels._internals.hf_hub", "Skipping publisher trust check"),
 )
 # Warnings about library internals the user cannot act on: (message start, category).
 NOISY_WARNINGS = (
