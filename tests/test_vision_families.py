@@ -26,24 +26,45 @@ def vision_assets():
     return module
 
 
-def qwen3_vl(assets):
-    import transformers
+QWEN_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4,
+               "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32}
+
+
+def qwen_vl(assets, config_class, model_class, vision: dict, side: int):
+    """A tiny Qwen-VL family's model (``config_class``'s, ``vision``: its tower's config) with the demo tokenizer,
+    and a PIL image processor keeping ``side`` x ``side`` pixels an image."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = assets.build_tokenizer()
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in assets.VISION_TOKENS}
-    config = transformers.Qwen3VLConfig(
+    config = config_class(
         text_config={**TEXT, "vocab_size": len(tokenizer),
                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
-        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4,
-                       "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32,
-                       "num_position_embeddings": 16, "deepstack_visual_indexes": [0]},
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True)
-    processor = Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                         size={"shortest_edge": 256, "longest_edge": 256})
-    return transformers.Qwen3VLForConditionalGeneration(config), tokenizer, processor, {}
+    processor = Qwen2VLImageProcessorPil(patch_size=vision["patch_size"], merge_size=vision["spatial_merge_size"],
+                                         temporal_patch_size=vision["temporal_patch_size"],
+                                         size={"shortest_edge": side * side, "longest_edge": side * side})
+    return model_class(config), tokenizer, processor, {}
+
+
+def qwen3_vl(assets, vision=None, side=16):
+    """Qwen3-VL: learned positions on a 4x4 grid (interpolated per image), block 0's features into the deepstack."""
+    import transformers
+
+    vision = {**QWEN_VISION, "num_position_embeddings": 16, "deepstack_visual_indexes": [0], **(vision or {})}
+    return qwen_vl(assets, transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration, vision, side)
+
+
+def qwen2_5_vl(assets, vision=None, side=16):
+    """Qwen2.5-VL: windows of 16 pixels (2x2 merged patches), its last block attending to the whole image."""
+    import transformers
+
+    depth = (vision or {}).get("depth", 1)
+    vision = {**QWEN_VISION, "window_size": 16, "fullatt_block_indexes": [depth - 1], **(vision or {})}
+    return qwen_vl(assets, transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration, vision,
+                   side)
 
 
 def gemma3(assets, vision=VISION, tokens=4):
@@ -135,6 +156,7 @@ def mllama(assets):
 
 # each family: its builder, a module of its vision tower and one of its projector (as named in the model)
 FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_list."),
+            "qwen2_5_vl": (qwen2_5_vl, ".visual.blocks.", ".visual.merger."),
             "gemma3": (gemma3, ".vision_tower.", ".multi_modal_projector."),
             "idefics3": (idefics3, ".vision_model.", ".connector."),
             "llava": (llava, ".vision_tower.", ".multi_modal_projector."),
