@@ -166,8 +166,8 @@ FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_
 
 def saved_family(name: str, folder: Path, **sizes) -> Path:
     """``folder`` with a random tiny model of the family ``name``: the demo tokenizer with the family's image tokens,
-    its image processor and processor settings; ``sizes``: the builder's own (Gemma 3's and LLaVA's vision config,
-    Gemma 3's tokens per image)."""
+    its image processor and processor settings; ``sizes``: the builder's own (its tower's config, Gemma 3's tokens
+    per image, the Qwen families' image side)."""
     import torch
 
     torch.manual_seed(0)

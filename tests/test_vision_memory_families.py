@@ -1,9 +1,10 @@
-"""The estimate counts the images of Gemma 3 and LLaVA (issue 30): tiny random models of each (test_vision_families'
-builders, their towers at a resolution where the images weigh), the worker's measured step on the CPU within 3 %
-of the estimate of its own data (as tests/test_vision_memory.py holds Qwen2-VL), LoRA on the language model with
-the tower and projector frozen or trained, one and two images a row. Both resize every image to their tower's one
-size: an image's patches and tokens are the processor's whatever its size, and vision.max_pixels changes nothing
-(fit does not offer it, the estimate says so)."""
+"""The estimate counts the images of Qwen2.5-VL, Qwen3-VL, Gemma 3 and LLaVA (issue 30): tiny random models of each
+(test_vision_families' builders, their towers at a resolution where the images weigh), the worker's measured step on
+the CPU within 3 % of the estimate of its own data (as tests/test_vision_memory.py holds Qwen2-VL), LoRA on the
+language model with the tower and projector frozen or trained, one and two images a row. Gemma 3 and LLaVA resize
+every image to their tower's one size: an image's patches and tokens are the processor's whatever its size, and
+vision.max_pixels changes nothing (fit does not offer it, the estimate says so); the Qwen families resize as
+Qwen2-VL does (tests/test_vision_memory.py)."""
 
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from helpers import quick_config
 from studio.core.memory.estimate import estimate
-from studio.core.memory.parts.vision import image_rule
+from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
 from studio.core.run.events import read_events
 from studio.train import worker
 from test_vision_families import VISION, prepared, saved_family
@@ -22,7 +23,11 @@ TOLERANCE = 0.03  # the derived estimate's worst measured row is 2.89 %
 # each family: its tower's sizes (more patches than test_vision_families'), its builder's other sizes, a row's
 # length for each image it holds, and the token an image becomes
 FAMILIES = {"gemma3": ({**VISION, "image_size": 64, "num_hidden_layers": 2}, {"tokens": 16}, 64, "<image_soft_token>"),
-            "llava": ({**VISION, "image_size": 32, "num_hidden_layers": 2}, {}, 112, "<image>")}
+            "llava": ({**VISION, "image_size": 32, "num_hidden_layers": 2}, {}, 112, "<image>"),
+            # 48-pixel images: 12 x 12 patches, 36 tokens; Qwen2.5-VL's last block attends to the whole image
+            "qwen2_5_vl": ({"depth": 2}, {"side": 48}, 96, "<|image_pad|>"),
+            "qwen3_vl": ({"depth": 2, "deepstack_visual_indexes": [0]}, {"side": 48}, 96, "<|image_pad|>")}
+FIXED_RESOLUTION = ("gemma3", "llava")
 TRAINED = {"train_vision_tower": True, "train_projector": True}
 
 
@@ -39,9 +44,9 @@ def folders(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(params=sorted(FAMILIES))
+@pytest.fixture(params=FIXED_RESOLUTION)
 def family(request, folders):
-    """(the family's name, its model folder)."""
+    """(a fixed-resolution family's name, its model folder)."""
     return request.param, folders(request.param)
 
 
@@ -86,7 +91,7 @@ def test_the_step_is_estimated_as_measured(folders, tmp_path, name, vision, per_
     measured = next(e for e in events if e["type"] == "memory_measured")["peak_bytes"]
     predicted = next(e for e in events if e["type"] == "estimate")
     own = predicted["run_data"]
-    patches = image_rule(model_config(family)).largest({}).patches
+    patches = image_rule(model_config(family)).largest(load_preprocessor_config(str(family[1]))).patches
     assert own["image_patches"] == 4 * per_row * patches  # the micro-batch's images, each at the tower's size
     assert abs(own["peak_bytes"] / measured - 1) < TOLERANCE, (own, measured)
     note = next(n for n in predicted["notes"] if n.startswith("vision-language"))
@@ -153,3 +158,24 @@ def test_a_frozen_tower_keeps_nothing_for_backward():
         assert trained.saved > 0 and trained.transient == 0
     deeper = {**model, "vision_config": {**model["vision_config"], "num_hidden_layers": 3}, "vision_feature_layer": 1}
     assert vision_memory(deeper, config.replace(vision=TRAINED), (16,) * 8).saved == trained.saved
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_tower_and_projector_parameters_are_the_model_s(name, folders):
+    """What a trained tower or projector adds (gradients, optimizer state) is counted from their parameters: the
+    rule's count is the model's, split as the worker splits them (the family's module patterns), less SigLIP's
+    pooling head in Gemma 3 (the model reads the tower's last hidden state: the head gets no gradient)."""
+    import re
+
+    from transformers import AutoModelForImageTextToText
+
+    from studio.core.model.vision import VISION_FAMILIES
+
+    folder = folders(name)
+    family, rule = VISION_FAMILIES[name], image_rule(model_config((name, folder)))
+    named = {n: p for n, p in AutoModelForImageTextToText.from_pretrained(folder).named_parameters()
+             if ".vision_tower.head." not in n}
+    for part, pattern in ((rule.parameters(True, False), family.tower), (rule.parameters(False, True),
+                                                                          family.projector)):
+        module = re.compile(pattern)
+        assert part == sum(p.numel() for n, p in named.items() if module.fullmatch(n))

@@ -3,9 +3,10 @@ the vision tower holds for them.
 
 Each family studio estimates on images has an ``ImageRule`` in ``IMAGE_RULES`` (by model_type), made for the
 model's config.json mapping: how its processor sizes an image and how many patches and language-model tokens it
-becomes, and what its tower's blocks and its projector keep for backward. Qwen2-VL's (shared by Qwen2.5-VL) resizes
-each image within pixel limits read from ``preprocessor_config.json``; Gemma 3's (SigLIP) and LLaVA's (CLIP) resize
-every image to the tower's one size (``FixedResolutionImages``, their blocks counted by ``VitEncoder``).
+becomes, and what its tower's blocks and its projector keep for backward. Qwen2-VL's resizes each image within
+pixel limits read from ``preprocessor_config.json``, as Qwen2.5-VL's and Qwen3-VL's do (their towers' blocks their
+own); Gemma 3's (SigLIP) and LLaVA's (CLIP) resize every image to the tower's one size
+(``FixedResolutionImages``, their blocks counted by ``VitEncoder``).
 
 What the estimate counts for a micro-batch's images (``vision_memory``):
 
@@ -136,9 +137,13 @@ class VitEncoder:
 
 
 class Qwen2VLImages(ImageRule):
-    """Qwen2-VL's processor (smart_resize) and vision tower; Qwen2.5-VL resizes alike and is counted alike."""
+    """Qwen2-VL's processor (smart_resize) and vision tower."""
 
     position_axes = 3
+    defaults: dict = {}  # the vision config's defaults (transformers'), for the rules of its successors
+
+    def _vision(self) -> dict:
+        return {**self.defaults, **self.model_config["vision_config"]}
 
     def pixel_limits(self, preprocessor: dict) -> tuple[int, int]:
         """(min_pixels, max_pixels) of the processor's resize."""
@@ -228,6 +233,107 @@ class Qwen2VLImages(ImageRule):
         return sum(images) * (2 * embed + 2 * int(embed * vision_config.get("mlp_ratio", 4))) * compute
 
 
+class Qwen25VLImages(Qwen2VLImages):
+    """Qwen2.5-VL: Qwen2-VL's resize, a tower of RMSNorm and SwiGLU blocks (windowed attention in most of them,
+    which keeps what full attention does), its merger into out_hidden_size."""
+
+    defaults = {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16, "spatial_merge_size": 2,
+                "out_hidden_size": 3584}
+
+    def _widths(self) -> tuple[int, int, int]:
+        """The tower's width, its MLP's and its heads."""
+        v = self._vision()
+        return v["hidden_size"], v["intermediate_size"], v["num_heads"]
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """Per patch, as saved-tensor hooks show: an RMSNorm keeps an fp32 copy of its input, its reciprocal
+        deviation and the normed value in the compute dtype (its weight's gradient); a block, its two norms, qkv's
+        output, q and k roped, the attention's output and log-sum-exp, proj's input (its output copied out of the
+        heads), the norms' outputs (qkv's and the MLP's input), and gate, up, their activation and their product;
+        the rotary cos and sin (fp32) once. The merger's norm, its MLP's two inputs and its GELU's; the windows'
+        order (an int64 per token) to put its output back."""
+        width, mlp, heads = self._widths()
+        per_patch = 0
+        if tower:
+            norm = 4 * width + STAT_BYTES
+            block = 2 * norm + (11 * width + 4 * mlp) * compute + heads * STAT_BYTES
+            per_patch += self._vision()["depth"] * block + 2 * (width // heads) * 4
+            per_patch += 4 * width + STAT_BYTES  # the merger's norm, its input needing a gradient
+        if tower or projector:
+            per_patch += 4 * width * compute + 8 / self._vision()["spatial_merge_size"] ** 2
+        return int(sum(images) * per_patch)
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        """Per patch: the residual stream, the norm's output, gate's and up's outputs and the activation."""
+        width, mlp, _ = self._widths()
+        return sum(images) * (2 * width + 3 * mlp) * compute
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The patch embedding (no bias) and the blocks (two RMSNorms, qkv and proj, gate, up and down with their
+        biases); the projector: its RMSNorm and the merged MLP into out_hidden_size."""
+        v = self._vision()
+        width, mlp, _ = self._widths()
+        merged = width * v["spatial_merge_size"] ** 2
+        count = 0
+        if tower:
+            count += self.pixel_elements() * width
+            count += v["depth"] * (4 * width * width + 3 * width * mlp + 7 * width + 2 * mlp)
+        if projector:
+            count += width + merged * merged + merged + (merged + 1) * v["out_hidden_size"]
+        return count
+
+
+class Qwen3VLImages(Qwen2VLImages):
+    """Qwen3-VL: Qwen2-VL's resize, a tower of ViT blocks (LayerNorms, a GELU MLP) whose learned position
+    embeddings are interpolated to each image's grid, its merger into out_hidden_size, and one deepstack merger
+    per deepstack_visual_indexes block, each of whose features joins a language-model layer."""
+
+    defaults = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "spatial_merge_size": 2,
+                "hidden_act": "gelu_pytorch_tanh", "out_hidden_size": 3584, "num_position_embeddings": 2304,
+                "deepstack_visual_indexes": (8, 16, 24)}
+    interpolation_bytes = 4 * 8 + 4 * 4  # a patch's four neighbouring positions (int64) and their weights (fp32)
+
+    def encoder(self) -> VitEncoder:
+        v = self._vision()
+        return VitEncoder(v["hidden_size"], v["intermediate_size"], v["num_heads"], v["hidden_act"])
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """Per patch, as saved-tensor hooks show: a ViT block keeps qkv's fused output, q and k roped and proj's
+        input (copied out of the heads) beside what VitEncoder counts; the rotary cos and sin (fp32) and the
+        position interpolation once. The merger keeps its norm's input and statistics, its MLP's two inputs and
+        its GELU's; a deepstack merger the same after the pixel shuffle, its norm's input (the block's output)
+        already kept where the tower trains."""
+        v, encoder = self._vision(), self.encoder()
+        width = encoder.width
+        per_patch = 0.0
+        if tower:
+            block = encoder.saved_per_position(compute) + 3 * width * compute
+            per_patch += v["depth"] * block + 2 * (width // encoder.heads) * 4 + self.interpolation_bytes
+        if tower or projector:
+            merger = 4 * width * compute + 2 * STAT_BYTES
+            deepstack = (3 if tower else 4) * width * compute + 2 * STAT_BYTES / v["spatial_merge_size"] ** 2
+            per_patch += merger + len(v["deepstack_visual_indexes"]) * deepstack
+        return int(sum(images) * per_patch)
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        return sum(images) * self.encoder().transient_per_position(compute)
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The patch embedding (with its bias), the position embeddings and the blocks; the projector: the merger
+        (its LayerNorm before the pixel shuffle) and the deepstack mergers (theirs after it)."""
+        v, encoder = self._vision(), self.encoder()
+        width = encoder.width
+        merged = width * v["spatial_merge_size"] ** 2
+        count = 0
+        if tower:
+            count += (self.pixel_elements() + 1 + v["num_position_embeddings"]) * width
+            count += v["depth"] * encoder.block_parameters()
+        if projector:
+            mlp = merged * merged + merged + (merged + 1) * v["out_hidden_size"]
+            count += 2 * width + mlp + len(v["deepstack_visual_indexes"]) * (2 * merged + mlp)
+        return count
+
+
 class FixedResolutionImages(ImageRule):
     """A family whose processor resizes every image to the tower's ``image_size`` square (SigLIP's, CLIP's): each
     image the same patches, whatever its size; vision.max_pixels changes nothing."""
@@ -297,10 +403,12 @@ class Gemma3Images(FixedResolutionImages):
         return sum(images) * self.encoder().transient_per_position(compute)
 
     def parameters(self, tower: bool, projector: bool) -> int:
-        """The tower with its post_layernorm; the projector: its RMSNorm and its projection matrix."""
+        """The tower with its patch embedding's bias and its post_layernorm (a pooling head, where SigLIP's config
+        has one, gets no gradient: Gemma 3 reads the last hidden state); the projector: its RMSNorm and its
+        projection matrix."""
         width = self.encoder().width
         text = (self.model_config.get("text_config") or {}).get("hidden_size", 2304)
-        count = self._tower_parameters(self.patches_per_image()) + 2 * width if tower else 0
+        count = self._tower_parameters(self.patches_per_image()) + 3 * width if tower else 0
         return count + ((width + width * text) if projector else 0)
 
 
@@ -359,8 +467,8 @@ class LlavaImages(FixedResolutionImages):
         return count + ((features * text + text + text * text + text) if projector else 0)
 
 
-IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen2VLImages,
-                                           "gemma3": Gemma3Images, "llava": LlavaImages}
+IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen25VLImages,
+                                           "qwen3_vl": Qwen3VLImages, "gemma3": Gemma3Images, "llava": LlavaImages}
 
 
 def image_rule(model_config: dict) -> ImageRule | None:
