@@ -5,11 +5,15 @@ Each family studio estimates on images has an ``ImageRule`` in ``IMAGE_RULES`` (
 model's config.json mapping: how its processor sizes an image and how many patches and language-model tokens it
 becomes, and what its tower's blocks and its projector keep for backward. Qwen2-VL's (shared by Qwen2.5-VL) resizes
 each image within pixel limits read from ``preprocessor_config.json``; Gemma 3's (SigLIP) and LLaVA's (CLIP) resize
-every image to the tower's one size (``FixedResolutionImages``, their blocks counted by ``VitEncoder``).
+every image to the tower's one size (``FixedResolutionImages``, their blocks counted by ``VitEncoder``); Idefics3's
+(shared by SmolVLM) splits an image, scaled to a longest edge, in tiles of the tower's size. A rule also says how
+the run's vision.max_pixels reaches the worker's image processor (``image_processor_limit``), so that the run's
+images are sized as the estimate sizes them.
 
 What the estimate counts for a micro-batch's images (``vision_memory``):
 
-* inputs: the pixel values (fp32, one row per patch), Qwen2-VL's grids and the image-token marks of every row;
+* inputs: the pixel values (fp32, one row per patch), Qwen2-VL's grids, Idefics3's pixel mask and the image-token
+  marks of every row;
 * saved: what the trained parts keep for backward (measured on the CPU with autograd's saved-tensor hooks: a
   block keeps its norms' inputs and statistics, its linears' inputs, q, k and v, the attention's output and
   log-sum-exp, and its MLP's activation; a projector its norm's and its linears' inputs). A frozen tower (no
@@ -464,7 +468,6 @@ class Idefics3Images(FixedResolutionImages):
         return count + (width * self._scale() ** 2 * text if projector else 0)
 
 
-
 def _longest_edge_to(height: int, width: int, longest: int, even: bool) -> tuple[int, int]:
     """An image's sides with its longest edge at ``longest``, the aspect kept (the other side truncated, then made
     even where ``even``), as Idefics3's processor computes them."""
@@ -487,6 +490,7 @@ def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
         return math.ceil(int(width / aspect) / tile) * tile, width
     height = math.ceil(height / tile) * tile
     return height, math.ceil(int(height * aspect) / tile) * tile
+
 
 IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen2VLImages,
                                            "gemma3": Gemma3Images, "llava": LlavaImages,
