@@ -83,18 +83,24 @@ def gemma3(assets, vision=VISION, tokens=4):
     return transformers.Gemma3ForConditionalGeneration(config), tokenizer, processor, {"image_seq_length": tokens}
 
 
-def idefics3(assets):
+def idefics3(assets, vision=VISION, longest_edge=32, config_class="Idefics3Config",
+             model_class="Idefics3ForConditionalGeneration"):
+    """Idefics3 (or SmolVLM, by its classes): images scaled to ``longest_edge`` and split in tiles of the tower's
+    image_size beside the whole; each tile's patches pixel-shuffled by 2."""
     import transformers
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    tiles = [f"<row_{row}_col_{col}>" for row in (1, 2) for col in (1, 2)]
+    tile = vision["image_size"]
+    tiles = [f"<row_{row}_col_{col}>" for row in range(1, longest_edge // tile + 1)
+             for col in range(1, longest_edge // tile + 1)]
     tokenizer = assets.build_tokenizer(["<image>", "<fake_token_around_image>", "<global-img>", *tiles], "<image>")
-    config = transformers.Idefics3Config(text_config={**TEXT, "model_type": "llama", "vocab_size": len(tokenizer)},
-                                         vision_config=VISION, scale_factor=2,
-                                         image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
-    # 16-pixel squares scaled to 32 and split in four 16-pixel tiles beside the whole: 5 images of 4 tokens each
-    processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 16})
-    return transformers.Idefics3ForConditionalGeneration(config), tokenizer, processor, {"image_seq_len": 4}
+    config = getattr(transformers, config_class)(
+        text_config={**TEXT, "model_type": "llama", "vocab_size": len(tokenizer)}, vision_config=vision,
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    # the default: 16-pixel squares scaled to 32 and split in four 16-pixel tiles beside the whole, 4 tokens each
+    processor = Idefics3ImageProcessorPil(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile})
+    tokens = (tile // vision["patch_size"]) ** 2 // 4
+    return getattr(transformers, model_class)(config), tokenizer, processor, {"image_seq_len": tokens}
 
 
 def llava(assets, vision=VISION):

@@ -280,7 +280,8 @@ class VisionConfig:
         0, "The most pixels an image keeps: the image processor resizes larger ones down (keeping the aspect), "
         "and an image's tokens fall with its area (Qwen2-VL: one token per 28x28 pixels). 0: the processor's own "
         "limit (its preprocessor_config.json). Lowering it saves the vision tower's and the language model's "
-        "memory for each image. Gemma 3 and LLaVA resize every image to their vision tower's one size: it changes "
+        "memory for each image. Idefics3 and SmolVLM: it sets the longest edge images are scaled to, in whole tiles "
+        "(one at the least). Gemma 3 and LLaVA resize every image to their vision tower's one size: it changes "
         "nothing there.")
 
 

@@ -33,7 +33,7 @@ from studio.core.config import RunConfig
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import StudioError
-from studio.core.memory.parts.vision import load_preprocessor_config
+from studio.core.memory.parts.vision import image_processor_limit, load_preprocessor_config
 from studio.core.model.info import load_model_config
 from studio.core.model.vision import VisionFamily, vision_family
 
@@ -61,8 +61,8 @@ NO_IMAGES: dict[str, bytes] = {IMAGE_COLUMN: b""}
 
 def load_processor(config: RunConfig, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
     """The model's processor, with the run's tokenizer and the PIL image processor (the fast one needs torchvision;
-    the run's vision.max_pixels, if set, replaces its pixel limit), and its processor_config.json settings ({}
-    without one).
+    the run's vision.max_pixels, if set, replaces its pixel limit as the estimate reads it: Qwen2-VL's max_pixels,
+    Idefics3's longest edge), and its processor_config.json settings ({} without one).
 
     Built from its parts as ``AutoProcessor`` would, with those settings: a family whose
     processor also reads videos (Qwen2-VL, SmolVLM) gets a blank video part, as rows hold images alone; transformers
@@ -79,7 +79,8 @@ def load_processor(config: RunConfig, tokenizer: Any) -> tuple[Any, dict[str, An
                                                                               trust_remote_code=trust))]
         found = processor_class.get_processor_dict(path, revision=revision)[0]
         settings = {key: value for key, value in found.items() if key != "chat_template"}  # the tokenizer's is used
-        limit = {"max_pixels": config.vision.max_pixels} if config.vision.max_pixels else {}  # Qwen2-VL's resize
+        limit = image_processor_limit(load_model_config(path, config.model.revision), config.vision.max_pixels,
+                                      load_preprocessor_config(path, config.model.revision))
         parts = {"image_processor": AutoImageProcessor.from_pretrained(path, backend="pil", revision=revision,
                                                                        trust_remote_code=trust, **limit),
                  "tokenizer": tokenizer}
@@ -292,9 +293,10 @@ def _arrays(data: bytes | None) -> dict[str, np.ndarray]:
 
 def row_image_patches(feature: dict[str, Any], patch_size: int = 0) -> tuple[int, ...]:
     """Each image's patches in a split row: from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's), or
-    for a family without grids (Gemma 3, LLaVA: one fixed-size image along the pixel values' first axis) from the
-    pixel values' height and width in patches of ``patch_size`` (0: none counted); none for a row without images.
-    Reads the grids and the pixel values' header alone, never the pixel values."""
+    for a family without grids (Gemma 3, LLaVA: one fixed-size image along the pixel values' first axis; Idefics3:
+    an image's real tiles of one size along the second) from the pixel values' height and width in patches of
+    ``patch_size`` (0: none counted); none for a row without images. Reads the grids, the pixel values' header and
+    a pixel of each tile's mask, never the pixel values."""
     data = feature.get(IMAGE_COLUMN)
     if not data:
         return ()
@@ -304,10 +306,30 @@ def row_image_patches(feature: dict[str, Any], patch_size: int = 0) -> tuple[int
         if not patch_size or "pixel_values" not in arrays.files:
             return ()
         with arrays.zip.open("pixel_values.npy") as array:
-            version = np.lib.format.read_magic(array)
-            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            images, *_, height, width = header(array)[0]
-        return ((height // patch_size) * (width // patch_size),) * images
+            shape = _npy_header(array)[0]
+        images, *_, height, width = shape
+        tiles = _real_tiles(arrays) if len(shape) == 5 else (1,) * images
+        return tuple(count * (height // patch_size) * (width // patch_size) for count in tiles)
+
+
+def _npy_header(array) -> tuple:
+    """An .npy stream's (shape, fortran order, dtype), the stream left at its data."""
+    version = np.lib.format.read_magic(array)
+    header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return header(array)
+
+
+def _real_tiles(arrays) -> tuple[int, ...]:
+    """Each image's tiles that are not padding (Idefics3's: ``[images, tiles, channels, height, width]`` pixel
+    values, each image's tiles zero-padded to the row's most): a real tile's pixel_attention_mask is 1 at its first
+    pixel, a padded one's 0 throughout. Reads that pixel of each tile alone."""
+    with arrays.zip.open("pixel_attention_mask.npy") as mask:
+        (images, tiles, height, width), _, dtype = _npy_header(mask)
+        start, corners = mask.tell(), []
+        for index in range(images * tiles):
+            mask.seek(start + index * height * width * dtype.itemsize)
+            corners.append(np.frombuffer(mask.read(dtype.itemsize), dtype)[0] != 0)
+    return tuple(int(count) for count in np.reshape(corners, (images, tiles)).sum(axis=1))
 
 
 def tower_patch_size(config: RunConfig) -> int:

@@ -6,11 +6,15 @@ model's config.json mapping: how its processor sizes an image and how many patch
 becomes, and what its tower's blocks and its projector keep for backward. Qwen2-VL's resizes each image within
 pixel limits read from ``preprocessor_config.json``, as Qwen2.5-VL's and Qwen3-VL's do (their towers' blocks their
 own); Gemma 3's (SigLIP) and LLaVA's (CLIP) resize every image to the tower's one size
-(``FixedResolutionImages``, their blocks counted by ``VitEncoder``).
+(``FixedResolutionImages``, their blocks counted by ``VitEncoder``); Idefics3's (shared by SmolVLM) splits an
+image, scaled to a longest edge, in tiles of the tower's size. A rule also says how the run's vision.max_pixels
+reaches the worker's image processor (``image_processor_limit``), so that the run's images are sized as the
+estimate sizes them.
 
 What the estimate counts for a micro-batch's images (``vision_memory``):
 
-* inputs: the pixel values (fp32, one row per patch), Qwen2-VL's grids and the image-token marks of every row;
+* inputs: the pixel values (fp32, one row per patch), Qwen2-VL's grids, Idefics3's pixel mask and the image-token
+  marks of every row;
 * saved: what the trained parts keep for backward (measured on the CPU with autograd's saved-tensor hooks: a
   block keeps its norms' inputs and statistics, its linears' inputs, q, k and v, the attention's output and
   log-sum-exp, and its MLP's activation; a projector its norm's and its linears' inputs). A frozen tower (no
@@ -95,6 +99,14 @@ class ImageRule:
     def grid_bytes(self, images: int) -> int:
         """The processor's per-image inputs beside the pixel values (Qwen2-VL's grids)."""
         return 0
+
+    def pixel_mask_bytes(self) -> int:
+        """The processor's pixel mask per patch beside the pixel values (Idefics3's)."""
+        return 0
+
+    def processor_limit(self, preprocessor: dict, max_pixels: int) -> dict:
+        """The image processor's arguments that put the run's vision.max_pixels in effect (Qwen2-VL's resize)."""
+        return {"max_pixels": max_pixels}
 
 
 @dataclass(frozen=True)
@@ -467,8 +479,130 @@ class LlavaImages(FixedResolutionImages):
         return count + ((features * text + text + text * text + text) if projector else 0)
 
 
+class Idefics3Images(FixedResolutionImages):
+    """Idefics3 and SmolVLM: the processor scales an image so its longest edge is ``size.longest_edge`` (the run's
+    vision.max_pixels lowers it), rounds both sides up to tiles of ``max_image_size.longest_edge`` and, where it
+    then has more than one, splits it in them beside the whole image downscaled to one (the global tile). Each tile
+    is a fixed-resolution image of the SigLIP tower; its last hidden state (after post_layernorm) is pixel-shuffled
+    by scale_factor into fewer, wider positions and projected by one matrix (no bias): patches / scale_factor²
+    tokens a tile, between tile markers (text tokens, counted in the row's length)."""
+
+    fixed_resolution = False  # an image's tiles follow its size and aspect under the longest edge
+    token_marks = False
+    defaults = {"hidden_size": 1152, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 16,
+                "image_size": 224, "patch_size": 32, "hidden_act": "gelu_pytorch_tanh"}
+    processor_defaults = {"size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 364},
+                          "do_image_splitting": True}  # transformers' Idefics3ImageProcessor's
+    largest_side = 4096  # the processor's MAX_IMAGE_SIZE: no image is scaled beyond it
+
+    def _processor(self, preprocessor: dict) -> tuple[int, int, bool]:
+        """(the longest edge an image is scaled to, a tile's side, whether images are split in tiles)."""
+        p = {**self.processor_defaults, **preprocessor}
+        return int(p["size"]["longest_edge"]), int(p["max_image_size"]["longest_edge"]), bool(p["do_image_splitting"])
+
+    def longest_edge(self, preprocessor: dict, max_pixels: int = 0) -> int:
+        """The longest edge under ``max_pixels`` (0: the processor's own): the largest multiple of a tile's side
+        whose square is within the limit (the processor rounds an image up to whole tiles), one tile at the least."""
+        longest, tile, _ = self._processor(preprocessor)
+        return max(tile, math.isqrt(max_pixels) // tile * tile) if max_pixels else longest
+
+    def pixel_limits(self, preprocessor: dict) -> tuple[int, int]:
+        """(one tile's pixels, the processor's own longest edge squared)."""
+        longest, tile, _ = self._processor(preprocessor)
+        return tile * tile, longest * longest
+
+    def processor_limit(self, preprocessor: dict, max_pixels: int) -> dict:
+        return {"size": {"longest_edge": self.longest_edge(preprocessor, max_pixels)}}
+
+    def tiles(self, preprocessor: dict, height: int, width: int, max_pixels: int = 0) -> int:
+        """The tiles the processor makes of an image: scaled to the longest edge, kept under ``largest_side``, both
+        sides rounded up to whole tiles; more than one and the global tile joins them."""
+        _, tile, split = self._processor(preprocessor)
+        if not split:
+            return 1
+        height, width = _longest_edge_to(height, width, self.longest_edge(preprocessor, max_pixels), even=True)
+        if max(height, width) > self.largest_side:
+            height, width = _longest_edge_to(height, width, self.largest_side, even=False)
+        height, width = _whole_tiles(height, width, tile)
+        count = (height // tile) * (width // tile)
+        return count + 1 if count > 1 else 1
+
+    def _tile_size(self, preprocessor: dict, tiles: int) -> ImageSize:
+        tile = self._processor(preprocessor)[1]
+        patches = tiles * (tile // self._vision()["patch_size"]) ** 2
+        return ImageSize(patches, patches // self._scale() ** 2)
+
+    def _scale(self) -> int:
+        return int(self.model_config.get("scale_factor", 2))
+
+    def size(self, preprocessor: dict, height: int, width: int, max_pixels: int = 0) -> ImageSize:
+        return self._tile_size(preprocessor, self.tiles(preprocessor, height, width, max_pixels))
+
+    def largest(self, preprocessor: dict, max_pixels: int = 0) -> ImageSize:
+        """A square image: the most tiles the longest edge gives."""
+        side = self.longest_edge(preprocessor, max_pixels)
+        return self.size(preprocessor, side, side, max_pixels)
+
+    def tokens(self, images: tuple[int, ...]) -> int:
+        return sum(images) // self._scale() ** 2
+
+    def pixel_mask_bytes(self) -> int:
+        return 8 * self._vision()["patch_size"] ** 2  # pixel_attention_mask: an int64 per pixel
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """Per patch, as the CPU's saved tensors show. The tower: the patch embedding's input (the real tiles'
+        pixel values, a copy), the position ids (int64), every block and post_layernorm's input and statistics. The
+        projector: its input (the shuffled features, as wide per token as its patches together); a frozen one keeps
+        nothing, the tower's gradient passing through its matrix."""
+        encoder, v = self.encoder(), self._vision()
+        per_patch = encoder.width * compute if projector else 0
+        if tower:
+            block = v["num_hidden_layers"] * encoder.saved_per_position(compute)
+            per_patch += (block + (self.pixel_elements() + encoder.width) * compute + 8 + 2 * STAT_BYTES)
+        return sum(images) * per_patch
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        """A block's moment beside the copies of the real tiles' pixel values and pixel mask the model makes
+        before the tower (dropping the padded tiles), which live until the features are out."""
+        per_patch = self.encoder().transient_per_position(compute) + self.pixel_elements() * compute
+        return sum(images) * (per_patch + self.pixel_mask_bytes())
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The tower (its patch embedding's bias and post_layernorm beside the blocks); the projector's matrix from
+        scale_factor² tower positions into the language model's width."""
+        width = self.encoder().width
+        text = (self.model_config.get("text_config") or {}).get("hidden_size", 4096)
+        count = self._tower_parameters(self.patches_per_image()) + 3 * width if tower else 0
+        return count + (width * self._scale() ** 2 * text if projector else 0)
+
+
+def _longest_edge_to(height: int, width: int, longest: int, even: bool) -> tuple[int, int]:
+    """An image's sides with its longest edge at ``longest``, the aspect kept (the other side truncated, then made
+    even where ``even``), as Idefics3's processor computes them."""
+    aspect = width / height
+    if width >= height:
+        width, height = longest, int(longest / aspect)
+        height += height % 2 if even else 0
+    else:
+        height, width = longest, int(longest * aspect)
+        width += width % 2 if even else 0
+    return max(height, 1), max(width, 1)
+
+
+def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
+    """Idefics3's resize for its tower: the longest side rounded up to whole tiles, the other side from the aspect,
+    rounded up too."""
+    aspect = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        return math.ceil(int(width / aspect) / tile) * tile, width
+    height = math.ceil(height / tile) * tile
+    return height, math.ceil(int(height * aspect) / tile) * tile
+
+
 IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen25VLImages,
-                                           "qwen3_vl": Qwen3VLImages, "gemma3": Gemma3Images, "llava": LlavaImages}
+                                           "qwen3_vl": Qwen3VLImages, "gemma3": Gemma3Images, "llava": LlavaImages,
+                                           "idefics3": Idefics3Images, "smolvlm": Idefics3Images}
 
 
 def image_rule(model_config: dict) -> ImageRule | None:
@@ -476,6 +610,15 @@ def image_rule(model_config: dict) -> ImageRule | None:
     rule = IMAGE_RULES.get(str(model_config.get("model_type", ""))) if "vision_config" in model_config else None
     return None if rule is None else rule(model_config)
 
+
+
+def image_processor_limit(model_config: dict, max_pixels: int, preprocessor: dict) -> dict:
+    """The image processor's arguments for the run's vision.max_pixels ({} for 0: the processor's own), as the
+    family's rule reads the limit (``max_pixels`` for a family without one)."""
+    if not max_pixels:
+        return {}
+    rule = image_rule(model_config)
+    return {"max_pixels": max_pixels} if rule is None else rule.processor_limit(preprocessor, max_pixels)
 
 def load_preprocessor_config(name_or_path: str, revision: str = "") -> dict:
     """The model's preprocessor_config.json, from its folder or the Hugging Face cache ({} where there is none:
@@ -527,8 +670,8 @@ def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...]
         return None
     patches = sum(images)
     rows = config.training.micro_batch_size * config.sequences_per_row
-    # fp32 pixel values, the processor's per-image inputs, the image-token marks (int64 each)
-    inputs = 4 * patches * rule.pixel_elements() + rule.grid_bytes(len(images))
+    # fp32 pixel values (and a pixel mask), the processor's per-image inputs, the image-token marks (int64 each)
+    inputs = patches * (4 * rule.pixel_elements() + rule.pixel_mask_bytes()) + rule.grid_bytes(len(images))
     inputs += 8 * rows * config.data.max_length if images and rule.token_marks else 0
     precision = config.training.precision  # autocast's dtype, or the weights' without it
     width = DTYPE_BYTES[precision if precision != "fp32" else weight_dtype_name(config)]
