@@ -149,19 +149,27 @@ def worker_record(name: str, run_dir: Path, outcome: "Outcome") -> dict:
     summary = summarize(events)
     measured = [e for e in events if e["type"] == "memory_measured"]
     loading = next((e["loading_memory"] for e in events if e["type"] == "run_started"), [])
-    predicted = measured[0].get("predicted_bytes") if measured else None
+    first = measured[0] if measured else {}
     return {
         "part": "worker", "check": name, "exit": outcome.exit, "seconds": outcome.seconds,
         "status": outcome.stopped or summary.status, "last_loss": summary.last_loss,
         "error": summary.error or (outcome.tail if outcome.exit else None),
+        # like beside like: the allocator's peak beside the estimate's tensors (its allocated reading), NVML's used
+        # beside the estimate with the CUDA context (its peak)
         "measured_mib": [round(m["peak_bytes"] / MIB, 1) for m in measured],
-        "predicted_mib": round(predicted / MIB, 1) if predicted else None,
+        "predicted_mib": _mib(first.get("predicted_allocated_bytes")),
+        "nvml_used_mib": [_mib(m["nvml_used_bytes"]) for m in measured if m.get("nvml_used_bytes")],
+        "predicted_nvml_used_mib": _mib(first.get("predicted_nvml_used_bytes")),
         "memory": next((e["memory"] for e in reversed(events) if e["type"] == "step"), None),
         "tokens_per_s": steady_tokens_per_s(events),
         # each rank's GPU peak while the model loads (several processes): sharded, no GPU receives the whole model
         "loading_gpu_peak_mib": [round(rank["gpu_peak_bytes"] / MIB, 1) for rank in loading
                                  if "gpu_peak_bytes" in rank],
     }
+
+
+def _mib(count: int | None) -> float | None:
+    return round(count / MIB, 1) if count else None
 
 
 def steady_tokens_per_s(events: list[dict]) -> float | None:
@@ -471,8 +479,9 @@ def frontier_markdown(records: list[dict]) -> str:
 
 def worker_markdown(records: list[dict]) -> str:
     split = next((r.get("tokens_per_s") for r in records if r["check"] == LAYER_SPLIT_CHECK), None)
-    lines = ["| check | status | last loss | measured MiB | predicted MiB | loading GPU peak MiB per rank | tokens/s "
-             "| seconds | error |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| check | status | last loss | allocated MiB | allocated MiB (estimate) | NVML used MiB "
+             "| NVML used MiB (estimate) | loading GPU peak MiB per rank | tokens/s | seconds | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         loss = f"{r['last_loss']:.4f}" if isinstance(r.get("last_loss"), float) else "-"
         error = (r.get("error") or "").replace("\n", " ").replace("|", "/")[-160:]
@@ -480,7 +489,8 @@ def worker_markdown(records: list[dict]) -> str:
         if split and r.get("tokens_per_s") and r["check"].startswith("pipeline"):
             rate = f"{rate} ({r['tokens_per_s'] / split:.2f}x the layer split)"
         lines.append(f"| {r['check']} | {r['status']} | {loss} | {r.get('measured_mib', '-')} | "
-                     f"{r.get('predicted_mib', '-')} | {r.get('loading_gpu_peak_mib') or '-'} | {rate} | "
+                     f"{r.get('predicted_mib', '-')} | {r.get('nvml_used_mib') or '-'} | "
+                     f"{r.get('predicted_nvml_used_mib') or '-'} | {r.get('loading_gpu_peak_mib') or '-'} | {rate} | "
                      f"{r.get('seconds', '-')} | {error} |")
     return "\n".join(lines) + "\n"
 

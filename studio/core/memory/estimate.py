@@ -359,7 +359,8 @@ def _pipeline_comparison(shape: ModelShape, config: RunConfig, device_type: str,
     (estimated alike) over as many GPUs keeping the replica's batch. A CPU estimate compares them as GPUs
     without CUDA's overheads (a layer split on the CPU has one device)."""
     if device_type == "cpu":
-        device_type, overheads = "cuda", CudaOverheads(context_bytes=0, allocator_fraction=0.0, nccl_bytes=0)
+        device_type, overheads = "cuda", CudaOverheads(context_bytes=0, allocator_fraction=0.0, nccl_bytes=0,
+                                                   blas_workspace_bytes=0)
     gpus, micro_batches = config.distributed.pipeline_stages, regime.accumulation
     chunks = config.distributed.chunks_per_process  # every boundary between chunks crosses to another GPU
     pipeline = WayCost(f"pipeline ({config.distributed.pipeline_schedule})", max(d.total_bytes for d in devices),

@@ -91,6 +91,13 @@ class CudaOverheads:
     context_bytes: int = 500 * 1024**2  # CUDA context with lazy module loading: 0.3-0.7 GB
     allocator_fraction: float = 0.05  # caching-allocator rounding and fragmentation over the tensor peak
     nccl_bytes: int = 600 * 1024**2  # one NCCL communicator, when there are several GPUs
+    # cuBLAS workspaces, taken from PyTorch's caching allocator (so in its allocated bytes) once per cuBLAS handle and
+    # stream and kept for the process's life: torch's CublasHandlePool.cpp (parseChosenWorkspaceSize) makes each 32 MiB
+    # on Hopper (sm_90) and 8.125 MiB (":4096:2:16:8") before it, unless CUBLAS_WORKSPACE_CONFIG says otherwise.
+    # Handles are per thread: the forward and the optimizer step run on the main thread, the backward on autograd's
+    # device thread, so two. The Hopper figure (the larger): on an H200 (torch 2.11, benchmarks/gpu_checks.py, December
+    # 2026) every tiny-model check held exactly 64.0 MiB allocated beyond its model states after a step.
+    blas_workspace_bytes: int = 2 * 32 * 1024**2
     measured: str = ""  # "GPU, date" when studio doctor measured the first two here; "" for the defaults
 
     @property
@@ -166,10 +173,12 @@ def _is_count(value) -> bool:
 
 
 def with_cuda_overheads(device: DeviceEstimate, overheads: CudaOverheads, scale_out: ScaleOut) -> DeviceEstimate:
-    """The device with the CUDA context, the allocator's margin and (with several GPUs) NCCL's buffers."""
+    """The device with the CUDA context, cuBLAS's workspaces, the allocator's margin and (with several GPUs) NCCL's
+    buffers."""
     parts = dict(device.parts)
     parts["cuda_context"] = overheads.context_bytes
     parts["allocator_margin"] = int(overheads.allocator_fraction * device.total_bytes)
+    parts["blas_workspaces"] = overheads.blas_workspace_bytes
     if scale_out.num_gpus > 1:
         parts["communication"] += overheads.nccl_bytes
     extra = sum(parts.values()) - device.total_bytes

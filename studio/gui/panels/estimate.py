@@ -27,7 +27,7 @@ from studio.gui.widgets.common import BAD, GOOD, MUTED, WARN, ConfigStore, expla
 PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
     "weights": "#4e79a7", "adapter_weights": "#a0cbe8", "gradients": "#f28e2b", "optimizer_state": "#e15759",
     "master_weights": "#ff9d9a", "activations": "#59a14f", "logits_loss": "#8cd17d", "temporaries": "#b6992d",
-    "communication": "#499894", "cuda_context": "#9d7660", "allocator_margin": "#bab0ac",
+    "communication": "#499894", "cuda_context": "#9d7660", "blas_workspaces": "#d4a6c8", "allocator_margin": "#bab0ac",
 }
 VERDICT_COLORS = {"fits": GOOD, "tight": WARN, "does not fit": BAD}
 CUSTOM = "custom"
@@ -453,7 +453,7 @@ class EstimatePanel(QGroupBox):
             return
         analytic = ""
         if asked_estimate is not None:  # the estimate of the config simulated, for the GPU picked then
-            tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "allocator_margin"))
+            tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "blas_workspaces", "allocator_margin"))
             analytic = (f"; the estimate's tensors: {format_bytes(tensors)} "
                         f"({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})")
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)

@@ -28,6 +28,7 @@ PART_LABELS = {
     "temporaries": "temporaries",
     "communication": "communication",
     "cuda_context": "CUDA context",
+    "blas_workspaces": "cuBLAS workspaces",
     "allocator_margin": "allocator",
 }
 PARTS = tuple(PART_LABELS)
