@@ -207,3 +207,43 @@ def test_the_pipeline_checks_report_their_tokens_per_second_against_the_layer_sp
                for name, rate in ((gpu_checks.LAYER_SPLIT_CHECK, 100), ("pipeline of 2 stages over 2 GPUs, 1f1b", 170))]
     table = gpu_checks.worker_markdown(records)
     assert "| 170 (1.70x the layer split) |" in table and "| 100 |" in table
+
+
+def test_a_depth_that_runs_out_of_memory_is_freed_before_the_next_is_measured(tmp_path, monkeypatch):
+    """After an out-of-memory step the model and its tensors are freed when the allocator's cache is emptied, not
+    after: the exception's traceback holds the step's frames until its except clause is left (the first GPU run
+    then measured a failed step's tensors as part of the next depth's)."""
+    import weakref
+
+    import torch
+
+    import gpu_frontier
+    from model_factory import tiny_config
+
+    model = tiny_config("llama", num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(model), encoding="utf-8")
+    config = gpu_frontier.row_config(64, tmp_path)
+    built, steps, alive_at_release = [], [], []
+    real_model, real_steps, real_release = (gpu_frontier.random_model, gpu_frontier.run_optimizer_steps,
+                                            gpu_frontier.release)
+
+    def random_model(*args):
+        made = real_model(*args)
+        built.append(weakref.ref(made))
+        return made
+
+    def run_optimizer_steps(*args):
+        steps.append(real_steps(*args))
+        if len(steps) == 2:  # the measured step, after the warm-up
+            raise torch.OutOfMemoryError("CUDA out of memory (on the CPU, for the test)")
+
+    def release(device):
+        alive_at_release.append(built[-1]() is not None)
+        real_release(device)
+
+    monkeypatch.setattr(gpu_frontier, "random_model", random_model)
+    monkeypatch.setattr(gpu_frontier, "run_optimizer_steps", run_optimizer_steps)
+    monkeypatch.setattr(gpu_frontier, "release", release)
+    at_depths, failure = gpu_frontier.measure_depths(config, model, (2, 3), torch.device("cpu"))
+    assert at_depths == {} and failure.startswith("out of memory at 2 blocks")
+    assert alive_at_release == [False]
