@@ -12,7 +12,7 @@ inside the whole run's (``--minutes``); a check that no longer fits is skipped a
 
 - ``frontier``: benchmarks/gpu_frontier.py, the memory frontier's rows (Llama-3.1-8B at 8, 12, 24 and 80 GiB,
   Llama-3.3-70B at 48 and 80 GiB) on cards emulated with ``torch.cuda.set_per_process_memory_fraction``,
-  random NF4 weights made on the GPU, the long rows measured at one and two blocks and scaled by depth: the
+  random NF4 weights made on the GPU, the long rows measured at two and three blocks and scaled by depth: the
   estimate beside the allocated, reserved and NVML-used bytes and the pinned CPU RAM of each, and whether it
   fits the card.
 - ``worker``: the embedded tiny model trained for a few steps through ``studio train`` (a real worker
@@ -459,7 +459,11 @@ def frontier_line(record: dict) -> str:
                       (("allocated", "allocated"), ("reserved", "reserved"), ("nvml_used", "NVML used"),
                        ("host", "host pinned")))
     fits = {True: "fits the card", False: "DOES NOT fit the card"}.get(record.get("fits"), "")
-    return f"{record['check']}: GiB {pairs}; peak in {measured['peak_phase']}; {fits}; {record['seconds']} s"
+    depths = "".join(f"\n  at {depth} blocks: allocated {gib(m['allocated'])} (estimate {gib(m['predicted']['allocated'])})"
+                     f", by phase {', '.join(f'{phase} {gib(value)}' for phase, value in m['phases'].items())}"
+                     f"; left by a row before {gib(m.get('allocated_before'))}"
+                     for depth, m in record.get("at_depths", {}).items() if "predicted" in m)
+    return f"{record['check']}: GiB {pairs}; peak in {measured['peak_phase']}; {fits}; {record['seconds']} s{depths}"
 
 
 def frontier_markdown(records: list[dict]) -> str:

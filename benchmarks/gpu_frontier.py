@@ -11,7 +11,13 @@ GPU, the 4-bit ones quantized to NF4 there, so nothing is written to disk.
 A row whose whole step would take longer than ``WHOLE_DEPTH_SECONDS`` (``step_flops`` at ``ASSUMED_FLOPS``, or
 the more a row before reached) is measured at ``SCALED_DEPTHS`` blocks and scaled by depth: with checkpointing,
 what a step holds grows linearly with the blocks (weights, adapters and optimizer state, gradients, one kept
-input per block), so two depths give the line (``scaled_to_depth``), phase by phase. A whole row that runs out
+input per block), so two depths give the line (``scaled_to_depth``), phase by phase. Not from one block: with
+activation offload a model of two blocks or more also holds the next block's input, fetched back ahead during
+backward (``studio.core.memory.parts.offload``), which one block never does; a line through one and two blocks
+counts that input once per block (the first GPU run scaled 2.8 to 4 times over). From two blocks on, each
+block adds the same. The allocator's reserved bytes and NVML's do not follow a line (the allocator's cache
+depends on the order of its blocks, not on the depth): scaled, they are the scaled allocated bytes plus what
+they measured beyond the allocated ones at the deepest depth measured. A whole row that runs out
 of the card's memory is measured so too, without the card's limit: how much it needed. A row that would not
 finish within the part's time is skipped, with the reason. Measured: the allocator's peak allocated and reserved bytes,
 NVML's used bytes (this process's: over what the GPU used before it started) and the pinned host bytes of
@@ -34,8 +40,9 @@ import torch
 
 from memory_frontier import LEAN_SETTINGS, MODELS, card_bytes, config_with, longest_fitting, usable_gib
 from studio.core.memory.estimate import estimate
+from studio.core.memory.regime import pinned_bytes
 from studio.core.validation import raise_if_invalid
-from studio.train.measure.memtrack import tracker_for
+from studio.train.measure.memtrack import LiveTensorTracker, tracker_for
 from studio.train.measure.simulate import _base_model_on_meta, full_length_batches, run_optimizer_steps, target_tokens
 from studio.train.model.build import build_model
 from studio.train.optim import build_optimizer
@@ -49,7 +56,7 @@ ROWS = (("Llama-3.1-8B", 8), ("Llama-3.1-8B", 12), ("Llama-3.1-8B", 24), ("Llama
 # raises it).
 ASSUMED_FLOPS = 250e12
 WHOLE_DEPTH_SECONDS = 20.0  # a longer whole step is measured at SCALED_DEPTHS and scaled by depth
-SCALED_DEPTHS = (1, 2)
+SCALED_DEPTHS = (2, 3)  # not 1: one block has no input fetched ahead (see above)
 WARM_UP_TOKENS = 256  # the step that makes the optimizer state: its size does not depend on the length
 SETUP_SECONDS = 6.0  # building, quantizing and freeing one model and its warm-up step, beside the measured step
 
@@ -107,14 +114,19 @@ def scaled_to_depth(at_depths: dict[int, int], layers: int) -> int:
 
 
 def scaled_measurement(at_depths: dict[int, dict], layers: int) -> dict:
-    """The measured quantities at ``layers`` blocks; each phase's peak scaled apart (the peak is their largest)."""
+    """The measured quantities at ``layers`` blocks: each phase's peak scaled apart (the peak is their largest),
+    the host bytes scaled; the reserved and NVML-used bytes are the scaled allocated bytes plus what each measured
+    beyond the allocated ones at the deepest depth (what the allocator caches does not follow the depth)."""
     first = next(iter(at_depths.values()))
-    scaled = {key: scaled_to_depth({d: m[key] for d, m in at_depths.items()}, layers)
-              for key in ("reserved", "nvml_used", "host") if all(m.get(key) is not None for m in at_depths.values())}
     phases = {phase: scaled_to_depth({d: m["phases"][phase] for d, m in at_depths.items()}, layers)
               for phase in first["phases"] if all(phase in m["phases"] for m in at_depths.values())}
     peak_phase = max(phases, key=phases.get)
-    return {"allocated": phases[peak_phase], "peak_phase": peak_phase, "phases": phases, **scaled}
+    allocated, deepest = phases[peak_phase], at_depths[max(at_depths)]
+    beyond = {key: allocated + deepest[key] - deepest["allocated"] for key in ("reserved", "nvml_used")
+              if deepest.get(key) is not None}
+    host = {key: scaled_to_depth({d: m[key] for d, m in at_depths.items()}, layers)
+            for key in ("host", "host_allocator") if all(m.get(key) is not None for m in at_depths.values())}
+    return {"allocated": allocated, "peak_phase": peak_phase, "phases": phases, **beyond, **host}
 
 
 def with_layers(model: dict, layers: int) -> dict:
@@ -248,6 +260,30 @@ class NvmlPeak:
                 return
 
 
+# ---------------------------------------------------------------- host RAM
+
+
+class HostTensorCount(LiveTensorTracker):
+    """The host RAM of a step as the CPU measurement counts it (``add_module``'s host weights, the offloaded block
+    inputs made ``on_host``), each pinned one as the block torch's caching host allocator gives it (a power of
+    two, as the estimate counts it). On CUDA the allocator's own peak is no count of this: torch sums each block
+    size's peak however far apart in time they were, and a freed block stays counted until a later pinned
+    allocation finds its copy done (``host_allocator_peak``)."""
+
+    def __init__(self):
+        super().__init__("cpu")
+
+    def counted_bytes(self, storage) -> int:
+        return pinned_bytes(storage.nbytes(), "cuda") if storage.is_pinned() else storage.nbytes()
+
+
+def host_allocator_peak() -> int | None:
+    """The peak of the pinned bytes torch's caching host allocator had handed out since its peak was reset (None
+    where torch does not say); see HostTensorCount for why it overstates."""
+    stats = torch.cuda.host_memory_stats()
+    return stats.get("active_bytes.peak", stats.get("allocated_bytes.peak"))
+
+
 # ---------------------------------------------------------------- measuring
 
 
@@ -261,6 +297,8 @@ def measure_depth(config, model: dict, layers: int, device: torch.device, nvml=N
     """One steady optimizer step of the model at ``layers`` blocks on ``device``, after one at WARM_UP_TOKENS that
     makes the optimizer state: the peak allocated (per phase), and on CUDA reserved, NVML's used over
     ``nvml_before`` and the pinned host bytes; on the CPU the tracker's host bytes (counted apart)."""
+    cuda = device.type == "cuda"
+    left_before = torch.cuda.memory_allocated(device) if cuda else 0  # tensors of a row before: never counted as ours
     torch.manual_seed(config.training.seed)
     trained = random_model(config, device, layers)
     keep_weights_on_cpu(trained, config, device)
@@ -270,23 +308,21 @@ def measure_depth(config, model: dict, layers: int, device: torch.device, nvml=N
     run_optimizer_steps(trained, optimizer, warm_up, short, tracker_for(device), 1, target_tokens(warm_up))
     del warm_up
     batches = full_length_batches(config, model["vocab_size"], device)
-    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_host_memory_stats()  # torch 2.5 and later, as host_memory_stats
     started = time.perf_counter()
-    with NvmlPeak(nvml) as sampled, tracker_for(device) as tracker:
-        tracker.add_module(trained, host=host_weights(trained))
+    with NvmlPeak(nvml) as sampled, tracker_for(device) as tracker, HostTensorCount() as host_count:
+        for counter in (tracker, host_count):
+            counter.add_module(trained, host=host_weights(trained))
         tracker.add(batches)
         run_optimizer_steps(trained, optimizer, batches, config, tracker, 1, target_tokens(batches))
     measured = {"allocated": tracker.report.peak_bytes, "peak_phase": tracker.report.peak_phase,
-                "phases": dict(tracker.report.phase_peaks), "seconds": round(time.perf_counter() - started, 2)}
+                "phases": dict(tracker.report.phase_peaks), "seconds": round(time.perf_counter() - started, 2),
+                "host": host_count.host_report.peak_bytes}
     if cuda:
-        host = torch.cuda.host_memory_stats()  # pinned blocks handed out (rounded as allocated); else all it holds
-        measured.update(reserved=tracker.peak_reserved_bytes,
+        measured.update(reserved=tracker.peak_reserved_bytes, allocated_before=left_before,
                         nvml_used=sampled.peak - nvml_before if nvml is not None else None,
-                        host=host.get("active_bytes.peak", host.get("allocated_bytes.peak")))
-    else:
-        measured["host"] = tracker.host_report.peak_bytes
+                        host_allocator=host_allocator_peak())
     del trained, optimizer, batches, tracker
     release(device)
     return measured
@@ -322,15 +358,19 @@ def measure_row(row: Row, model: dict, folder: Path, device: torch.device, nvml=
     started = time.perf_counter()
     at_depths, failure = measure_depths(config, model, row.depths, device, nvml, nvml_before)
     result["status"] = failure or "completed"
-    if failure and row.depths == (row.layers,) and device.type == "cuda":
+    out_of_memory = failure is not None
+    if out_of_memory and row.depths == (row.layers,) and device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(1.0, device)
         at_depths, again = measure_depths(config, model, SCALED_DEPTHS, device, nvml, nvml_before)
-        result["status"] += f"; measured at {' and '.join(map(str, SCALED_DEPTHS))} blocks without the card's limit"
+        result["status"] = (f"does not fit: {failure}; what it needs measured at "
+                            f"{' and '.join(map(str, SCALED_DEPTHS))} blocks without the card's limit")
         failure = again
     result["at_depths"] = at_depths
     if failure is None:
         result["measured"] = scaled_measurement(at_depths, row.layers)
-        if result["measured"].get("nvml_used") is not None:
+        if out_of_memory:  # whatever the scaled need says: the card's limit refused it
+            result["fits"] = False
+        elif result["measured"].get("nvml_used") is not None:
             result["fits"] = result["measured"]["nvml_used"] <= card_bytes(row.card_gb)
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
@@ -345,9 +385,14 @@ def measure_depths(config, model: dict, depths: tuple[int, ...], device: torch.d
         try:
             at_depths[depth] = measure_depth(config, model, depth, device, nvml, nvml_before)
         except torch.OutOfMemoryError as exc:
-            release(device)
-            return at_depths, f"out of memory at {depth} blocks: {str(exc).splitlines()[0][:160]}"
-        at_depths[depth]["predicted"] = predicted(model, config, depth)
+            failure = f"out of memory at {depth} blocks: {str(exc).splitlines()[0][:160]}"
+        else:
+            at_depths[depth]["predicted"] = predicted(model, config, depth)
+            continue
+        # only now, the exception gone: its traceback held the step's frames (the model, its tensors), which the
+        # first GPU run's next depth then measured as its own (the 8 GB row's 1 block above its 2 blocks)
+        release(device)
+        return at_depths, failure
     return at_depths, None
 
 

@@ -86,7 +86,7 @@ class LiveTensorTracker(TorchDispatchMode):
         host RAM while the step computes on the device) count apart, in ``host_bytes``."""
         for tensor in host:
             self._host.add(tensor.untyped_storage()._cdata)
-            self.host_bytes += tensor.untyped_storage().nbytes()
+            self.host_bytes += self.counted_bytes(tensor.untyped_storage())
         self.host_report.note(self._phase, self.host_bytes)
         for tensor in [*module.parameters(), *module.buffers()]:
             self.add([tensor, *_quantization_tensors(tensor)])
@@ -103,7 +103,7 @@ class LiveTensorTracker(TorchDispatchMode):
         key = storage._cdata
         if key in self._storages:
             return
-        nbytes = storage.nbytes()
+        nbytes = self.counted_bytes(storage)
         self._storages[key] = weakref.ref(storage, lambda _ref, key=key, nbytes=nbytes, host=host:
                                           self._release(key, nbytes, host))
         if host:
@@ -111,6 +111,10 @@ class LiveTensorTracker(TorchDispatchMode):
             self.host_report.note(self._phase, self.host_bytes)
         else:
             self.live_bytes += nbytes
+
+    def counted_bytes(self, storage) -> int:
+        """The bytes a storage counts for: its own (a subclass may count the block an allocator gives it)."""
+        return storage.nbytes()
 
     def _release(self, key: int, nbytes: int, host: bool) -> None:
         if self._storages.pop(key, None) is not None:
