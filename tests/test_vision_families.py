@@ -119,18 +119,21 @@ def llava(assets, vision=VISION):
         "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
 
 
-def llava_next(assets):
+def llava_next(assets, vision=VISION, grids=((1, 1), (1, 2), (2, 1))):
+    """``grids``: its pinpoints in tiles (rows, columns) of the tower's size; by default a square stays one tile,
+    beside the whole."""
     import transformers
     from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
     tokenizer = assets.build_tokenizer(["<image>"], "<image>")
-    pinpoints = [[16, 16], [16, 32], [32, 16]]  # a square stays one tile, beside the whole
+    side = vision["image_size"]
+    pinpoints = [[rows * side, columns * side] for rows, columns in grids]
     config = transformers.LlavaNextConfig(
         text_config={**TEXT, "model_type": "llama", "vocab_size": len(tokenizer)},
-        vision_config={**VISION, "model_type": "clip_vision_model", "projection_dim": 32},
+        vision_config={**vision, "model_type": "clip_vision_model", "projection_dim": 32},
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_layer=-1,
         vision_feature_select_strategy="default", image_grid_pinpoints=pinpoints)
-    processor = LlavaNextImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+    processor = LlavaNextImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
                                            image_grid_pinpoints=pinpoints)
     return transformers.LlavaNextForConditionalGeneration(config), tokenizer, processor, {
         "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
@@ -173,7 +176,7 @@ FAMILIES = {"qwen3_vl": (qwen3_vl, ".visual.blocks.", ".visual.deepstack_merger_
 def saved_family(name: str, folder: Path, **sizes) -> Path:
     """``folder`` with a random tiny model of the family ``name``: the demo tokenizer with the family's image tokens,
     its image processor and processor settings; ``sizes``: the builder's own (its tower's config, Gemma 3's tokens
-    per image, the Qwen families' image side)."""
+    per image, the Qwen families' image side, LLaVA-Next's pinpoints)."""
     import torch
 
     torch.manual_seed(0)

@@ -296,9 +296,8 @@ def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | N
     rule = image_rule(model_config)
     if rule.fixed_resolution and config.vision.max_pixels:
         size = rule.largest({})
-        notes += (f"vision.max_pixels {config.vision.max_pixels:,} changes nothing here: the processor resizes every "
-                  f"image to the vision tower's size ({size.patches:,} patches, {size.tokens:,} tokens an image); "
-                  "set it to 0",)
+        notes += (f"vision.max_pixels {config.vision.max_pixels:,} changes nothing here: {rule.resolution_note} "
+                  f"({size.patches:,} patches, {size.tokens:,} tokens {rule.largest_label}); set it to 0",)
     return notes
 
 

@@ -20,7 +20,7 @@ import functools
 import inspect
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ from studio.core.config import RunConfig
 from studio.core.data.row_formats import DataError, Example
 from studio.core.data.templates import Segment
 from studio.core.errors import StudioError
-from studio.core.memory.parts.vision import image_processor_limit, load_preprocessor_config
+from studio.core.memory.parts.vision import (LlavaNextImages, image_processor_limit, image_rule,
+                                             load_preprocessor_config)
 from studio.core.model.info import load_model_config
 from studio.core.model.vision import VisionFamily, vision_family
 
@@ -291,12 +292,14 @@ def _arrays(data: bytes | None) -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in arrays.files}
 
 
-def row_image_patches(feature: dict[str, Any], patch_size: int = 0) -> tuple[int, ...]:
+def row_image_patches(feature: dict[str, Any], patch_size: int = 0,
+                      tiles: Callable[[int, int], int] | None = None) -> tuple[int, ...]:
     """Each image's patches in a split row: from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's), or
     for a family without grids (Gemma 3, LLaVA: one fixed-size image along the pixel values' first axis; Idefics3:
-    an image's real tiles of one size along the second) from the pixel values' height and width in patches of
-    ``patch_size`` (0: none counted); none for a row without images. Reads the grids, the pixel values' header and
-    a pixel of each tile's mask, never the pixel values."""
+    an image's real tiles of one size along the second; LLaVA-Next: each image's ``tiles`` at its size, from the
+    row's image sizes, its tiles zero-padded to the row's most along the second) from the pixel values' height and
+    width in patches of ``patch_size`` (0: none counted); none for a row without images. Reads the grids, the image
+    sizes, the pixel values' header and a pixel of each tile's mask, never the pixel values."""
     data = feature.get(IMAGE_COLUMN)
     if not data:
         return ()
@@ -308,8 +311,13 @@ def row_image_patches(feature: dict[str, Any], patch_size: int = 0) -> tuple[int
         with arrays.zip.open("pixel_values.npy") as array:
             shape = _npy_header(array)[0]
         images, *_, height, width = shape
-        tiles = _real_tiles(arrays) if len(shape) == 5 else (1,) * images
-        return tuple(count * (height // patch_size) * (width // patch_size) for count in tiles)
+        if tiles is not None and "image_sizes" in arrays.files:
+            counts = tuple(tiles(int(h), int(w)) for h, w in arrays["image_sizes"])
+        elif len(shape) == 5:
+            counts = _real_tiles(arrays)
+        else:
+            counts = (1,) * images
+        return tuple(count * (height // patch_size) * (width // patch_size) for count in counts)
 
 
 def _npy_header(array) -> tuple:
@@ -336,6 +344,13 @@ def tower_patch_size(config: RunConfig) -> int:
     """The run's vision tower's patch side in pixels (0 for a text model)."""
     vision = load_model_config(config.model.name_or_path, config.model.revision).get("vision_config")
     return int(vision.get("patch_size", 0)) if isinstance(vision, dict) else 0
+
+
+def image_tiles(config: RunConfig) -> Callable[[int, int], int] | None:
+    """The tower's tiles for an image of a height and width, for a family that tiles each image by its size
+    (LLaVA-Next's pinpoints, as its model splits the features back); None where an image is one."""
+    rule = image_rule(load_model_config(config.model.name_or_path, config.model.revision))
+    return rule.tiles if isinstance(rule, LlavaNextImages) else None
 
 
 def image_batch(features: list[dict[str, Any]], width: int, left: bool = False) -> dict[str, torch.Tensor]:

@@ -7,7 +7,8 @@ becomes, and what its tower's blocks and its projector keep for backward. Qwen2-
 pixel limits read from ``preprocessor_config.json``, as Qwen2.5-VL's and Qwen3-VL's do (their towers' blocks their
 own); Gemma 3's (SigLIP) and LLaVA's (CLIP) resize every image to the tower's one size
 (``FixedResolutionImages``, their blocks counted by ``VitEncoder``); Idefics3's (shared by SmolVLM) splits an
-image, scaled to a longest edge, in tiles of the tower's size. A rule also says how the run's vision.max_pixels
+image, scaled to a longest edge, in tiles of the tower's size; LLaVA-Next's tiles it at the best of the model's
+grid pinpoints, the whole image one tile more. A rule also says how the run's vision.max_pixels
 reaches the worker's image processor (``image_processor_limit``), so that the run's images are sized as the
 estimate sizes them.
 
@@ -75,6 +76,11 @@ class ImageRule:
 
     def largest(self, preprocessor: dict, max_pixels: int = 0) -> ImageSize:
         raise NotImplementedError
+
+    def worst_case_patches(self, preprocessor: dict, max_pixels: int, max_tokens: int) -> int:
+        """The patches of the largest image (``largest``), its tokens no more than ``max_tokens``."""
+        largest = self.largest(preprocessor, max_pixels)
+        return min(largest.tokens, max_tokens) * (largest.patches // largest.tokens)
 
     def pixel_elements(self) -> int:
         """Pixel values per patch (fp32 in the micro-batch)."""
@@ -352,6 +358,8 @@ class FixedResolutionImages(ImageRule):
 
     fixed_resolution = True
     defaults: dict = {}  # the vision config's defaults (transformers')
+    resolution_note = "the processor resizes every image to the vision tower's size"  # why max_pixels does nothing
+    largest_label = "an image"
 
     def encoder(self) -> VitEncoder:
         return VitEncoder.of(self.model_config.get("vision_config") or {}, self.defaults)
@@ -446,6 +454,14 @@ class LlavaImages(FixedResolutionImages):
         full = self.model_config.get("vision_feature_select_strategy", "default") == "full"
         return self.patches_per_image() + full
 
+    def sequences(self, images: tuple[int, ...]) -> int:
+        """The tower's sequences on ``images`` (each one CLS position beside its patches): one an image."""
+        return len(images)
+
+    def projected(self, images: tuple[int, ...]) -> int:
+        """The selected features the projector maps: the images' tokens."""
+        return self.tokens(images)
+
     def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
         """The tower per position (its patches and the CLS): pre_layrnorm's input and statistics, the kept blocks.
         The projector per token: linear_1's input (the selected features, a copy) and its GELU's and linear_2's
@@ -453,7 +469,7 @@ class LlavaImages(FixedResolutionImages):
         encoder = self.encoder()
         text = (self.model_config.get("text_config") or {}).get("hidden_size", 4096)
         features = encoder.width * len(self._layers())
-        positions, tokens = sum(images) + len(images), self.tokens(images)
+        positions, tokens = sum(images) + self.sequences(images), self.projected(images)
         saved = 0
         if tower:
             block = self.kept_blocks() * encoder.saved_per_position(compute)
@@ -466,7 +482,7 @@ class LlavaImages(FixedResolutionImages):
         """A block's moment beside every hidden state so far (the tower returns them all: LLaVA selects one)."""
         encoder = self.encoder()
         depth = self._vision()["num_hidden_layers"]
-        positions = sum(images) + len(images)
+        positions = sum(images) + self.sequences(images)
         return positions * (encoder.transient_per_position(compute) + depth * encoder.width * compute)
 
     def parameters(self, tower: bool, projector: bool) -> int:
@@ -600,9 +616,104 @@ def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
     return height, math.ceil(int(height * aspect) / tile) * tile
 
 
+class LlavaNextImages(LlavaImages):
+    """LLaVA-Next ("anyres"): each image resized into the best of image_grid_pinpoints (config.json's, which the
+    model reads to split its features back), cut into tiles of the tower's size, and the whole image resized to
+    one more tile; every tile goes through LLaVA's CLIP tower and projector. The model then unpads the grid's
+    features to the image's aspect and ends each of their rows with image_newline, the base tile's before them
+    (transformers' pack_image_features; its processor counts the tokens alike). An image's patches are its tiles'
+    (its tiles: its patches over a tile's)."""
+
+    PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))  # LlavaNextConfig's default
+    resolution_note = ("the processor tiles every image at the best of image_grid_pinpoints, which the model reads "
+                       "from its config.json to split the features back, so its tiles cannot be capped alone")
+    largest_label = "at most an image"
+
+    def processor_limit(self, preprocessor: dict, max_pixels: int) -> dict:
+        """Nothing: the pinpoints are the model's as much as the processor's."""
+        return {}
+
+    def _pinpoints(self) -> list[tuple[int, int]]:
+        return [(int(h), int(w)) for h, w in self.model_config.get("image_grid_pinpoints") or self.PINPOINTS]
+
+    def _grid(self, height: int, width: int) -> tuple[int, int]:
+        """The tiles (rows, columns) of the pinpoint the processor picks for an image (select_best_resolution: the
+        most of the image's pixels kept, then the least padding)."""
+        best, kept, wasted = self._pinpoints()[0], 0, math.inf
+        for target_height, target_width in self._pinpoints():
+            scale = min(target_width / width, target_height / height)
+            effective = min(int(width * scale) * int(height * scale), width * height)
+            waste = target_width * target_height - effective
+            if effective > kept or (effective == kept and waste < wasted):
+                best, kept, wasted = (target_height, target_width), effective, waste
+        tile = self._vision()["image_size"]
+        return best[0] // tile, best[1] // tile
+
+    def _side(self) -> int:
+        """A tile's patches along each side."""
+        v = self._vision()
+        return v["image_size"] // v["patch_size"]
+
+    def tiles(self, height: int, width: int) -> int:
+        """The tower's tiles for an image: its grid's and the base tile."""
+        rows, columns = self._grid(height, width)
+        return rows * columns + 1
+
+    def _packed_tokens(self, rows: int, columns: int, height: int, width: int) -> int:
+        """The grid's features unpadded to the image's aspect (unpad_image), a newline after each of their rows,
+        and the base tile's tokens."""
+        tall, wide = rows * self._side(), columns * self._side()
+        if width / height > wide / tall:
+            tall -= 2 * ((tall - int(round(height * (wide / width), 7))) // 2)
+        else:
+            wide -= 2 * ((wide - int(round(width * (tall / height), 7))) // 2)
+        return tall * wide + tall + self.tokens_per_image()
+
+    def size(self, preprocessor: dict, height: int, width: int, max_pixels: int = 0) -> ImageSize:
+        rows, columns = self._grid(height, width)
+        return ImageSize((rows * columns + 1) * self.patches_per_image(),
+                         self._packed_tokens(rows, columns, height, width))
+
+    def _pinpoint_sizes(self) -> list[ImageSize]:
+        """Each pinpoint's image at its own size: nothing unpadded, the most tokens its tiles give."""
+        tile = self._vision()["image_size"]
+        return [self.size({}, height // tile * tile, width // tile * tile) for height, width in self._pinpoints()]
+
+    def largest(self, preprocessor: dict, max_pixels: int = 0) -> ImageSize:
+        """The pinpoint with the most tiles, at its own aspect."""
+        return max(self._pinpoint_sizes(), key=lambda size: (size.patches, size.tokens))
+
+    def worst_case_patches(self, preprocessor: dict, max_pixels: int, max_tokens: int) -> int:
+        """The most patches an image of at most ``max_tokens`` tokens has (the fewest tiles' where none is as
+        short)."""
+        sizes = self._pinpoint_sizes()
+        within = [size for size in sizes if size.tokens <= max_tokens]
+        return max(within or [min(sizes, key=lambda size: size.tokens)], key=lambda size: size.patches).patches
+
+    def sequences(self, images: tuple[int, ...]) -> int:
+        """One an image's tile."""
+        return sum(images) // self.patches_per_image()
+
+    def projected(self, images: tuple[int, ...]) -> int:
+        """Every tile's selected features, before they are unpadded."""
+        return self.sequences(images) * self.tokens_per_image()
+
+    def tokens(self, images: tuple[int, ...]) -> int:
+        """At most: each image's tiles as the pinpoint of as many that gives the most tokens (an image of its
+        aspect: unpadding only takes away)."""
+        most: dict[int, int] = {}
+        for size in self._pinpoint_sizes():
+            most[size.patches] = max(most.get(size.patches, 0), size.tokens)
+        return sum(most.get(patches, self.projected((patches,))) for patches in images)
+
+    def grid_bytes(self, images: int) -> int:
+        return 8 * 2 * images  # each image's size (height, width), int64
+
+
 IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen25VLImages,
                                            "qwen3_vl": Qwen3VLImages, "gemma3": Gemma3Images, "llava": LlavaImages,
-                                           "idefics3": Idefics3Images, "smolvlm": Idefics3Images}
+                                           "idefics3": Idefics3Images, "smolvlm": Idefics3Images,
+                                           "llava_next": LlavaNextImages}
 
 
 def image_rule(model_config: dict) -> ImageRule | None:
@@ -657,10 +768,8 @@ def worst_case_images(model_config: dict, config: RunConfig) -> tuple[int, ...]:
     if rule is None:
         return ()
     preprocessor = load_preprocessor_config(config.model.name_or_path, config.model.revision)
-    largest = rule.largest(preprocessor, config.vision.max_pixels)
-    merged = largest.patches // largest.tokens
     rows = config.training.micro_batch_size * config.sequences_per_row
-    return (min(largest.tokens, config.data.max_length) * merged,) * rows
+    return (rule.worst_case_patches(preprocessor, config.vision.max_pixels, config.data.max_length),) * rows
 
 
 def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...]) -> VisionMemory | None:
