@@ -18,6 +18,9 @@ import pytest
 
 from helpers import losses, quick_config
 from studio.core.config import save_config
+from studio.core.memory.estimate import estimate
+from studio.core.memory.sharding import ScaleOut, model_width
+from studio.core.model.info import load_model_config
 from studio.core.run.commands import EXIT_FAILED, EXIT_OK
 from studio.core.run.directory import RunDir
 from studio.core.run.events import read_events
@@ -83,12 +86,29 @@ def test_user_deepspeed_keys_win_over_the_generated_ones(small_data, tmp_path):
     user = tmp_path / "ds.json"
     user.write_text(json.dumps({"zero_optimization": {"overlap_comm": True}, "gradient_clipping": 0.5}))
     config = config_for(small_data, 2, sharding="zero2", offload_optimizer="cpu", deepspeed_config=str(user))
-    generated = deepspeed_config(config, world_size=2)
-    assert generated["zero_optimization"] == {"stage": 2, "overlap_comm": True,
+    generated = deepspeed_config(config, world_size=2, hidden=64)
+    assert generated["zero_optimization"] == {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 64 * 64,
                                               "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     assert generated["gradient_clipping"] == 0.5 and generated["train_batch_size"] == 4 * 1 * 2
     user.write_text(json.dumps({"zero_optimization": {"stage": 3}}))  # a stage the config does not say
     assert [p.where for p in validate(config)] == ["distributed.deepspeed_config"]
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "zero3"])
+def test_zero_s_reduce_bucket_is_sized_to_the_model_and_estimated_as_configured(small_data, sharding):
+    """DeepSpeed allocates its reduce bucket whole on every GPU: at its default 5e8 elements, 2 GB in fp32 beside a
+    tiny model (the first GPU run); studio sizes it hidden x hidden and the estimate counts what it configured."""
+    config = config_for(small_data, 1, sharding=sharding)
+    model_config = load_model_config(config.model.name_or_path)
+    hidden = model_config["hidden_size"]
+    zero = deepspeed_config(config, world_size=1, hidden=model_width(model_config))["zero_optimization"]
+    assert zero["reduce_bucket_size"] == hidden * hidden
+    assert ("stage3_prefetch_bucket_size" in zero) == (sharding == "zero3")
+    predicted = estimate(model_config, config, "cuda", ScaleOut.from_config(config))
+    assert predicted.devices[0].parts["communication"] == hidden * hidden * 4  # fp32 weights, fp32 bucket
+    bf16 = config.replace(training={"precision": "bf16"})
+    assert estimate(model_config, bf16, "cuda", ScaleOut.from_config(bf16)).devices[0].parts["communication"] == \
+        hidden * hidden * 2
 
 
 @pytest.mark.slow

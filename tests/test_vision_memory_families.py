@@ -70,6 +70,15 @@ def run_config(family, data: Path, per_row: int, **sections):
     return config.replace(**sections)
 
 
+def measured_run(config, run_dir: Path) -> tuple[int, dict]:
+    """The worker's run of ``config``: its measured peak and its estimate event."""
+    code, run_dir = worker.run(config, run_dir, watch_stdin=False)
+    assert code == 0
+    events = list(read_events(run_dir.events))
+    measured = next(e for e in events if e["type"] == "memory_measured")["peak_bytes"]
+    return measured, next(e for e in events if e["type"] == "estimate")
+
+
 def model_config(family) -> dict:
     return json.loads((family[1] / "config.json").read_text(encoding="utf-8"))
 
@@ -85,11 +94,7 @@ CASES = [pytest.param(name, vision, per_row, id=f"{name}-{'trained' if vision el
 def test_the_step_is_estimated_as_measured(folders, tmp_path, name, vision, per_row):
     family = name, folders(name)
     config = run_config(family, image_rows(tmp_path, per_row), per_row, vision=vision)
-    code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
-    assert code == 0
-    events = list(read_events(run_dir.events))
-    measured = next(e for e in events if e["type"] == "memory_measured")["peak_bytes"]
-    predicted = next(e for e in events if e["type"] == "estimate")
+    measured, predicted = measured_run(config, tmp_path / "run")
     own = predicted["run_data"]
     patches = image_rule(model_config(family)).largest(load_preprocessor_config(str(family[1]))).patches
     assert own["image_patches"] == 4 * per_row * patches  # the micro-batch's images, each at the tower's size

@@ -13,10 +13,8 @@ import pytest
 from helpers import quick_config
 from studio.core.memory.estimate import estimate
 from studio.core.memory.parts.vision import image_rule, load_preprocessor_config
-from studio.core.run.events import read_events
-from studio.train import worker
 from test_vision_families import VISION, prepared, saved_family
-from test_vision_memory_families import TOLERANCE, TRAINED, image_rows
+from test_vision_memory_families import TOLERANCE, TRAINED, image_rows, measured_run
 
 TOWER = {**VISION, "image_size": 32, "num_hidden_layers": 2}
 LONGEST_EDGE = 64
@@ -43,11 +41,7 @@ def model_config(folder: Path) -> dict:
 
 def assert_estimated_as_measured(config, run_dir: Path, per_row: int) -> dict:
     """The run's measured peak within TOLERANCE of the estimate of its own data; its estimate event."""
-    code, run_dir = worker.run(config, run_dir, watch_stdin=False)
-    assert code == 0
-    events = list(read_events(run_dir.events))
-    measured = next(e for e in events if e["type"] == "memory_measured")["peak_bytes"]
-    predicted = next(e for e in events if e["type"] == "estimate")
+    measured, predicted = measured_run(config, run_dir)
     own = predicted["run_data"]
     assert own["image_patches"] == 4 * per_row * 5 * 64  # four rows, five tiles an image, 8x8 patches a tile
     assert abs(own["peak_bytes"] / measured - 1) < TOLERANCE, (own, measured)

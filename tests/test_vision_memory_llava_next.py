@@ -14,10 +14,8 @@ import pytest
 from helpers import quick_config
 from studio.core.memory.estimate import estimate
 from studio.core.memory.parts.vision import image_rule
-from studio.core.run.events import read_events
-from studio.train import worker
 from test_vision_families import VISION, prepared, saved_family
-from test_vision_memory_families import TRAINED
+from test_vision_memory_families import TRAINED, measured_run
 
 TOLERANCE = 0.035  # the frozen tower, two images a row: +3.37 % (the other rows +0.6 to +2.0 %)
 
@@ -75,13 +73,8 @@ CASES = [pytest.param(vision, per_row, id=f"{'trained' if vision else 'frozen'}-
 @pytest.mark.parametrize("vision, per_row", CASES)
 def test_the_step_is_estimated_as_measured(folder, tmp_path, vision, per_row):
     config = run_config(folder, image_rows(tmp_path, per_row, ROW_SIZES[per_row]), per_row, vision=vision)
-    code, run_dir = worker.run(config, tmp_path / "run", watch_stdin=False)
-    assert code == 0
-    events = list(read_events(run_dir.events))
-    measured = next(e for e in events if e["type"] == "memory_measured")["peak_bytes"]
-    predicted = next(e for e in events if e["type"] == "estimate")
+    measured, predicted = measured_run(config, tmp_path / "run")
     own = predicted["run_data"]
-    print("RATIO", vision and "trained", per_row, own["peak_bytes"] / measured - 1, own, measured)
     assert abs(own["peak_bytes"] / measured - 1) < TOLERANCE, (own, measured)
     note = next(n for n in predicted["notes"] if n.startswith("vision-language"))
     assert ("the vision tower and the projector train" in note) == bool(vision)

@@ -51,7 +51,8 @@ from studio.core.memory.recount import adapter_bytes, adapter_tensors, lora_bloc
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, loss_impl_for
 from studio.core.memory.results import Estimate
 from studio.core.memory.savers import SAVER_SPECS
-from studio.core.memory.sharding import CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads
+from studio.core.memory.sharding import (CudaOverheads, ScaleOut, sharded_devices, with_cuda_overheads,
+                                         zero_reduce_bucket_bytes)
 from studio.core.methods import trains_like
 
 TRACE_VERSION = 5  # 5: the chunked loss keeps only the final hidden state (no output_hidden_states)
@@ -393,9 +394,11 @@ def _states(step: TracedStep, config: RunConfig, device_type: str) -> ModelState
 
 
 def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda", scale_out: ScaleOut = ScaleOut(),
-                     overheads: CudaOverheads = CudaOverheads(), vision: VisionMemory | None = None) -> Estimate:
+                     overheads: CudaOverheads = CudaOverheads(), vision: VisionMemory | None = None,
+                     width: int = 0) -> Estimate:
     """The estimate of ``config`` from the model's trace (see the module doc); ``vision``: what a
-    vision-language model's images hold (the trace runs on text), added to every phase."""
+    vision-language model's images hold (the trace runs on text), added to every phase; ``width``: the model's
+    hidden size (``sharding.model_width``), which sizes ZeRO's buckets."""
     if scale_out.layer_split:
         raise StudioError("a layer split needs a model family the estimate describes",
                           "estimate without distributed.layer_split", kind="config")
@@ -417,7 +420,8 @@ def derived_estimate(trace: Trace, config: RunConfig, device_type: str = "cuda",
     if vision is not None:
         phases = with_images(phases, vision, {**persistent, "gradients": states.gradients})
     block_parameters = round(step.once_and_per_block(lambda d: d["parameters"])[1])
-    devices, host = sharded_devices(phases, device_type, block_parameters, states, scale_out)
+    devices, host = sharded_devices(phases, device_type, block_parameters, states, scale_out,
+                                    zero_reduce_bucket_bytes(width, config))
     if device_type == "cuda":
         devices = [with_cuda_overheads(d, overheads, scale_out) for d in devices]
     peak_phase = max(devices, key=lambda d: d.total_bytes).peak_phase

@@ -64,7 +64,7 @@ from studio.core.memory.placement import (WayCost, boundary_traffic, bubble, pip
 from studio.core.memory.regime import CHUNKED_LOSS_BYTES, DTYPE_BYTES, Regime, regime_for
 from studio.core.memory.results import TIGHT_FRACTION, DeviceEstimate, Estimate, Verdict, complete_parts, verdict_for
 from studio.core.memory.sharding import (CudaOverheads, ScaleOut, loading_per_process, machine_overheads,
-                                         sharded_devices, with_cuda_overheads)
+                                         model_width, sharded_devices, with_cuda_overheads, zero_reduce_bucket_bytes)
 from studio.core.methods import ATTENTION_TOKENS
 from studio.core.model.info import ModelShape, UnknownArchitectureError, family_of, model_shape
 from studio.core.model.vision import is_vision_language
@@ -201,7 +201,8 @@ def estimate(model_config: dict | ModelShape, config: RunConfig, device_type: st
     else:
         placement = None
         block_parameters = sum(p.elements for p in shape.block_parameters)
-        devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out)
+        devices, host = sharded_devices(phases, regime.device_type, block_parameters, states, scale_out,
+                                        zero_reduce_bucket_bytes(shape.hidden, config))
         kept = host_weight_ram(shape, regime) * scale_out.num_gpus  # never with a split (regime); one per process
         if kept:
             parts = dict(host.parts) if host is not None else complete_parts({})
@@ -271,7 +272,7 @@ def _derived(model_config: dict, config: RunConfig, device_type: str, scale_out:
     if images is None:
         images = worst_case_images(model_config, config)
     vision = vision_memory(model_config, config, images)
-    result = derived_estimate(trace, config, device_type, scale_out, overheads, vision)
+    result = derived_estimate(trace, config, device_type, scale_out, overheads, vision, model_width(model_config))
     result = replace(result, notes=result.notes + vision_notes(model_config, config, vision))
     return replace(result, notes=result.notes + overheads.notes) if device_type == "cuda" else result
 

@@ -185,15 +185,17 @@ def with_cuda_overheads(device: DeviceEstimate, overheads: CudaOverheads, scale_
     return replace(device, parts=parts, phases={k: v + extra for k, v in device.phases.items()})
 
 
-def sharded_devices(phases, device_type: str, block_parameters: int, states: ModelStates, scale_out: ScaleOut):
+def sharded_devices(phases, device_type: str, block_parameters: int, states: ModelStates, scale_out: ScaleOut,
+                    reduce_bucket: int):
     """Per-GPU shares under data parallelism and ZeRO, and the host RAM that offload needs (or None).
 
-    ``block_parameters``: the parameters of one decoder block, which ZeRO-3 gathers (16-bit) to compute it.
+    ``block_parameters``: the parameters of one decoder block, which ZeRO-3 gathers (16-bit) to compute it;
+    ``reduce_bucket``: the bytes of DeepSpeed's reduce bucket (``zero_reduce_bucket_bytes``).
     """
     if scale_out.num_gpus == 1 and not scale_out.uses_zero:
         return [DeviceEstimate.at_peak("cuda:0" if device_type == "cuda" else "cpu", phases)], None
     shares = zero_model_states(states, scale_out)
-    communication = _bucket_bytes(states, scale_out)
+    communication = reduce_bucket if scale_out.uses_zero else _ddp_bucket_bytes(states, scale_out)
     gathered = 2 * 2 * block_parameters if scale_out.zero_stage == 3 else 0  # one layer's parameters, gathered
     per_gpu = {}
     for phase, parts in phases.items():
@@ -249,12 +251,40 @@ def _offloaded(states: ModelStates, scale_out: ScaleOut) -> DeviceEstimate | Non
     return DeviceEstimate("host", complete_parts(parts), "optimizer")
 
 
-def _bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
-    if scale_out.num_gpus == 1:
-        return 0
-    if scale_out.zero_stage == 0:  # DDP copies every gradient into its buckets
-        return states.gradients
-    return min(states.gradients, 2 * 500_000_000 * 2)  # reduce and allgather buckets of 5e8 16-bit elements
+def _ddp_bucket_bytes(states: ModelStates, scale_out: ScaleOut) -> int:
+    """DDP copies every gradient into its buckets."""
+    return states.gradients if scale_out.num_gpus > 1 else 0
+
+
+DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size (elements) when its config gives none
+
+
+def model_width(model_config: dict) -> int:
+    """The language model's hidden size from a config.json mapping (its text_config's for a vision-language
+    model); 0 where it names none of the usual fields."""
+    text = model_config.get("text_config") or model_config
+    return int(text.get("hidden_size") or text.get("n_embd") or text.get("d_model") or 0)
+
+
+def zero_bucket_sizes(hidden: int, stage: int) -> dict[str, int]:
+    """The bucket sizes studio gives DeepSpeed for a model of width ``hidden``, as the HF Trainer's "auto" does.
+    DeepSpeed allocates its reduce bucket whole on every GPU however small the model: its default, 5e8 elements,
+    is 2 GB in fp32 (the first GPU run's ZeRO checks held it beside a 28 MB model). {} for an unknown width
+    (DeepSpeed's defaults)."""
+    if hidden <= 0:
+        return {}
+    sizes = {"reduce_bucket_size": hidden * hidden}
+    if stage == 3:
+        sizes |= {"stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                  "stage3_param_persistence_threshold": 10 * hidden}
+    return sizes
+
+
+def zero_reduce_bucket_bytes(hidden: int, config: RunConfig) -> int:
+    """DeepSpeed's reduce bucket on each GPU (in the trained weights' dtype), as studio's DeepSpeed config sizes it
+    (a user's distributed.deepspeed_config that sets reduce_bucket_size is not read)."""
+    elements = zero_bucket_sizes(hidden, 2).get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET)
+    return elements * (4 if config.training.precision == "fp32" else 2)
 
 
 def loading_per_process(states: ModelStates, scale_out: ScaleOut, sharded: str | None) -> tuple[LoadingEstimate, ...]:

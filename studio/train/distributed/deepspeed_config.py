@@ -2,7 +2,8 @@
 
 The generated keys keep DeepSpeed consistent with the worker's own loop: the
 micro-batch and accumulation of each process, clipping, the precision, the ZeRO
-stage and where the optimizer state and (ZeRO-3) the weights live. A user file
+stage and where the optimizer state and (ZeRO-3) the weights live; the buckets are
+sized to the model as the memory estimate counts them (studio.core.memory.sharding). A user file
 (``distributed.deepspeed_config``) is merged over it key by key, nested sections
 included, so its values win. The result is written to ``deepspeed.json`` in the run
 directory: what ran is what the user can read.
@@ -16,13 +17,14 @@ from typing import Any
 
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
+from studio.core.memory.sharding import zero_bucket_sizes
 
 FILE_NAME = "deepspeed.json"
 
 
-def generated_config(config: RunConfig, world_size: int) -> dict[str, Any]:
+def generated_config(config: RunConfig, world_size: int, hidden: int) -> dict[str, Any]:
     t, d = config.training, config.distributed
-    zero: dict[str, Any] = {"stage": d.deepspeed_stage}
+    zero: dict[str, Any] = {"stage": d.deepspeed_stage, **zero_bucket_sizes(hidden, d.deepspeed_stage)}
     if d.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload(d.offload_optimizer, d.nvme_path)
     if d.offload_params != "none":
@@ -74,9 +76,9 @@ def user_config(path: str) -> dict[str, Any]:
     return loaded
 
 
-def deepspeed_config(config: RunConfig, world_size: int) -> dict[str, Any]:
-    """The configuration DeepSpeed runs with (the user's keys win)."""
-    return merged(generated_config(config, world_size), user_config(config.distributed.deepspeed_config))
+def deepspeed_config(config: RunConfig, world_size: int, hidden: int) -> dict[str, Any]:
+    """The configuration DeepSpeed runs with for a model of width ``hidden`` (the user's keys win)."""
+    return merged(generated_config(config, world_size, hidden), user_config(config.distributed.deepspeed_config))
 
 
 def write(ds_config: dict[str, Any], run_dir: Path) -> Path:

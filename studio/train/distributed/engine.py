@@ -38,6 +38,8 @@ from studio.core.choices import choice_label
 from studio.core.config import RunConfig
 from studio.core.errors import StudioError
 from studio.core.memory.placement import ranges_in_words
+from studio.core.memory.sharding import model_width
+from studio.core.model.info import load_model_config
 from studio.core.run.directory import atomic_folder
 from studio.train.measure.metrics import LoadingMemory
 from studio.train.model.build import count_parameters, trainable_state_dict
@@ -359,7 +361,8 @@ class DeepSpeedEngine(AccelerateEngine):
         import torch.distributed as dist
 
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.ds_config = deepspeed_config.deepspeed_config(config, self.world_size)
+        width = model_width(load_model_config(config.model.name_or_path, config.model.revision))
+        self.ds_config = deepspeed_config.deepspeed_config(config, self.world_size, width)
         if self.is_main:
             deepspeed_config.write(self.ds_config, run_dir)
 
