@@ -271,9 +271,12 @@ def rows_are_unpadded():
 def with_depth(hf_config, layers: int):
     """``hf_config`` with ``layers`` decoder blocks (per-layer lists such as ``layer_types`` cut to match, or
     grown by their last entry for a model shallower than the trace); in a multimodal checkpoint's config, its text
-    model's."""
+    model's. Cross-attention layers (mllama's) are left out: a text row skips them, so the blocks traced on text are
+    the self-attention ones."""
     text = hf_config.get_text_config()
     text.num_hidden_layers = layers
+    if getattr(text, "cross_attention_layers", None):
+        text.cross_attention_layers = []
     for key in ("layer_types", "mlp_layer_types"):
         value = getattr(text, key, None)
         if isinstance(value, list) and value:
