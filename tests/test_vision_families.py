@@ -139,7 +139,12 @@ def llava_next(assets, vision=VISION, grids=((1, 1), (1, 2), (2, 1))):
         "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}
 
 
-def mllama(assets):
+MLLAMA_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_global_layers": 1,
+                 "attention_heads": 2, "image_size": 16, "patch_size": 4, "max_num_tiles": 4,
+                 "intermediate_layers_indices": [0], "vision_output_dim": 64}
+
+
+def mllama(assets, vision=MLLAMA_VISION):
     """Llama 3.2 Vision: 16-pixel tiles, up to 4 an image; one cross-attention layer between two self-attention
     ones, its gates opened (they start closed: the images would change nothing)."""
     import torch
@@ -151,16 +156,15 @@ def mllama(assets):
         text_config={**TEXT, "num_hidden_layers": 3, "cross_attention_layers": [1], "vocab_size": len(tokenizer),
                      "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
                      "eos_token_id": tokenizer.eos_token_id},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_global_layers": 1,
-                       "attention_heads": 2, "image_size": 16, "patch_size": 4, "max_num_tiles": 4,
-                       "intermediate_layers_indices": [0], "vision_output_dim": 64},
+        vision_config=vision,
         image_token_index=tokenizer.convert_tokens_to_ids("<|image|>"))
     model = transformers.MllamaForConditionalGeneration(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
                 param.fill_(0.7)
-    return model, tokenizer, MllamaImageProcessorPil(size={"height": 16, "width": 16}, max_image_tiles=4), {}
+    side, tiles = vision["image_size"], vision["max_num_tiles"]
+    return model, tokenizer, MllamaImageProcessorPil(size={"height": side, "width": side}, max_image_tiles=tiles), {}
 
 
 # each family: its builder, a module of its vision tower and one of its projector (as named in the model)

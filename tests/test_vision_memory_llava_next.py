@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from helpers import quick_config
-from studio.core.memory.estimate import estimate
 from studio.core.memory.parts.vision import image_rule
 from test_vision_families import VISION, prepared, saved_family
-from test_vision_memory_families import TRAINED, measured_run
+from test_vision_memory_families import TRAINED, assert_the_pixel_limit_changes_nothing, measured_run
 
 TOLERANCE = 0.035  # the frozen tower, two images a row: +3.37 % (the other rows +0.6 to +2.0 %)
 
@@ -111,17 +110,11 @@ def test_the_worst_case_is_the_pinpoint_of_the_most_tiles_within_a_row(folder):
 
 def test_the_pixel_limit_is_no_saver_and_setting_it_is_noted(folder):
     from studio.core.memory.derived import cached_trace
-    from studio.core.memory.fit import fit
     from studio.train.measure.trace import write_trace
 
     model = model_config(folder)
     config = run_config(folder, Path("rows.jsonl"), 1)
     if cached_trace(model, config) is None:  # derived from its traced step (the measured test's, when it ran first)
         write_trace(config, neighbours=False)
-    capped = config.replace(vision={"max_pixels": 32 * 32})
-    assert estimate(model, capped, "cpu").peak_bytes == estimate(model, config, "cpu").peak_bytes
-    note = next(n for n in estimate(model, capped, "cpu").notes if n.startswith("vision.max_pixels"))
-    assert "changes nothing here" in note and "image_grid_pinpoints" in note and "set it to 0" in note
-    one = config.replace(training={"micro_batch_size": 1})
-    result = fit(model, config, int(estimate(model, one, "cpu").peak_bytes * 0.8 / 0.9), "cpu")
-    assert "max_pixels" not in result.explanation
+    note = assert_the_pixel_limit_changes_nothing(model, config)
+    assert "image_grid_pinpoints" in note

@@ -51,8 +51,8 @@ from studio.core.sizes import format_bytes
 from studio.core.validation import machine_problems, raise_if_invalid
 from studio.train import checkpoint as ckpt
 from studio.train.control import StopController
-from studio.train.data.images import (IMAGE_COLUMN, REJECTED_IMAGE_COLUMN, ImageRows, image_tiles,
-                                     row_image_patches, tower_patch_size)
+from studio.train.data.images import (IMAGE_COLUMN, REJECTED_IMAGE_COLUMN, ImageRows, fills_image_slots,
+                                     image_tiles, row_image_patches, tower_patch_size)
 from studio.train.data.packed_attention import attend_packed
 from studio.train.data.packing import example_count, length_grouped, packing_refusal, real_tokens
 from studio.train.data.prepare import PreparedData, load_prepared, prepare_data, save_prepared, sequence_lengths
@@ -130,7 +130,7 @@ class BatchPlan:
             patches = [row_image_patches({IMAGE_COLUMN: data}, patch, tiles) for data in train_rows[IMAGE_COLUMN]]
             if REJECTED_IMAGE_COLUMN in train_rows.column_names:  # a pair's images go with both its sequences
                 patches = [images * 2 for images in patches]
-            images = most_image_patches(patches, batches)
+            images = most_image_patches(patches, batches, fills_image_slots(config))
         return largest_micro_batch_tokens(lengths, batches, padded), images
 
     def total_steps(self, config: RunConfig, world_size: int = 1) -> int:

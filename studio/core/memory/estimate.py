@@ -298,7 +298,8 @@ def vision_notes(model_config: dict, config: RunConfig, vision: VisionMemory | N
     if rule.fixed_resolution and config.vision.max_pixels:
         size = rule.largest({})
         notes += (f"vision.max_pixels {config.vision.max_pixels:,} changes nothing here: {rule.resolution_note} "
-                  f"({size.patches:,} patches, {size.tokens:,} tokens {rule.largest_label}); set it to 0",)
+                  f"({size.patches:,} patches, {size.tokens:,} token{'s' * (size.tokens != 1)} {rule.largest_label}); "
+                  "set it to 0",)
     return notes
 
 

@@ -26,13 +26,17 @@ def largest_micro_batch_tokens(lengths: Sequence[int], batches: Iterable[Sequenc
     return largest
 
 
-def most_image_patches(patches: Sequence[tuple[int, ...]], batches: Iterable[Sequence[int]]) -> tuple[int, ...]:
+def most_image_patches(patches: Sequence[tuple[int, ...]], batches: Iterable[Sequence[int]],
+                       every_row: bool = False) -> tuple[int, ...]:
     """Each image's patches in the micro-batch of ``batches`` whose images have the most (``patches``: each row's
     images'). With the most tokens (``largest_micro_batch_tokens``, perhaps another micro-batch) it bounds the
-    run's own peak on a vision-language model."""
+    run's own peak on a vision-language model. ``every_row``: the model gives each row of a micro-batch as many
+    image slots as its row with the most, filled (mllama's; every image of it as many patches)."""
     most: tuple[int, ...] = ()
     for rows in batches:
         images = tuple(image for row in rows for image in patches[row])
+        if every_row and images:
+            images = images[:1] * len(rows) * max(len(patches[row]) for row in rows)
         most = max(most, images, key=sum)
     return most
 

@@ -297,9 +297,11 @@ def row_image_patches(feature: dict[str, Any], patch_size: int = 0,
     """Each image's patches in a split row: from its grids (a (t, h, w) grid is t x h x w patches: Qwen2-VL's), or
     for a family without grids (Gemma 3, LLaVA: one fixed-size image along the pixel values' first axis; Idefics3:
     an image's real tiles of one size along the second; LLaVA-Next: each image's ``tiles`` at its size, from the
-    row's image sizes, its tiles zero-padded to the row's most along the second) from the pixel values' height and
-    width in patches of ``patch_size`` (0: none counted); none for a row without images. Reads the grids, the image
-    sizes, the pixel values' header and a pixel of each tile's mask, never the pixel values."""
+    row's image sizes, its tiles zero-padded to the row's most along the second; mllama: the row's images along the
+    second, each every tile along the third, the padded ones included: they run through the tower too) from the
+    pixel values' height and width in patches of ``patch_size`` (0: none counted); none for a row without images.
+    Reads the grids, the image sizes, the pixel values' header and a pixel of each tile's mask, never the pixel
+    values."""
     data = feature.get(IMAGE_COLUMN)
     if not data:
         return ()
@@ -313,6 +315,8 @@ def row_image_patches(feature: dict[str, Any], patch_size: int = 0,
         images, *_, height, width = shape
         if tiles is not None and "image_sizes" in arrays.files:
             counts = tuple(tiles(int(h), int(w)) for h, w in arrays["image_sizes"])
+        elif len(shape) == 6:  # mllama's
+            counts = (shape[2],) * shape[1]
         elif len(shape) == 5:
             counts = _real_tiles(arrays)
         else:
@@ -351,6 +355,13 @@ def image_tiles(config: RunConfig) -> Callable[[int, int], int] | None:
     (LLaVA-Next's pinpoints, as its model splits the features back); None where an image is one."""
     rule = image_rule(load_model_config(config.model.name_or_path, config.model.revision))
     return rule.tiles if isinstance(rule, LlavaNextImages) else None
+
+
+def fills_image_slots(config: RunConfig) -> bool:
+    """Whether the model's micro-batches give every row as many image slots as the row with the most (mllama's
+    cross-attention inputs, ``_cross_attention_batch``)."""
+    family = vision_family(load_model_config(config.model.name_or_path, config.model.revision))
+    return family is not None and family.cross_attention
 
 
 def image_batch(features: list[dict[str, Any]], width: int, left: bool = False) -> dict[str, torch.Tensor]:

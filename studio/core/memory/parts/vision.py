@@ -8,7 +8,8 @@ pixel limits read from ``preprocessor_config.json``, as Qwen2.5-VL's and Qwen3-V
 own); Gemma 3's (SigLIP) and LLaVA's (CLIP) resize every image to the tower's one size
 (``FixedResolutionImages``, their blocks counted by ``VitEncoder``); Idefics3's (shared by SmolVLM) splits an
 image, scaled to a longest edge, in tiles of the tower's size; LLaVA-Next's tiles it at the best of the model's
-grid pinpoints, the whole image one tile more. A rule also says how the run's vision.max_pixels
+grid pinpoints, the whole image one tile more; mllama's makes every image its tower's most tiles, whose features
+reach the language model through cross-attention layers (``cross_attention_bytes``). A rule also says how the run's vision.max_pixels
 reaches the worker's image processor (``image_processor_limit``), so that the run's images are sized as the
 estimate sizes them.
 
@@ -70,6 +71,9 @@ class ImageRule:
     """The language model's positions per token beside the text step's (Qwen2-VL's 3-D rotary ones)."""
     mask_kinds = 1
     """The attention masks the language model builds for a padded batch (Gemma 3: a full and a sliding one)."""
+    scatters = True
+    """Whether the image features are scattered into a copy of the text's embeddings (not mllama's: its language
+    model reads them through cross-attention)."""
 
     def size(self, preprocessor: dict, height: int, width: int, max_pixels: int = 0) -> ImageSize:
         raise NotImplementedError
@@ -113,6 +117,11 @@ class ImageRule:
     def processor_limit(self, preprocessor: dict, max_pixels: int) -> dict:
         """The image processor's arguments that put the run's vision.max_pixels in effect (Qwen2-VL's resize)."""
         return {"max_pixels": max_pixels}
+
+    def cross_attention_bytes(self, images: tuple[int, ...], config: RunConfig, width: int) -> int:
+        """What the language model's cross-attention layers keep for ``images`` beside the traced text step (none
+        but mllama's)."""
+        return 0
 
 
 @dataclass(frozen=True)
@@ -592,6 +601,20 @@ class Idefics3Images(FixedResolutionImages):
         return count + (width * self._scale() ** 2 * text if projector else 0)
 
 
+def _aspect_ratios(tiles: int) -> list[tuple[int, int]]:
+    """mllama's supported aspect ratios: every (width, height) in tiles of at most ``tiles`` tiles."""
+    return [(w, h) for w in range(1, tiles + 1) for h in range(1, tiles + 1) if w * h <= tiles]
+
+
+def _adapts(config: RunConfig, name: str) -> bool:
+    """Whether the run's adapter wraps the linear layers named ``name`` (peft's rule: a name, or a dotted path's
+    end); full fine-tuning trains them all."""
+    if not config.uses_adapter:
+        return False
+    targets = config.lora.target_modules if config.adapts_linears else ()
+    return "all-linear" in targets or any(t == name or t.endswith("." + name) for t in targets)
+
+
 def _longest_edge_to(height: int, width: int, longest: int, even: bool) -> tuple[int, int]:
     """An image's sides with its longest edge at ``longest``, the aspect kept (the other side truncated, then made
     even where ``even``), as Idefics3's processor computes them."""
@@ -710,10 +733,137 @@ class LlavaNextImages(LlavaImages):
         return 8 * 2 * images  # each image's size (height, width), int64
 
 
+class MllamaImages(FixedResolutionImages):
+    """Llama 3.2 Vision (mllama): every image becomes max_num_tiles tiles of the tower's image_size (the processor
+    pads an image's unused tiles, and they run through the tower too), each its patches and a CLS position padded
+    to a multiple of 8; the tower attends across an image's tiles under a square mask of them all, keeps every
+    local layer's output (some of them feed the projector beside the global layers' output), and its projected
+    features reach the language model through cross-attention layers, not as tokens: an image is one token of the
+    text (its placeholder). A micro-batch gives every row as many image slots as the row with the most."""
+
+    token_marks = False
+    scatters = False
+    text_defaults = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    defaults = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8,
+                "attention_heads": 16, "image_size": 560, "patch_size": 14, "max_num_tiles": 4,
+                "intermediate_layers_indices": [3, 7, 15, 23, 30], "vision_output_dim": 7680, "num_channels": 3}
+    resolution_note = "the processor makes every image max_num_tiles tiles of the vision tower's size"
+
+    def _tiles(self) -> int:
+        return self._vision()["max_num_tiles"]
+
+    def _tile_patches(self) -> int:
+        v = self._vision()
+        return (v["image_size"] // v["patch_size"]) ** 2
+
+    def patches_per_image(self) -> int:
+        return self._tiles() * self._tile_patches()
+
+    def tokens_per_image(self) -> int:
+        return 1
+
+    def _positions(self) -> tuple[int, int]:
+        """(an image's positions in the tower: its tiles' patches and CLS, padded to a multiple of 8; the features
+        it gives the language model: its tiles' patches and CLS)."""
+        per_tile = self._tile_patches() + 1
+        return self._tiles() * -(-per_tile // 8) * 8, self._tiles() * per_tile
+
+    def grid_bytes(self, images: int) -> int:
+        return 8 * images * (1 + self._tiles())  # aspect_ratio_ids and aspect_ratio_mask, int64
+
+    def transient(self, images: tuple[int, ...], compute: int) -> int:
+        """Per image, the largest of the frozen tower's moments (measured with the CPU's tensor tracker): the tile
+        mask made (two of its squares), a local layer's and a global layer's (the mask, every local layer's output,
+        the patch embedding's output, the layer's own tensors) and the features gathered at the end (the selected
+        local outputs stacked and cut, beside the last output and their concatenation)."""
+        v = self._vision()
+        positions, features = self._positions()
+        stream, mask = positions * v["hidden_size"] * compute, positions * positions * compute
+        embedded = self.patches_per_image() * v["hidden_size"] * compute  # the patch embedding's output, kept
+        local, global_ = v["num_hidden_layers"], v["num_global_layers"]
+        selected, cut = len(v["intermediate_layers_indices"]), features * v["hidden_size"] * compute
+        made = 2 * mask + stream + embedded + positions * compute
+        layer = mask + embedded + self._layer_moment(positions, compute)
+        in_local, in_global = layer + (local - 1) * stream, layer + (local + global_ - 1) * stream
+        gathered = (mask + embedded + (local + global_) * stream + (1 + selected) * cut
+                    + max(selected * stream, (1 + selected) * cut))
+        return len(images) * max(made, in_local, in_global, gathered)
+
+    def _layer_moment(self, positions: int, compute: int) -> int:
+        """A layer's largest moment with its input: its attention (the input, the norm's output, q, k, v, the
+        attention's output and o_proj's) or its MLP (the input, the attention's sum, the norm's output and fc1's,
+        its activation or fc2's output)."""
+        v = self._vision()
+        stream, mlp = positions * v["hidden_size"] * compute, positions * v["intermediate_size"] * compute
+        return max(7 * stream, 3 * stream + 2 * mlp, 4 * stream + mlp)
+
+    def encoder(self) -> VitEncoder:
+        v = self._vision()
+        return VitEncoder(v["hidden_size"], v["intermediate_size"], v["attention_heads"], v["hidden_act"])
+
+    def saved(self, images: tuple[int, ...], tower: bool, projector: bool, compute: int) -> int:
+        """Per image, as saved-tensor hooks show. The tower: every layer what VitEncoder counts per position (the
+        global ones also their gates' inputs, the attention's and the MLP's outputs), the tile mask once for them
+        all, the gated position embedding's and layernorm_pre's inputs (its tiles unpadded), layernorm_post's
+        input, and the tile embeddings' per-tile outputs. The projector: its input, every selected layer's output
+        beside the last."""
+        v, encoder = self._vision(), self.encoder()
+        positions, features = self._positions()
+        width, tiles = encoder.width, self._tiles()
+        per_image = features * v["vision_output_dim"] * compute if projector else 0
+        if tower:
+            layer = encoder.saved_per_position(compute)
+            layers = v["num_hidden_layers"] * layer + v["num_global_layers"] * (layer + 2 * width * compute)
+            per_image += positions * (layers + width * compute + 2 * STAT_BYTES) + positions * positions * compute
+            per_image += features * (2 * width * compute + 2 * STAT_BYTES) + 2 * tiles * width * compute
+        return len(images) * per_image
+
+    def parameters(self, tower: bool, projector: bool) -> int:
+        """The tower: the patch embedding (no bias), the class embedding, the gated position embedding (a tile's
+        positions, and for each aspect ratio one per tile position), the two gated tile embeddings, layernorm_pre
+        and layernorm_post, the local layers and the gated global ones (their q, k, v and o without biases); the
+        projector: one linear with its bias into the language model's width."""
+        v, encoder = self._vision(), self.encoder()
+        width, tiles, per_tile = encoder.width, self._tiles(), self._tile_patches() + 1
+        ratios = len(v.get("supported_aspect_ratios") or _aspect_ratios(tiles)) + 1
+        count = 0
+        if tower:
+            layer = encoder.block_parameters() - 4 * width  # VitEncoder's, less the attention's biases
+            count += v.get("num_channels", 3) * v["patch_size"] ** 2 * width + width
+            count += 1 + per_tile * width + ratios * tiles * per_tile * width + 2 * (ratios * tiles * width + 1)
+            count += 4 * width + v["num_hidden_layers"] * layer + v["num_global_layers"] * (layer + 2)
+        if projector:
+            text = {**self.text_defaults, **(self.model_config.get("text_config") or {})}["hidden_size"]
+            count += (v["vision_output_dim"] + 1) * text
+        return count
+
+    def cross_attention_bytes(self, images: tuple[int, ...], config: RunConfig, width: int) -> int:
+        """Per image feature (every tile's patches and CLS), as saved-tensor hooks show: in each cross-attention
+        layer the keys and values SDPA keeps (as many heads as the queries), k_norm's fp32 input and statistics
+        where the keys need a gradient, and an adapted k_proj's or v_proj's adapter input (its dropout's output,
+        or without dropout the projected features themselves, kept once) and its rank-wide output; once, the
+        cross-attention mask over every row's features, per text position in the compute dtype."""
+        text = {**self.text_defaults, **(self.model_config.get("text_config") or {})}
+        hidden, heads = text["hidden_size"], text["num_attention_heads"]
+        kv_heads = text.get("num_key_value_heads") or heads
+        head = text.get("head_dim") or hidden // heads
+        adapted = [name for name in ("k_proj", "v_proj") if _adapts(config, name)]
+        per_layer = 2 * heads * head * width
+        if "k_proj" in adapted or not config.uses_adapter:
+            per_layer += kv_heads * (head + 1) * STAT_BYTES
+        dropout = config.lora.dropout > 0
+        per_layer += len(adapted) * (config.lora.r + hidden * dropout) * width
+        kept = not config.uses_adapter or (adapted and not dropout)  # the projected features, as k_proj's input
+        once = hidden * width * kept + config.data.max_length * width
+        layers = len(text.get("cross_attention_layers") or ())
+        _, features = self._positions()
+        return len(images) * features * (layers * per_layer + once)
+
+
 IMAGE_RULES: dict[str, type[ImageRule]] = {"qwen2_vl": Qwen2VLImages, "qwen2_5_vl": Qwen25VLImages,
                                            "qwen3_vl": Qwen3VLImages, "gemma3": Gemma3Images, "llava": LlavaImages,
                                            "idefics3": Idefics3Images, "smolvlm": Idefics3Images,
-                                           "llava_next": LlavaNextImages}
+                                           "llava_next": LlavaNextImages, "mllama": MllamaImages}
 
 
 def image_rule(model_config: dict) -> ImageRule | None:
@@ -790,10 +940,10 @@ def vision_memory(model_config: dict, config: RunConfig, images: tuple[int, ...]
     return VisionMemory(images=images, tokens=rule.tokens(images),
                         inputs=inputs * config.training.gradient_accumulation_steps,
                         saved=rule.saved(images, v.train_vision_tower, v.train_projector, width), transient=transient,
-                        sequence=_sequence_bytes(rule, config, rows, width) if images else 0)
+                        sequence=_sequence_bytes(rule, config, images, rows, width) if images else 0)
 
 
-def _sequence_bytes(rule: ImageRule, config: RunConfig, rows: int, width: int) -> int:
+def _sequence_bytes(rule: ImageRule, config: RunConfig, images: tuple[int, ...], rows: int, width: int) -> int:
     """What the language model holds more for a micro-batch of image rows than the traced text step: the embeddings
     with the image features scattered in (a copy), the multimodal rotary positions (int64, Qwen2-VL's), the padded
     batch's bool attention masks (image rows are not packed), and in every layer SDPA's copy of its mask in the
@@ -802,11 +952,11 @@ def _sequence_bytes(rule: ImageRule, config: RunConfig, rows: int, width: int) -
     length = config.data.max_length
     text = rule.model_config.get("text_config") or rule.model_config
     hidden, layers = text.get("hidden_size", 0), text.get("num_hidden_layers", 0)
-    sequence = rows * length * (hidden * width + 8 * rule.position_axes)
+    sequence = rows * length * (hidden * width * rule.scatters + 8 * rule.position_axes)
     sequence += rows * length * length * (rule.mask_kinds + layers * width)
     if config.vision.train_vision_tower or config.vision.train_projector:
         sequence += 4 * rows * length * hidden
-    return sequence
+    return sequence + rule.cross_attention_bytes(images, config, width)
 
 
 def with_images(phases: dict, vision: VisionMemory, states: dict) -> dict:
