@@ -16,6 +16,7 @@ from studio.core.memory.derived import (DERIVED, MOMENTS, TRACE_DEPTHS, TRACE_VE
                                         derived_estimate, fit_sizes, neighbour_configs, regime_axes, regime_id,
                                         scale_points, trace_key, trace_points, value_at)
 from studio.core.memory.estimate import estimate
+from studio.core.memory.parts import OVERHEAD_PARTS
 from studio.core.memory.sharding import ScaleOut
 from studio.core.model.info import UnknownArchitectureError, model_shape
 
@@ -212,7 +213,7 @@ def test_studio_estimate_traces_an_undescribed_model_once_and_says_which_kind_it
     assert again.returncode == 0, again.stderr
     result = json.loads(again.stdout)
     assert result["kind"] == DERIVED and "tracing" not in again.stderr
-    tensors = result["peak_bytes"] - sum(result["devices"][0]["parts"][k] for k in ("cuda_context", "blas_workspaces", "allocator_margin"))
+    tensors = result["peak_bytes"] - sum(result["devices"][0]["parts"][k] for k in OVERHEAD_PARTS)
     assert result["simulated"]["peak_bytes"] == pytest.approx(tensors, rel=0.03)
 
 

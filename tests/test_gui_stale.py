@@ -5,6 +5,7 @@ is changed while each job runs, and the result that comes back must not be shown
 import json
 import sys
 
+from studio.core.memory.parts import OVERHEAD_PARTS
 from studio.core.presets import DEMO_TRAIN
 from test_gui import wait_for_preview, window, write_run  # noqa: F401 (fixtures)
 
@@ -29,7 +30,7 @@ def test_a_simulation_of_an_older_setup_is_dropped(window, qtbot):
 
 def test_a_simulation_is_compared_with_the_estimate_it_was_asked_for(window, qtbot):
     panel = window.estimate_panel
-    tensors = panel.estimate.peak_bytes - sum(panel.estimate.parts.get(k, 0) for k in ("cuda_context", "blas_workspaces", "allocator_margin"))
+    tensors = panel.estimate.peak_bytes - sum(panel.estimate.parts.get(k, 0) for k in OVERHEAD_PARTS)
     result = json.dumps({"simulated": {"peak_bytes": tensors, "peak_phase": "backward"}})
     panel.simulate_command = lambda path: stand_in(f"print({result!r})")
     panel.simulate_button.click()

@@ -1,8 +1,8 @@
 """The estimate counts LLaVA-Next's images (issue 30): a tiny random LLaVA-Next (test_vision_families' builder, its
 tower at 32-pixel tiles, pinpoints of up to 2x2 tiles) whose processor tiles each image at the best pinpoint for its
 size, the whole image one more tile. The worker's measured step on the CPU within 3.5 % of the estimate of its own
-data (the derived estimate's target is 8 % at worst; the frozen tower with two images a row is +3.4 %), LoRA on the language model with the tower and projector frozen
-or trained, one and two images a row of square and oblong sizes; an image's tiles, patches and tokens (unpadded to
+data (the derived estimate's target is 8 % at worst; the frozen tower with two images a row is +3.4 %), LoRA on the
+language model with the tower and projector frozen or trained, one and two images a row of square and oblong sizes; an image's tiles, patches and tokens (unpadded to
 its aspect, a newline a row) are the processor's. vision.max_pixels changes nothing: the model picks the pinpoint
 again from its config.json, so the processor's tiles cannot be capped alone."""
 

@@ -21,7 +21,7 @@ from studio.gui.process import LineProcess
 from studio.gui.state import memory
 from studio.gui.state.console import console_error
 from studio.gui.state.hardware import COMMON_CARDS, DEFAULT_CARD, Gpu, detect_gpus
-from studio.gui.state.memory import PART_LABELS, PHASE_LABELS, Estimate, TraceNeededError, kind_text
+from studio.gui.state.memory import OVERHEAD_PARTS, PART_LABELS, PHASE_LABELS, Estimate, TraceNeededError, kind_text
 from studio.gui.widgets.common import BAD, GOOD, MUTED, WARN, ConfigStore, explanation
 
 PART_COLORS = {  # one per memory part (studio.core.memory.parts.PARTS)
@@ -453,7 +453,7 @@ class EstimatePanel(QGroupBox):
             return
         analytic = ""
         if asked_estimate is not None:  # the estimate of the config simulated, for the GPU picked then
-            tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in ("cuda_context", "blas_workspaces", "allocator_margin"))
+            tensors = asked_estimate.peak_bytes - sum(asked_estimate.parts.get(k, 0) for k in OVERHEAD_PARTS)
             analytic = (f"; the estimate's tensors: {format_bytes(tensors)} "
                         f"({(result.peak_bytes - tensors) / max(tensors, 1):+.0%})")
         phase = PHASE_LABELS.get(result.peak_phase, result.peak_phase)

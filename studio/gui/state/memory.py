@@ -29,7 +29,7 @@ from studio.core.run.commands import estimate_simulation_command, last_json_obje
 
 # what the panels read through this door as it is: an estimate and its words, the table of memory savers
 from studio.core.memory.derived import TraceNeededError, kind_text  # noqa: E402, F401
-from studio.core.memory.parts import PART_LABELS, PHASE_LABELS  # noqa: E402, F401
+from studio.core.memory.parts import OVERHEAD_PARTS, PART_LABELS, PHASE_LABELS  # noqa: E402, F401
 from studio.core.memory.savers import BASE_WEIGHTS_GROUP, SAVER_SPECS, SAVERS_GROUP, SPEED_GROUP  # noqa: E402, F401
 
 

@@ -32,6 +32,8 @@ PART_LABELS = {
     "allocator_margin": "allocator",
 }
 PARTS = tuple(PART_LABELS)
+OVERHEAD_PARTS = ("cuda_context", "blas_workspaces", "allocator_margin")
+"""What a CUDA process holds beside the step's tensors (a simulation, on fake tensors, counts the tensors alone)."""
 
 PHASE_LABELS = {
     "forward": "the end of the forward pass (all activations and the loss)",

@@ -9,8 +9,8 @@ own); Gemma 3's (SigLIP) and LLaVA's (CLIP) resize every image to the tower's on
 (``FixedResolutionImages``, their blocks counted by ``VitEncoder``); Idefics3's (shared by SmolVLM) splits an
 image, scaled to a longest edge, in tiles of the tower's size; LLaVA-Next's tiles it at the best of the model's
 grid pinpoints, the whole image one tile more; mllama's makes every image its tower's most tiles, whose features
-reach the language model through cross-attention layers (``cross_attention_bytes``). A rule also says how the run's vision.max_pixels
-reaches the worker's image processor (``image_processor_limit``), so that the run's images are sized as the
+reach the language model through cross-attention layers (``cross_attention_bytes``). A rule also says how the
+run's vision.max_pixels reaches the worker's image processor (``image_processor_limit``), so that the run's images are sized as the
 estimate sizes them.
 
 What the estimate counts for a micro-batch's images (``vision_memory``):
