@@ -743,8 +743,10 @@ class MllamaImages(FixedResolutionImages):
 
     token_marks = False
     scatters = False
-    text_defaults = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    text_defaults = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                     "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]}
     defaults = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8,
+                "hidden_act": "gelu",
                 "attention_heads": 16, "image_size": 560, "patch_size": 14, "max_num_tiles": 4,
                 "intermediate_layers_indices": [3, 7, 15, 23, 30], "vision_output_dim": 7680, "num_channels": 3}
     resolution_note = "the processor makes every image max_num_tiles tiles of the vision tower's size"
@@ -853,9 +855,9 @@ class MllamaImages(FixedResolutionImages):
             per_layer += kv_heads * (head + 1) * STAT_BYTES
         dropout = config.lora.dropout > 0
         per_layer += len(adapted) * (config.lora.r + hidden * dropout) * width
-        kept = not config.uses_adapter or (adapted and not dropout)  # the projected features, as k_proj's input
+        kept = not config.uses_adapter or bool(adapted and not dropout)  # the projected features, k_proj's input
         once = hidden * width * kept + config.data.max_length * width
-        layers = len(text.get("cross_attention_layers") or ())
+        layers = len(text["cross_attention_layers"])
         _, features = self._positions()
         return len(images) * features * (layers * per_layer + once)
 
