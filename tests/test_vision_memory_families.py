@@ -124,7 +124,7 @@ def test_an_image_s_patches_and_tokens_are_the_processor_s_whatever_its_size(fam
     size = image_rule(model_config(family)).size({}, 40, 40)
     image_token = tokenizer.convert_tokens_to_ids(FAMILIES[family[0]][3])
     for row in data.train:
-        assert row_image_patches(row, tower_patch_size(config)) == (size.patches,)
+        assert row_image_patches(row, tower_patch_size(model_config(family))) == (size.patches,)
         assert row["input_ids"].count(image_token) == size.tokens
 
 

@@ -116,7 +116,8 @@ def test_a_row_s_patches_and_tokens_are_the_processor_s_padded_tiles_aside(folde
         image_token = tokenizer.convert_tokens_to_ids("<image>")
         for row, images in zip(data.train, sizes):
             expected = [rule.size(preprocessor, height, width, max_pixels) for width, height in images]
-            assert row_image_patches(row, tower_patch_size(config)) == tuple(size.patches for size in expected)
+            patches = row_image_patches(row, tower_patch_size(model_config(folder)))
+            assert patches == tuple(size.patches for size in expected)
             assert row["input_ids"].count(image_token) == sum(size.tokens for size in expected)
     whole, capped = rule.size(preprocessor, 40, 40), rule.size(preprocessor, 40, 40, 40 * 40)
     assert (whole.patches, whole.tokens, capped.patches, capped.tokens) == (5 * 64, 5 * 16, 64, 16)  # one tile

@@ -89,7 +89,7 @@ def test_an_image_s_tiles_patches_and_tokens_are_the_processor_s(folder, tmp_pat
     data, tokenizer, _ = prepared(config)
     rule = image_rule(model_config(folder))
     image_token = tokenizer.convert_tokens_to_ids("<image>")
-    patch, tiles = tower_patch_size(config), image_tiles(config)
+    patch, tiles = tower_patch_size(model_config(folder)), image_tiles(model_config(folder))
     for row, (height, width) in zip(data.train, sizes):
         size = rule.size({}, height, width)
         assert row["input_ids"].count(image_token) == size.tokens, (height, width)

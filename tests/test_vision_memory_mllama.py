@@ -62,7 +62,7 @@ def test_an_image_is_every_tile_and_a_micro_batch_fills_each_row_s_slots(folder,
 
     config = run_config(folder, image_rows(tmp_path, 2))
     data, _, _ = prepared(config)
-    patch = tower_patch_size(config)
+    patch = tower_patch_size(model_config(folder))
     assert [row_image_patches(row, patch) for row in data.train] == [(IMAGE_PATCHES,) * 2] * len(data.train)
     rows = [(IMAGE_PATCHES,), (IMAGE_PATCHES,) * 2, ()]
     assert most_image_patches(rows, [[0, 1, 2]], every_row=True) == (IMAGE_PATCHES,) * 6

@@ -126,11 +126,12 @@ class BatchPlan:
         batches = [self.rows_of(i) for i in range(count)]
         images = ()
         if IMAGE_COLUMN in train_rows.column_names:
-            patch, tiles = tower_patch_size(config), image_tiles(config)
+            model = load_model_config(config.model.name_or_path, config.model.revision)
+            patch, tiles = tower_patch_size(model), image_tiles(model)
             patches = [row_image_patches({IMAGE_COLUMN: data}, patch, tiles) for data in train_rows[IMAGE_COLUMN]]
             if REJECTED_IMAGE_COLUMN in train_rows.column_names:  # a pair's images go with both its sequences
                 patches = [images * 2 for images in patches]
-            images = most_image_patches(patches, batches, fills_image_slots(config))
+            images = most_image_patches(patches, batches, fills_image_slots(model))
         return largest_micro_batch_tokens(lengths, batches, padded), images
 
     def total_steps(self, config: RunConfig, world_size: int = 1) -> int:

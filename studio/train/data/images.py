@@ -344,23 +344,23 @@ def _real_tiles(arrays) -> tuple[int, ...]:
     return tuple(int(count) for count in np.reshape(corners, (images, tiles)).sum(axis=1))
 
 
-def tower_patch_size(config: RunConfig) -> int:
-    """The run's vision tower's patch side in pixels (0 for a text model)."""
-    vision = load_model_config(config.model.name_or_path, config.model.revision).get("vision_config")
+def tower_patch_size(model_config: dict) -> int:
+    """The vision tower's patch side in pixels of a config.json mapping (0 for a text model)."""
+    vision = model_config.get("vision_config")
     return int(vision.get("patch_size", 0)) if isinstance(vision, dict) else 0
 
 
-def image_tiles(config: RunConfig) -> Callable[[int, int], int] | None:
+def image_tiles(model_config: dict) -> Callable[[int, int], int] | None:
     """The tower's tiles for an image of a height and width, for a family that tiles each image by its size
     (LLaVA-Next's pinpoints, as its model splits the features back); None where an image is one."""
-    rule = image_rule(load_model_config(config.model.name_or_path, config.model.revision))
+    rule = image_rule(model_config)
     return rule.tiles if isinstance(rule, LlavaNextImages) else None
 
 
-def fills_image_slots(config: RunConfig) -> bool:
+def fills_image_slots(model_config: dict) -> bool:
     """Whether the model's micro-batches give every row as many image slots as the row with the most (mllama's
     cross-attention inputs, ``_cross_attention_batch``)."""
-    family = vision_family(load_model_config(config.model.name_or_path, config.model.revision))
+    family = vision_family(model_config)
     return family is not None and family.cross_attention
 
 
